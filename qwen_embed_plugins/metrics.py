@@ -1,0 +1,174 @@
+"""Per-endpoint counters and latency histograms, and their ``stats()`` snapshot.
+
+One ``EndpointMetrics`` per endpoint label (scheme://host:port/path, never
+credentials), shared by every client, adapter and pool entry of that endpoint in the
+process. Updates are lock-guarded and cost well under a microsecond each.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import threading
+from collections import Counter
+from typing import Any
+
+__all__ = ["LATENCY_BUCKETS", "EndpointMetrics", "metrics_for", "reset_metrics", "stats"]
+
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+)
+"""Upper bounds (seconds) of the request latency histogram buckets (+Inf implied)."""
+
+BATCH_BUCKETS: tuple[float, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+"""Upper bounds (texts) of the batch size histogram buckets (+Inf implied)."""
+
+
+class _Histogram:
+    __slots__ = ("bounds", "count", "counts", "sum")
+
+    def __init__(self, bounds: tuple[float, ...]) -> None:
+        self.bounds = bounds
+        self.counts = [0] * (len(bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        cumulative = []
+        running = 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += n
+            cumulative.append((bound, running))
+        return {"buckets": cumulative, "sum": self.sum, "count": self.count}
+
+
+class EndpointMetrics:
+    """Counters of one endpoint.
+
+    Attributes (read them through ``snapshot()``):
+        requests: HTTP requests by outcome (``"ok"``, or the error class name).
+        texts: texts embedded successfully.
+        retries: retries by reason (``status_429``, ``disconnected``, ``readtimeout``...).
+        stale_retries: requests resent at once after a reused idle connection was
+            closed by the server.
+        connections_opened: TCP connections actually opened (counted from the HTTP
+            library's connection events, not estimated).
+        in_flight: requests on the wire now.
+        latency: request latency histogram (seconds).
+        batch_size: texts-per-request histogram.
+        fallbacks: one-off adaptations (``float_encoding``, ``client_side_dimensions``,
+            ``batch_limit``, ``h2c_to_http1``).
+    """
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self._lock = threading.Lock()
+        self.requests: Counter[str] = Counter()
+        self.retries: Counter[str] = Counter()
+        self.fallbacks: Counter[str] = Counter()
+        self.texts = 0
+        self.stale_retries = 0
+        self.connections_opened = 0
+        self.in_flight = 0
+        self.latency = _Histogram(LATENCY_BUCKETS)
+        self.batch_size = _Histogram(BATCH_BUCKETS)
+
+    def reset(self) -> None:
+        """Zero every counter except ``in_flight`` (requests still on the wire)."""
+        with self._lock:
+            self.requests.clear()
+            self.retries.clear()
+            self.fallbacks.clear()
+            self.texts = self.stale_retries = self.connections_opened = 0
+            self.latency = _Histogram(LATENCY_BUCKETS)
+            self.batch_size = _Histogram(BATCH_BUCKETS)
+
+    def connection_opened(self) -> None:
+        with self._lock:
+            self.connections_opened += 1
+
+    def request_started(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def request_finished(self, outcome: str, seconds: float, texts: int) -> None:
+        """Record one HTTP exchange: ``outcome`` is ``"ok"`` or an error class name."""
+        with self._lock:
+            self.in_flight -= 1
+            self.requests[outcome] += 1
+            self.latency.observe(seconds)
+            self.batch_size.observe(texts)
+            if outcome == "ok":
+                self.texts += texts
+
+    def retry(self, reason: str, *, stale: bool = False) -> None:
+        with self._lock:
+            self.retries[reason] += 1
+            if stale:
+                self.stale_retries += 1
+
+    def fallback(self, kind: str) -> None:
+        with self._lock:
+            self.fallbacks[kind] += 1
+
+    def snapshot(self) -> dict[str, Any]:
+        """A consistent copy of every counter (plain dicts and numbers)."""
+        with self._lock:
+            return {
+                "requests": sum(self.requests.values()),
+                "requests_by_outcome": dict(self.requests),
+                "texts": self.texts,
+                "retries": sum(self.retries.values()),
+                "retries_by_reason": dict(self.retries),
+                "stale_retries": self.stale_retries,
+                "connections_opened": self.connections_opened,
+                "in_flight": self.in_flight,
+                "fallbacks": dict(self.fallbacks),
+                "latency_seconds": self.latency.snapshot(),
+                "batch_size": self.batch_size.snapshot(),
+            }
+
+
+_registry_lock = threading.Lock()
+_registry: dict[str, EndpointMetrics] = {}
+
+
+def metrics_for(label: str) -> EndpointMetrics:
+    """The process-wide ``EndpointMetrics`` of an endpoint label."""
+    found = _registry.get(label)
+    if found is not None:
+        return found
+    with _registry_lock:
+        return _registry.setdefault(label, EndpointMetrics(label))
+
+
+def stats() -> dict[str, dict[str, Any]]:
+    """Snapshot of every endpoint's metrics, keyed by endpoint label."""
+    with _registry_lock:
+        items = list(_registry.items())
+    return {label: m.snapshot() for label, m in items}
+
+
+def reset_metrics() -> None:
+    """Zero every endpoint's counters (for tests and benchmarks measuring one phase)."""
+    with _registry_lock:
+        items = list(_registry.values())
+    for m in items:
+        m.reset()
+
+
+def _after_fork_in_child() -> None:
+    # Locks held by another thread at fork time would stay locked forever in the child.
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    for m in _registry.values():
+        m._lock = threading.Lock()
+        m.in_flight = 0
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

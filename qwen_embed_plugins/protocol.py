@@ -1,0 +1,308 @@
+"""The wire codec of ``/v1/embeddings``, with no I/O.
+
+- Qwen3-Embedding query formatting (``Instruct: {task}\\nQuery:{text}``);
+- input validation whose errors name the caller's index;
+- the batching plan (identical texts sent once, order kept);
+- request bodies (``encoding_format`` always explicit);
+- response decoding (items put in ``index`` order, base64 little-endian float32 via
+  numpy, float lists) and checks on every vector;
+- MRL post-processing (slice to ``dimensions`` and L2-renormalise).
+
+Everything here is pure and shared by the sync and async clients.
+"""
+
+from __future__ import annotations
+
+import binascii
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import orjson
+
+from .errors import InputError, ResponseError
+
+__all__ = [
+    "BatchPlan",
+    "FloatArray",
+    "decode_embeddings",
+    "decode_payload",
+    "encode_request",
+    "format_query",
+    "normalize_rows",
+    "plan_batches",
+    "validate_texts",
+]
+
+FloatArray = npt.NDArray[np.float32]
+
+_NORM_TOLERANCE = 1e-4
+
+
+def format_query(text: str, task: str | None) -> str:
+    """A query as Qwen3-Embedding expects it: ``Instruct: {task}\\nQuery:{text}``.
+
+    No space follows ``Query:`` (source: the Qwen3-Embedding model card's
+    ``get_detailed_instruct`` and its sentence-transformers query prompt). With
+    ``task=None`` the text is returned unchanged (for non-Qwen models).
+    """
+    if task is None:
+        return text
+    return f"Instruct: {task}\nQuery:{text}"
+
+
+def _describe(value: object) -> str:
+    return "None" if value is None else type(value).__name__
+
+
+def validate_text(text: object, index: int | None, *, max_chars: int | None) -> str:
+    """Check one text; return it unchanged.
+
+    Raises:
+        InputError: ``text`` is not a ``str``, is empty or whitespace only (embedding
+            servers such as SGLang and vLLM reject it), or is longer than
+            ``max_chars`` characters. The message names ``index``.
+    """
+    where = "the text" if index is None else f"text at index {index}"
+    if not isinstance(text, str):
+        raise InputError(f"{where} is {_describe(text)}; expected str", index=index)
+    if not text or text.isspace():
+        raise InputError(
+            f"{where} is empty or whitespace-only; embedding servers reject it "
+            "(filter such texts out before embedding)",
+            index=index,
+        )
+    if max_chars is not None and len(text) > max_chars:
+        raise InputError(
+            f"{where} is {len(text):,} characters, above max_text_chars={max_chars:,}; "
+            "split it into chunks first",
+            index=index,
+        )
+    return text
+
+
+def validate_texts(texts: object, *, max_chars: int | None) -> list[str]:
+    """Check a batch of texts; return them as a list.
+
+    Accepts any sequence or iterable of ``str`` (not a single ``str``, not bytes, not a
+    mapping).
+
+    Raises:
+        InputError: the input is not a list of texts, is empty, or one text is invalid
+            (see ``validate_text``); ``.index`` names the first bad text.
+    """
+    if isinstance(texts, str | bytes | bytearray):
+        raise InputError(
+            f"expected a list of texts, got a single {type(texts).__name__}; "
+            "wrap it in a list or use embed_query()"
+        )
+    if isinstance(texts, Mapping) or not isinstance(texts, Iterable):
+        raise InputError(f"expected a list of texts, got {_describe(texts)}")
+    items = list(texts)
+    if not items:
+        raise InputError("expected at least one text, got an empty list")
+    for i, text in enumerate(items):
+        validate_text(text, i, max_chars=max_chars)
+    return items
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """How a call's texts are sent.
+
+    Attributes:
+        unique: the distinct texts in first-seen order (identical texts are sent once).
+        first_index: for each unique text, the caller's index of its first occurrence
+            (errors name it).
+        positions: for each input, its row in ``unique`` (``None`` when there are no
+            duplicates: rows are already in input order).
+        batches: ``(start, stop)`` slices of ``unique``, each at most ``batch_size``.
+    """
+
+    unique: list[str]
+    first_index: list[int]
+    positions: npt.NDArray[np.intp] | None
+    batches: list[tuple[int, int]]
+
+    @property
+    def size(self) -> int:
+        """Number of inputs (texts)."""
+        return len(self.unique) if self.positions is None else len(self.positions)
+
+
+def plan_batches(texts: Sequence[str], batch_size: int) -> BatchPlan:
+    """Deduplicate ``texts`` and cut them into batches of at most ``batch_size`` texts."""
+    seen: dict[str, int] = {}
+    positions: list[int] = []
+    first_index: list[int] = []
+    for i, text in enumerate(texts):
+        row = seen.get(text)
+        if row is None:
+            row = seen[text] = len(first_index)
+            first_index.append(i)
+        positions.append(row)
+    unique = list(seen)
+    n = len(unique)
+    batches = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+    pos = None if n == len(texts) else np.asarray(positions, dtype=np.intp)
+    return BatchPlan(unique=unique, first_index=first_index, positions=pos, batches=batches)
+
+
+def encode_request(
+    texts: Sequence[str],
+    *,
+    model: str,
+    encoding_format: str,
+    dimensions: int | None = None,
+) -> bytes:
+    """The JSON body of one ``POST /embeddings`` (``encoding_format`` always explicit)."""
+    body: dict[str, Any] = {
+        "input": list(texts),
+        "model": model,
+        "encoding_format": encoding_format,
+    }
+    if dimensions is not None:
+        body["dimensions"] = dimensions
+    return orjson.dumps(body)
+
+
+def _vector(item: Mapping[str, Any], row: int, where: int) -> FloatArray:
+    emb = item.get("embedding")
+    if isinstance(emb, str):
+        try:
+            raw = binascii.a2b_base64(emb)
+        except (binascii.Error, ValueError) as exc:
+            raise ResponseError(
+                f"embedding for input index {where} is not valid base64", index=where
+            ) from exc
+        if len(raw) % 4:
+            raise ResponseError(
+                f"embedding for input index {where} has {len(raw)} bytes, not a whole "
+                "number of float32 values",
+                index=where,
+            )
+        return np.frombuffer(raw, dtype="<f4")
+    if isinstance(emb, list):
+        try:
+            return np.asarray(emb, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise ResponseError(
+                f"embedding for input index {where} holds non-numeric values", index=where
+            ) from exc
+    raise ResponseError(
+        f"embedding for input index {where} is {_describe(emb)}; expected a list of "
+        "floats or a base64 string",
+        index=where,
+    )
+
+
+def decode_embeddings(body: bytes, input_indices: Sequence[int]) -> FloatArray:
+    """Parse a raw response body and decode it with ``decode_payload``.
+
+    Raises:
+        ResponseError: the body is not JSON, or see ``decode_payload``.
+    """
+    try:
+        payload = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        snippet = body[:80].decode("utf-8", "replace")
+        raise ResponseError(f"response is not valid JSON (starts with {snippet!r})") from exc
+    return decode_payload(payload, input_indices)
+
+
+def decode_payload(payload: object, input_indices: Sequence[int]) -> FloatArray:
+    """Decode and check one parsed response for a batch.
+
+    Args:
+        payload: the parsed JSON response (``{"data": [{"index", "embedding"}, ...]}``).
+        input_indices: for each text of the batch, in order, the caller's index (used
+            in error messages). Its length is the number of texts sent.
+
+    Returns:
+        float32 array, ``len(input_indices) x dim``, row ``i`` for the batch's text ``i``.
+
+    Raises:
+        ResponseError: no ``data`` list; wrong item count; an index missing,
+            duplicated or out of range; unequal dimensions; NaN/Inf or an all-zero
+            vector. The message names the caller's input index when one is at fault.
+    """
+    count = len(input_indices)
+    data = payload.get("data") if isinstance(payload, Mapping) else None
+    if not isinstance(data, list):
+        raise ResponseError("response has no 'data' list of embeddings")
+    if len(data) != count:
+        raise ResponseError(
+            f"server returned {len(data)} embeddings for {count} inputs "
+            f"(inputs {input_indices[0]}..{input_indices[-1]})"
+        )
+    out: FloatArray | None = None
+    filled = np.zeros(count, dtype=bool)
+    for pos, item in enumerate(data):
+        if not isinstance(item, Mapping):
+            raise ResponseError(f"data[{pos}] is {_describe(item)}; expected an object")
+        row = item.get("index", pos)
+        if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < count:
+            raise ResponseError(
+                f"data[{pos}] has index {row!r}, outside 0..{count - 1}"
+            )
+        if filled[row]:
+            raise ResponseError(
+                f"index {row} (input index {input_indices[row]}) appears twice in the response"
+            )
+        vec = _vector(item, row, input_indices[row])
+        if out is None:
+            if vec.size == 0:
+                raise ResponseError(
+                    f"embedding for input index {input_indices[row]} is empty",
+                    index=input_indices[row],
+                )
+            out = np.empty((count, vec.size), dtype=np.float32)
+        elif vec.size != out.shape[1]:
+            raise ResponseError(
+                f"embedding for input index {input_indices[row]} has {vec.size} dimensions, "
+                f"others have {out.shape[1]}",
+                index=input_indices[row],
+            )
+        out[row] = vec
+        filled[row] = True
+    assert out is not None  # count >= 1 and every row filled (len(data) == count, no dups)
+    finite = np.isfinite(out).all(axis=1)
+    if not finite.all():
+        bad = int(np.flatnonzero(~finite)[0])
+        raise ResponseError(
+            f"embedding for input index {input_indices[bad]} contains NaN or Inf",
+            index=input_indices[bad],
+        )
+    zero = ~out.any(axis=1)
+    if zero.any():
+        bad = int(np.flatnonzero(zero)[0])
+        raise ResponseError(
+            f"embedding for input index {input_indices[bad]} is all zeros",
+            index=input_indices[bad],
+        )
+    return out
+
+
+def normalize_rows(arr: FloatArray, dimensions: int | None = None) -> tuple[FloatArray, bool]:
+    """Slice rows to ``dimensions`` (MRL) and L2-renormalise rows whose norm is not 1.
+
+    Rows already of unit length (within 1e-4) are left bit-for-bit unchanged.
+
+    Returns:
+        ``(array, changed)``: the ``n x dimensions`` array and whether anything was
+        sliced or rescaled.
+    """
+    changed = False
+    if dimensions is not None and arr.shape[1] > dimensions:
+        arr = np.ascontiguousarray(arr[:, :dimensions])
+        changed = True
+    norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64))
+    off = np.abs(norms - 1.0) > _NORM_TOLERANCE
+    if off.any():
+        if not arr.flags.writeable:
+            arr = arr.copy()
+        arr[off] = (arr[off] / norms[off, None]).astype(np.float32)
+        changed = True
+    return arr, changed
