@@ -172,7 +172,7 @@ def _vector(item: Mapping[str, Any], row: int, where: int) -> FloatArray:
     emb = item.get("embedding")
     if isinstance(emb, str):
         try:
-            raw = binascii.a2b_base64(emb)
+            raw = binascii.a2b_base64(emb, strict_mode=True)
         except (binascii.Error, ValueError) as exc:
             raise ResponseError(
                 f"embedding for input index {where} is not valid base64", index=where

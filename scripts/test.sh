@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# The project's test command (see README): on a fresh machine it
+#   1. builds two virtualenvs from pyproject.toml -- openai 3.x (on httpx2) and openai 2.x
+#      (on httpx) -- with the `test` extra;
+#   2. sets up and starts the real Infinity embedding server (scripts/realserver.py:
+#      its own venv in a cache folder, real MiniLM weights + a tiny Qwen3-layout model);
+#   3. runs the whole suite in both venvs (the `realserver` tests against Infinity),
+#   4. stops Infinity.
+# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not realserver" -x`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENVS=${QWEN_EMBED_VENVS:-.venvs}
+MAJORS=${QWEN_EMBED_OPENAI_MAJORS:-"3 2"}
+
+for major in $MAJORS; do
+  venv="$VENVS/openai$major"
+  if [ ! -x "$venv/bin/python" ]; then
+    "$PY" -m venv "$venv"
+  fi
+  echo "== installing the project into $venv (openai $major.x)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]" "openai>=$major,<$((major + 1))"
+done
+
+realserver=1
+for arg in "$@"; do
+  case "$arg" in *"not realserver"*) realserver=0 ;; esac
+done
+if [ "$realserver" = 1 ]; then
+  echo "== starting the real Infinity server (first run installs it: a few minutes)"
+  trap '"$PY" scripts/realserver.py stop || true' EXIT
+  "$PY" scripts/realserver.py start
+  export QWEN_EMBED_REALSERVER_URL
+  QWEN_EMBED_REALSERVER_URL=$("$PY" scripts/realserver.py status --json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["base_url"])')
+fi
+
+status=0
+for major in $MAJORS; do
+  echo "== pytest on openai $major.x"
+  "$VENVS/openai$major/bin/python" -m pytest "$@" || status=$?
+  [ "$status" = 0 ] || break
+done
+exit "$status"

@@ -1,0 +1,405 @@
+"""I/O-free parts: config validation, codec, error parsing, retry maths, breaker."""
+
+from __future__ import annotations
+
+import base64
+import email.utils
+import random
+
+import numpy as np
+import orjson
+import pytest
+
+import qwen_embed_plugins as q
+from qwen_embed_plugins import errors, protocol, retry
+from qwen_embed_plugins.config import EmbeddingConfig, Limits, RetryConfig, Timeouts
+
+# ----------------------------------------------------------------------------- config
+
+
+def test_config_is_frozen_and_hashable() -> None:
+    a = EmbeddingConfig(base_url="http://h:1/v1/")
+    b = EmbeddingConfig(base_url="http://h:1/v1")
+    assert a == b
+    assert hash(a) == hash(b)
+    assert a.base_url == "http://h:1/v1"
+    with pytest.raises(AttributeError):
+        a.batch_size = 3  # type: ignore[misc]
+    # batching settings do not change the pool key; transport settings do
+    assert a.replace(batch_size=7).pool_key == a.pool_key
+    assert a.replace(limits=Limits(max_connections=3)).pool_key != a.pool_key
+
+
+def test_base_url_required_and_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QWEN_EMBED_BASE_URL", raising=False)
+    with pytest.raises(q.ConfigError, match="base_url is required"):
+        EmbeddingConfig()
+    monkeypatch.setenv("QWEN_EMBED_BASE_URL", "http://127.0.0.1:9/v1")
+    monkeypatch.setenv("QWEN_EMBED_BATCH_SIZE", "64")
+    cfg = EmbeddingConfig.from_env(dimensions=256)
+    assert cfg.base_url == "http://127.0.0.1:9/v1"
+    assert cfg.batch_size == 64
+    assert cfg.dimensions == 256
+    monkeypatch.setenv("QWEN_EMBED_BATCH_SIZE", "lots")
+    with pytest.raises(q.ConfigError, match="QWEN_EMBED_BATCH_SIZE"):
+        EmbeddingConfig.from_env()
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [
+        ({"batch_size": 0}, "batch_size"),
+        ({"batch_size": 5000}, "batch_size"),
+        ({"max_concurrency": 0}, "max_concurrency"),
+        ({"encoding_format": "json"}, "encoding_format"),
+        ({"dimensions": 16}, "dimensions"),  # Qwen3 MRL starts at 32
+        ({"dimensions": 2048}, "dimensions"),  # 0.6B is 1024 wide
+        ({"model": "Qwen/Qwen3-Embedding-8B", "dimensions": 5000}, "dimensions"),
+        ({"base_url": "ftp://x/v1"}, "base_url"),
+        ({"base_url": "http://user:pw@host/v1"}, "credentials"),
+        ({"verify": "/no/such/ca.pem"}, "verify"),
+    ],
+)
+def test_config_errors_name_the_field(kwargs: dict[str, object], field: str | None) -> None:
+    kwargs.setdefault("base_url", "http://127.0.0.1:9/v1")
+    with pytest.raises(q.ConfigError) as info:
+        EmbeddingConfig(**kwargs)  # type: ignore[arg-type]
+    if field:
+        assert field in str(info.value)
+
+
+def test_limits_and_timeouts_validate() -> None:
+    with pytest.raises(q.ConfigError, match="max_keepalive_connections"):
+        Limits(max_connections=2, max_keepalive_connections=3)
+    with pytest.raises(q.ConfigError, match=r"Timeouts\.read"):
+        Timeouts(read=-1)
+    with pytest.raises(q.ConfigError, match="max_attempts"):
+        RetryConfig(max_attempts=0)
+    assert EmbeddingConfig(base_url="http://h/v1", timeout=3).timeout == Timeouts(
+        connect=3, read=3, write=3, pool=3
+    )
+    assert EmbeddingConfig(base_url="http://h/v1", dimensions=4096,
+                           model="Qwen/Qwen3-Embedding-8B").dimensions == 4096
+
+
+def test_not_given_is_distinct_from_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QWEN_EMBED_API_KEY", "env-key-1234")
+    assert EmbeddingConfig(base_url="http://h/v1").api_key_value() == "env-key-1234"
+    assert EmbeddingConfig(base_url="http://h/v1", api_key=None).api_key is None
+    assert repr(q.NOT_GIVEN) == "NOT_GIVEN"
+    assert not q.NOT_GIVEN
+
+
+# ----------------------------------------------------------------------------- protocol
+
+
+def test_format_query_has_no_space_after_query() -> None:
+    assert protocol.format_query("x", "Task") == "Instruct: Task\nQuery:x"
+    assert protocol.format_query("x", None) == "x"
+
+
+def test_plan_batches_dedupes_and_keeps_order() -> None:
+    plan = protocol.plan_batches(["a", "b", "a", "c", "d", "b"], 3)
+    assert plan.unique == ["a", "b", "c", "d"]
+    assert plan.first_index == [0, 1, 3, 4]
+    assert plan.batches == [(0, 3), (3, 4)]
+    assert plan.positions is not None
+    assert plan.positions.tolist() == [0, 1, 0, 2, 3, 1]
+    assert protocol.plan_batches(["x", "y"], 8).positions is None
+
+
+def test_encode_request_is_explicit() -> None:
+    body = orjson.loads(protocol.encode_request(["t"], model="m", encoding_format="base64"))
+    assert body == {"input": ["t"], "model": "m", "encoding_format": "base64"}
+    body = orjson.loads(
+        protocol.encode_request(["t"], model="m", encoding_format="float", dimensions=64)
+    )
+    assert body["dimensions"] == 64
+
+
+def _payload(vectors: list[np.ndarray], *, b64: bool = True, order: list[int] | None = None
+             ) -> bytes:
+    order = order if order is not None else list(range(len(vectors)))
+    data = []
+    for i in order:
+        v = vectors[i].astype("<f4")
+        emb = base64.b64encode(v.tobytes()).decode() if b64 else v.tolist()
+        data.append({"object": "embedding", "index": i, "embedding": emb})
+    return orjson.dumps({"object": "list", "data": data})
+
+
+def _unit(seed: int, dim: int = 8) -> np.ndarray:
+    v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+def test_decode_sorts_by_index_base64_and_float() -> None:
+    vecs = [_unit(i) for i in range(5)]
+    for b64 in (True, False):
+        arr = protocol.decode_embeddings(_payload(vecs, b64=b64, order=[3, 1, 4, 0, 2]),
+                                         [10, 11, 12, 13, 14])
+        np.testing.assert_array_equal(arr, np.stack(vecs))
+
+
+@pytest.mark.parametrize(
+    ("mutate", "words", "index"),
+    [
+        (lambda d: d["data"].pop(), "4 embeddings for 5 inputs", None),
+        (lambda d: d["data"][1].__setitem__("index", 0), "appears twice", None),
+        (lambda d: d["data"][1].__setitem__("index", 9), "outside", None),
+        (lambda d: d["data"][2].__setitem__("embedding", [0.0] * 8), "all zeros", 12),
+        (lambda d: d["data"][3].__setitem__("embedding", [float("nan")] + [0.1] * 7),
+         "NaN", 13),
+        (lambda d: d["data"][4].__setitem__("embedding", [0.5] * 7), "dimensions", 14),
+        (lambda d: d["data"][0].__setitem__("embedding", "***"), "base64", 10),
+        (lambda d: d["data"][0].__setitem__("embedding", None), "expected a list", 10),
+        (lambda d: d.pop("data"), "no 'data'", None),
+    ],
+)
+def test_decode_checks_name_the_input_index(mutate, words: str, index: int | None) -> None:  # type: ignore[no-untyped-def]
+    payload = orjson.loads(_payload([_unit(i) for i in range(5)], b64=False))
+    mutate(payload)
+    with pytest.raises(q.ResponseError) as info:
+        protocol.decode_payload(payload, [10, 11, 12, 13, 14])
+    assert words in str(info.value)
+    assert info.value.index == index
+
+
+def test_decode_rejects_non_json() -> None:
+    with pytest.raises(q.ResponseError, match="not valid JSON"):
+        protocol.decode_embeddings(b"<html>oops</html>", [0])
+
+
+def test_normalize_rows_slices_and_renormalises_only_when_needed() -> None:
+    unit = np.stack([_unit(1, 16), _unit(2, 16)])
+    same, changed = protocol.normalize_rows(unit.copy())
+    assert not changed
+    np.testing.assert_array_equal(same, unit)  # bit-for-bit
+    sliced, changed = protocol.normalize_rows(unit.copy(), 4)
+    assert changed
+    assert sliced.shape == (2, 4)
+    np.testing.assert_allclose(np.linalg.norm(sliced, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_allclose(
+        sliced, unit[:, :4] / np.linalg.norm(unit[:, :4], axis=1, keepdims=True), atol=1e-7
+    )
+
+
+# ----------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "cls", "message"),
+    [
+        (400, {"object": "error", "message": "Input at index 2 is empty", "type":
+               "BadRequestError", "param": None, "code": 400}, q.BadRequestError,
+         "Input at index 2 is empty"),  # SGLang flat
+        (400, {"error": {"message": "This model's maximum context length is 8192 tokens",
+                         "type": "BadRequestError", "code": 400}}, q.ContextLengthError,
+         "maximum context length"),  # vLLM nested
+        (413, {"error": "batch size 64 > maximum allowed batch size 32",
+               "error_type": "Validation"}, q.BatchTooLargeError, "maximum allowed"),  # TEI
+        (503, {"error": "server busy, please try again."}, q.OverloadedError, "busy"),  # Ollama
+        (413, {"code": 20042, "message": "input batch size 100 > maximum allowed batch size 64",
+               "data": None}, q.BatchTooLargeError, "batch size"),  # SiliconFlow
+        (422, {"detail": [{"loc": ["body", "input"], "msg": "field required",
+                           "type": "missing"}]}, q.BadRequestError, "body.input: field required"),
+        (400, {"error": {"message": "batch size is invalid, it should not be larger than 10.",
+                         "type": "InvalidParameter"}}, q.BatchTooLargeError, "larger than 10"),
+        (404, {"error": {"message": "The model `x` does not exist."}}, q.NotFoundError,
+         "does not exist"),
+        (429, {"error": {"message": "Rate limit"}}, q.RateLimitError, "Rate limit"),
+        (401, {"error": {"message": "Invalid API key"}}, q.AuthenticationError, "Invalid"),
+        (500, b"Internal Server Error", q.ServerError, "Internal Server Error"),
+        (503, {"object": "error", "message": "The request queue is full."}, q.OverloadedError,
+         "queue is full"),
+    ],
+)
+def test_error_bodies_of_every_server(status: int, body: object, cls: type, message: str) -> None:
+    raw = body if isinstance(body, bytes) else orjson.dumps(body)
+    exc = errors.error_from_response(
+        status, raw, url="http://u:p@h:8/v1/embeddings?k=1", headers={"x-request-id": "r1"}
+    )
+    assert type(exc) is cls
+    assert exc.status == status
+    assert message in exc.message
+    assert exc.request_id == "r1"
+    assert "u:p" not in str(exc)
+    assert "k=1" not in str(exc)
+
+
+def test_batch_limit_parsing() -> None:
+    assert errors.parse_batch_limit("batch size 64 > maximum allowed batch size 32") == 32
+    assert errors.parse_batch_limit(
+        "batch size is invalid, it should not be larger than 10.") == 10
+    assert errors.parse_batch_limit("context too long") is None
+
+
+def test_scrub_removes_secret() -> None:
+    assert errors.scrub("bad key sk-abcdef", "sk-abcdef") == "bad key ***"
+
+
+def test_exception_tree() -> None:
+    assert issubclass(q.ReadTimeout, q.Timeout)
+    assert issubclass(q.Timeout, TimeoutError)
+    assert issubclass(q.InputError, ValueError)
+    assert issubclass(q.RemoteProtocolError, q.NetworkError)
+    assert issubclass(q.ContextLengthError, q.BadRequestError)
+    for name in errors.__all__:
+        obj = getattr(errors, name)
+        if isinstance(obj, type) and issubclass(obj, Exception):
+            assert issubclass(obj, q.QwenEmbedError)
+            assert name in (errors.__doc__ or "")
+
+
+# ----------------------------------------------------------------------------- retry
+
+
+def test_retry_after_parsing() -> None:
+    assert retry.parse_retry_after({"retry-after": "3"}) == 3.0
+    assert retry.parse_retry_after({"retry-after-ms": "250"}) == 0.25
+    assert retry.parse_retry_after({"retry-after": "-5"}) == 0.0
+    when = email.utils.formatdate(1_000_010.0, usegmt=True)
+    assert retry.parse_retry_after({"retry-after": when}, now=1_000_000.0) == 10.0
+    assert retry.parse_retry_after({"retry-after": "soon"}) is None
+    assert retry.parse_retry_after({}) is None
+
+
+def test_backoff_full_jitter_capped() -> None:
+    policy = RetryConfig(backoff_initial=0.5, backoff_max=4.0)
+    rng = random.Random(7)
+    for attempt in range(10):
+        cap = min(4.0, 0.5 * 2**attempt)
+        for _ in range(50):
+            assert 0.0 <= retry.backoff_delay(attempt, policy, rng) <= cap
+
+
+def _server_error(status: int, retry_after: float | None = None) -> q.ServerError:
+    return errors.error_from_response(status, b"{}", url="http://h/v1", retry_after=retry_after)
+
+
+def test_what_is_retried() -> None:
+    for status in (408, 429, 500, 502, 503, 504):
+        assert retry.retry_reason(_server_error(status)) == f"status_{status}"
+    for status in (400, 401, 403, 404, 413, 422):
+        assert retry.retry_reason(_server_error(status)) is None
+    assert retry.retry_reason(q.ResponseError("nan")) is None
+    assert retry.retry_reason(q.RemoteProtocolError("x")) == "disconnected"
+    assert retry.retry_reason(q.ConnectTimeout("x")) == "connecttimeout"
+
+
+def test_driver_with_fake_clock_and_sleep() -> None:
+    now = [0.0]
+    slept: list[float] = []
+
+    def sleep(s: float) -> None:
+        slept.append(s)
+        now[0] += s
+
+    outcomes: list[Exception | str] = [
+        _server_error(503),
+        _server_error(429, retry_after=2.5),
+        _server_error(429, retry_after=999.0),
+        "ok",
+    ]
+
+    def attempt() -> str:
+        item = outcomes.pop(0)
+        if isinstance(item, Exception):
+            raise item
+        return item
+
+    seen: list[float] = []
+    result = retry.call_with_retry(
+        attempt,
+        policy=RetryConfig(max_attempts=4, retry_after_max=30.0, deadline=None),
+        sleep=sleep,
+        clock=lambda: now[0],
+        rng=random.Random(1),
+        on_retry=lambda exc, d: seen.append(d),
+    )
+    assert result == "ok"
+    assert len(slept) == 3
+    assert 0 <= slept[0] <= 0.25
+    assert slept[1] == 2.5  # Retry-After honoured
+    assert slept[2] == 30.0  # capped at retry_after_max
+    assert seen == slept
+
+
+def test_driver_gives_up_and_never_retries_400() -> None:
+    calls = [0]
+
+    def bad() -> None:
+        calls[0] += 1
+        raise _server_error(400)
+
+    with pytest.raises(q.BadRequestError):
+        retry.call_with_retry(bad, policy=RetryConfig(), sleep=lambda s: None)
+    assert calls[0] == 1
+
+    def busy() -> None:
+        calls[0] += 1
+        raise _server_error(503)
+
+    calls[0] = 0
+    with pytest.raises(q.OverloadedError):
+        retry.call_with_retry(busy, policy=RetryConfig(max_attempts=3), sleep=lambda s: None)
+    assert calls[0] == 3
+
+
+def test_deadline_stops_retries() -> None:
+    now = [0.0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
+    def busy() -> None:
+        now[0] += 4.0
+        raise _server_error(503, retry_after=5.0)
+
+    with pytest.raises(q.OverloadedError):
+        retry.call_with_retry(
+            busy,
+            policy=RetryConfig(max_attempts=50, deadline=20.0),
+            sleep=sleep,
+            clock=lambda: now[0],
+        )
+    # no wait crosses the deadline; only the last attempt itself (4 s) may run past it
+    assert 20.0 < now[0] <= 20.0 + 4.0
+
+
+def test_stale_connection_resent_at_once_only_once() -> None:
+    state = retry.RetryState(policy=RetryConfig(), started=0.0)
+    state.attempts = 1
+    err = q.RemoteProtocolError("Server disconnected without sending a response")
+    assert state.next_delay(err, now=0.0, fresh_connection=False) == 0.0
+    state.attempts = 2
+    second = state.next_delay(err, now=0.0, fresh_connection=False, rng=random.Random(3))
+    assert second is not None
+    # on a fresh connection a disconnect is a real failure: backoff from the start
+    other = retry.RetryState(policy=RetryConfig(backoff_initial=1.0), started=0.0)
+    other.attempts = 1
+    assert other.next_delay(err, now=0.0, fresh_connection=True, rng=random.Random(5)) != 0.0
+
+
+def test_circuit_breaker_opens_fails_fast_and_recovers() -> None:
+    now = [0.0]
+    breaker = retry.CircuitBreaker(threshold=3, cooldown=10.0, label="http://h/v1",
+                                   clock=lambda: now[0])
+    for _ in range(3):
+        breaker.before_request()
+        breaker.record_failure()
+    assert breaker.state == "open"
+    with pytest.raises(q.CircuitOpenError, match="circuit open"):
+        breaker.before_request()
+    now[0] = 10.5
+    assert breaker.state == "half-open"
+    breaker.before_request()  # the probe
+    with pytest.raises(q.CircuitOpenError):
+        breaker.before_request()  # only one probe at a time
+    breaker.record_failure()
+    assert breaker.state == "open"
+    now[0] = 21.0
+    breaker.before_request()
+    breaker.record_success()
+    assert breaker.state == "closed"
+    breaker.before_request()
