@@ -118,6 +118,14 @@ class Secret:
     def __reduce__(self) -> tuple[Any, tuple[()]]:
         return (_secret_from_env, ())
 
+    # copy/deepcopy stay in the process: keep the value (without these, deepcopy would
+    # go through __reduce__ and silently swap an explicit key for the environment's).
+    def __copy__(self) -> Secret:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> Secret:
+        return self
+
 
 def _secret_from_env() -> Secret | None:
     value = os.environ.get(ENV_API_KEY)

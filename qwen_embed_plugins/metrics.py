@@ -172,3 +172,79 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def prometheus_collector() -> Any:
+    """A ``prometheus_client`` collector exporting every endpoint's metrics.
+
+    Register it once: ``prometheus_client.REGISTRY.register(prometheus_collector())``.
+    Names follow Prometheus conventions (``qwen_embed_requests_total``,
+    ``qwen_embed_request_duration_seconds``, ...); the only label is ``endpoint``
+    (scheme://host:port/path: never credentials or query strings), plus ``outcome`` /
+    ``reason`` / ``kind`` where counted by them.
+
+    Raises:
+        ImportError: ``prometheus_client`` is missing
+            (``pip install 'qwen-embed-plugins[prometheus]'``).
+    """
+    try:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+        )
+        from prometheus_client.registry import Collector
+    except ImportError as exc:  # pragma: no cover - exercised without the extra
+        raise ImportError(
+            "Prometheus export needs prometheus-client: "
+            "pip install 'qwen-embed-plugins[prometheus]'"
+        ) from exc
+
+    def histogram(name: str, doc: str, snaps: dict[str, dict[str, Any]], key: str) -> Any:
+        family = HistogramMetricFamily(name, doc, labels=["endpoint"])
+        for label, snap in snaps.items():
+            h = snap[key]
+            buckets = [("+Inf" if b == float("inf") else repr(float(b)), n) for b, n in h["buckets"]]
+            family.add_metric([label], buckets, h["sum"])
+        return family
+
+    class _Collector(Collector):  # type: ignore[misc]
+        def collect(self) -> Any:
+            snaps = stats()
+            requests = CounterMetricFamily(
+                "qwen_embed_requests", "Embedding HTTP requests by outcome.",
+                labels=["endpoint", "outcome"],
+            )
+            texts = CounterMetricFamily(
+                "qwen_embed_texts", "Texts embedded successfully.", labels=["endpoint"]
+            )
+            retries = CounterMetricFamily(
+                "qwen_embed_retries", "Retried requests by reason.", labels=["endpoint", "reason"]
+            )
+            conns = CounterMetricFamily(
+                "qwen_embed_connections_opened", "TCP connections opened.", labels=["endpoint"]
+            )
+            fallbacks = CounterMetricFamily(
+                "qwen_embed_fallbacks", "One-off adaptations to the server.",
+                labels=["endpoint", "kind"],
+            )
+            in_flight = GaugeMetricFamily(
+                "qwen_embed_in_flight_requests", "Requests on the wire now.", labels=["endpoint"]
+            )
+            for label, snap in snaps.items():
+                for outcome, n in snap["requests_by_outcome"].items():
+                    requests.add_metric([label, outcome], n)
+                texts.add_metric([label], snap["texts"])
+                for reason, n in snap["retries_by_reason"].items():
+                    retries.add_metric([label, reason], n)
+                conns.add_metric([label], snap["connections_opened"])
+                for kind, n in snap["fallbacks"].items():
+                    fallbacks.add_metric([label, kind], n)
+                in_flight.add_metric([label], snap["in_flight"])
+            yield from (requests, texts, retries, conns, fallbacks, in_flight)
+            yield histogram("qwen_embed_request_duration_seconds",
+                            "Embedding request latency in seconds.", snaps, "latency_seconds")
+            yield histogram("qwen_embed_batch_size_texts", "Texts per request.", snaps,
+                            "batch_size")
+
+    return _Collector()

@@ -1,0 +1,269 @@
+"""Under faults the client keeps working, loses nothing, and says what went wrong."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import qwen_embed_plugins as q
+from qwen_embed_plugins import pool
+from qwen_embed_plugins.testing import EmbeddingServer, expected_embeddings
+
+SOAK_TEXTS = [f"soak passage {i} about topic {i % 97}" for i in range(10_000)]
+SOAK_FAULTS = [
+    ("status", {"status": 429, "retry_after_ms": 5}),
+    ("status", {"status": 503}),
+    ("status", {"status": 500}),
+    ("status", {"status": 502}),
+    ("close", {}),
+    ("reset", {}),
+    ("reset", {"after_bytes": 0}),
+    ("delay", {"seconds": 0.05}),
+]
+# Batch jobs ride out outages with more attempts; the breaker still guards the endpoint.
+BATCH_RETRY = q.RetryConfig(
+    max_attempts=30, backoff_initial=0.05, backoff_max=0.5, deadline=60.0,
+    circuit_failure_threshold=100,
+)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmbeddingServer]:
+    with EmbeddingServer() as srv:
+        yield srv
+
+
+@pytest.fixture
+def srv(server: EmbeddingServer) -> Iterator[EmbeddingServer]:
+    server.reset_counters()
+    server.clear_faults()
+    yield server
+    server.clear_faults()
+
+
+def _retries(label: str) -> int:
+    return int(q.stats().get(label, {}).get("retries", 0))
+
+
+def _soak_check(srv: EmbeddingServer, arr: np.ndarray, label: str, retries_before: int) -> None:
+    want = expected_embeddings(SOAK_TEXTS)
+    assert arr.shape == want.shape  # lost = 0
+    np.testing.assert_array_equal(arr, want)  # misordered = 0, corrupted = 0
+    injected = sum(srv.stats()["faults_applied"].values())
+    retried = _retries(label) - retries_before
+    print(f"soak: texts={len(SOAK_TEXTS)} faults={injected} retries={retried} lost=0 misordered=0")
+    assert injected >= 5
+    assert retried >= injected - 8  # delays need no retry; every other fault does
+
+
+def test_soak_sync_with_random_faults(srv: EmbeddingServer) -> None:
+    srv.set_random_faults(0.05, SOAK_FAULTS, seed=11)
+    client = q.EmbeddingClient(base_url=srv.base_url, retry=BATCH_RETRY, max_concurrency=4)
+    before = _retries(client.config.endpoint)
+    arr = client.embed_documents_array(SOAK_TEXTS)
+    _soak_check(srv, arr, client.config.endpoint, before)
+
+
+async def test_soak_async_with_random_faults(srv: EmbeddingServer) -> None:
+    srv.set_random_faults(0.05, SOAK_FAULTS, seed=12)
+    client = q.AsyncEmbeddingClient(base_url=srv.base_url, retry=BATCH_RETRY, max_concurrency=4)
+    before = _retries(client.config.endpoint)
+    arr = await client.embed_documents_array(SOAK_TEXTS)
+    _soak_check(srv, arr, client.config.endpoint, before)
+
+
+def test_server_down_two_seconds_mid_run() -> None:
+    with EmbeddingServer(latency=0.002) as srv:
+        client = q.EmbeddingClient(
+            base_url=srv.base_url, retry=BATCH_RETRY, batch_size=16, max_concurrency=2
+        )
+        restarter = threading.Timer(0.3, lambda: srv.restart(downtime=2.0))
+        restarter.start()
+        started = time.monotonic()
+        try:
+            arr = client.embed_documents_array(SOAK_TEXTS[:4000])
+        finally:
+            restarter.join()
+        assert time.monotonic() - started >= 2.0  # the outage really happened mid-run
+        np.testing.assert_array_equal(arr, expected_embeddings(SOAK_TEXTS[:4000]))
+
+
+def test_rate_limit_retry_after_is_honoured(srv: EmbeddingServer) -> None:
+    srv.inject_status(429, retry_after=0.4)
+    client = q.EmbeddingClient(base_url=srv.base_url)
+    started = time.monotonic()
+    assert len(client.embed_query("after 429")) == 1024
+    assert time.monotonic() - started >= 0.35
+    assert srv.requests == 2
+
+
+@pytest.mark.parametrize(("status", "cls"), [(400, q.BadRequestError), (401, q.AuthenticationError),
+                                             (404, q.NotFoundError), (422, q.BadRequestError)])
+def test_client_errors_are_not_retried(srv: EmbeddingServer, status: int, cls: type) -> None:
+    srv.inject_status(status, message="nope")
+    client = q.EmbeddingClient(base_url=srv.base_url)
+    with pytest.raises(cls) as info:
+        client.embed_documents(["x"])
+    assert info.value.status == status  # type: ignore[attr-defined]
+    assert "nope" in str(info.value)
+    assert srv.requests == 1
+
+
+@pytest.mark.parametrize(("kind", "words"), [("nan", "NaN"), ("zero", "all zeros"),
+                                             ("wrong_count", "embeddings for"),
+                                             ("malformed", "not valid JSON")])
+def test_bad_vectors_raise_naming_the_index(srv: EmbeddingServer, kind: str, words: str) -> None:
+    params = {"index": 2} if kind in ("nan", "zero") else {}
+    srv.inject(kind, **params)
+    client = q.EmbeddingClient(base_url=srv.base_url, encoding_format="float")
+    with pytest.raises(q.ResponseError) as info:
+        client.embed_documents(["t0", "t1", "t2", "t3"])
+    assert words in str(info.value)
+    if kind in ("nan", "zero"):
+        assert info.value.index == 2
+        assert "input index 2" in str(info.value)
+    assert srv.requests == 1  # deterministic: not retried
+
+
+def test_overloaded_gives_up_after_max_attempts(srv: EmbeddingServer) -> None:
+    srv.inject_overloaded(count=10)
+    client = q.EmbeddingClient(
+        base_url=srv.base_url,
+        retry=q.RetryConfig(max_attempts=3, backoff_initial=0.01, circuit_failure_threshold=0),
+    )
+    with pytest.raises(q.OverloadedError, match="request queue is full"):
+        client.embed_query("busy")
+    assert srv.requests == 3
+
+
+def test_circuit_breaker_fails_fast_on_dead_endpoint() -> None:
+    srv = EmbeddingServer()
+    srv.start()
+    url = srv.base_url
+    srv.stop()
+    client = q.EmbeddingClient(
+        base_url=url,
+        retry=q.RetryConfig(max_attempts=2, backoff_initial=0.01, circuit_failure_threshold=4,
+                            circuit_cooldown=30.0),
+    )
+    for _ in range(2):
+        with pytest.raises(q.ConnectError, match="cannot connect"):
+            client.embed_query("down")
+    started = time.monotonic()
+    with pytest.raises(q.CircuitOpenError, match="circuit open"):
+        client.embed_query("down")
+    assert time.monotonic() - started < 0.1
+
+
+def test_batch_too_large_is_split_and_remembered() -> None:
+    with EmbeddingServer(max_batch=10) as srv:
+        client = q.EmbeddingClient(base_url=srv.base_url, batch_size=32)
+        texts = SOAK_TEXTS[:95]
+        np.testing.assert_array_equal(client.embed_documents_array(texts), expected_embeddings(texts))
+        srv.reset_counters()
+        np.testing.assert_array_equal(client.embed_documents_array(texts), expected_embeddings(texts))
+        assert srv.requests == 10  # the limit was learned: no more rejected batches
+
+
+def test_distinct_timeouts() -> None:
+    with EmbeddingServer() as srv:
+        srv.inject("delay", seconds=1.0)
+        slow = q.EmbeddingClient(
+            base_url=srv.base_url,
+            timeout=q.Timeouts(read=0.2),
+            retry=q.RetryConfig(max_attempts=1),
+        )
+        with pytest.raises(q.ReadTimeout, match=r"Timeouts\.read"):
+            slow.embed_query("slow")
+    # a port nobody listens on refuses at once: ConnectError, not a timeout
+    dead = q.EmbeddingClient(base_url=srv.base_url, retry=q.RetryConfig(max_attempts=1))
+    with pytest.raises(q.ConnectError):
+        dead.embed_query("nobody home")
+
+
+def test_pool_timeout_is_its_own_error() -> None:
+    with EmbeddingServer(latency=0.5) as srv:
+        client = q.EmbeddingClient(
+            base_url=srv.base_url,
+            limits=q.Limits(max_connections=1),
+            timeout=q.Timeouts(pool=0.1),
+            retry=q.RetryConfig(max_attempts=1),
+            batch_size=1,
+            max_concurrency=2,
+        )
+        with pytest.raises(q.PoolTimeout, match=r"Timeouts\.pool"):
+            client.embed_documents(["a", "b"])
+
+
+async def test_no_pool_timeout_under_500_concurrent_calls() -> None:
+    with EmbeddingServer() as srv:
+        client = q.AsyncEmbeddingClient(base_url=srv.base_url)
+        texts = [f"concurrent {i}" for i in range(500)]
+        results = await asyncio.gather(*(client.embed_query_array(t) for t in texts))
+        assert len(results) == 500
+        assert srv.connections_opened <= client.config.limits.max_connections
+
+
+def test_tls_verification_on_by_default_and_custom_ca() -> None:
+    with EmbeddingServer(tls=True) as srv:
+        assert srv.base_url.startswith("https://")
+        strict = q.EmbeddingClient(base_url=srv.base_url, retry=q.RetryConfig(max_attempts=1))
+        with pytest.raises(q.ConnectError, match="certificate verification failed"):
+            strict.embed_query("tls")
+        trusted = q.EmbeddingClient(base_url=srv.base_url, verify=str(srv.ca_cert_path))
+        assert len(trusted.embed_query("tls")) == 1024
+
+
+def test_http2_over_tls_is_negotiated() -> None:
+    with EmbeddingServer(tls=True, http2=True) as srv:
+        client = q.EmbeddingClient(base_url=srv.base_url, verify=str(srv.ca_cert_path),
+                                   http2=True, batch_size=4, max_concurrency=4)
+        texts = SOAK_TEXTS[:64]
+        try:
+            arr = client.embed_documents_array(texts)
+            shared = pool.get_sync_client(client.config.pool_key)
+            version = shared.get(srv.url + "/health").http_version
+        finally:
+            q.close_all()  # let the server shut down without waiting for our connections
+        np.testing.assert_array_equal(arr, expected_embeddings(texts))
+        assert version == "HTTP/2"
+        # 16 requests multiplexed: at most one connection per batch racing the first h2
+        # handshake (httpcore opens them before it knows the server speaks h2)
+        assert srv.requests == 16
+        assert srv.connections_opened <= 4
+
+
+def test_h2c_falls_back_to_http1_when_server_lacks_it(srv: EmbeddingServer) -> None:
+    client = q.EmbeddingClient(base_url=srv.base_url, http2=True)  # uvicorn: HTTP/1.1 only
+    np.testing.assert_array_equal(client.embed_documents_array(["h2c?"]),
+                                  expected_embeddings(["h2c?"]))
+
+
+_text = st.text(max_size=40)
+_item = st.one_of(_text, st.none(), st.integers(), st.binary(max_size=4),
+                  st.lists(_text, max_size=2), st.floats(allow_nan=True))
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(items=st.lists(_item, max_size=6))
+def test_any_input_gives_a_clear_error_or_a_correct_result(
+    srv: EmbeddingServer, items: list[object]
+) -> None:
+    client = q.EmbeddingClient(base_url=srv.base_url, retry=q.RetryConfig(max_attempts=2))
+    valid = bool(items) and all(isinstance(t, str) and t.strip() for t in items)
+    if valid:
+        arr = client.embed_documents_array(items)  # type: ignore[arg-type]
+        np.testing.assert_array_equal(arr, expected_embeddings(items))  # type: ignore[arg-type]
+    else:
+        with pytest.raises(q.InputError) as info:
+            client.embed_documents(items)  # type: ignore[arg-type]
+        if items:
+            bad = next(i for i, t in enumerate(items) if not (isinstance(t, str) and t.strip()))
+            assert info.value.index == bad
