@@ -1,0 +1,508 @@
+"""LangChain ``Embeddings`` over the process-wide shared pool: ``QwenPooledEmbeddings``.
+
+The adapter adds nothing but the LangChain surface: its fields map one-to-one onto
+``EmbeddingConfig``, and every call goes through the core ``EmbeddingClient`` /
+``AsyncEmbeddingClient``, so every instance with equal transport settings (base URL,
+API key, timeouts, limits, HTTP/2, TLS verification) shares one connection pool per
+process (sync) and per event loop (async).
+
+Needs the ``langchain`` extra: ``pip install 'qwen-embed-plugins[langchain]'``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple, Self
+
+from langchain_core.embeddings import Embeddings
+from langchain_core.utils import from_env, secret_from_env
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+
+from ..client import AsyncEmbeddingClient, EmbeddingClient
+from ..config import (
+    DEFAULT_MODEL,
+    ENV_API_KEY,
+    ENV_BASE_URL,
+    ENV_MODEL,
+    EmbeddingConfig,
+    EncodingFormat,
+    Limits,
+    RetryConfig,
+    Timeouts,
+)
+
+__all__ = ["QwenPooledEmbeddings"]
+
+_CORE_DEFAULTS: dict[str, Any] = {
+    f.name: f.default for f in dataclasses.fields(EmbeddingConfig) if f.init
+}
+_TIMEOUTS = Timeouts()
+_LIMITS = Limits()
+_RETRY = RetryConfig()
+
+_TQDM_MISSING = (
+    "show_progress=True needs tqdm: pip install 'qwen-embed-plugins[langchain]' "
+    "(or pip install tqdm)"
+)
+
+# Key in the pickled state: "the instance had an API key; re-read it from the
+# environment where it is unpickled" (the key itself is never pickled).
+_KEY_FROM_ENV = "qwen_embed_api_key_from_env"
+
+
+def _tqdm() -> Any:
+    """``tqdm.auto.tqdm`` (console or notebook bar), or an ``ImportError`` saying how
+    to install it."""
+    try:
+        module = importlib.import_module("tqdm.auto")  # tqdm ships no type hints
+    except ImportError as exc:
+        raise ImportError(_TQDM_MISSING) from exc
+    return module.tqdm
+
+
+class _Clients(NamedTuple):
+    fingerprint: tuple[Any, ...]
+    config: EmbeddingConfig
+    sync: EmbeddingClient | None
+    async_: AsyncEmbeddingClient | None
+
+
+class _Handles:
+    """Per-instance cache of the core config and clients (built lazily).
+
+    A cache, not state: it compares equal to any other ``_Handles`` (so two adapters
+    with equal fields are equal), copies and pickles as an empty cache (a copy or an
+    unpickled instance rebuilds its clients on first use, on the pool of the process
+    it is in).
+    """
+
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
+        self.current: _Clients | None = None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Handles)
+
+    def __hash__(self) -> int:
+        return 0
+
+    def __reduce__(self) -> tuple[type[_Handles], tuple[()]]:
+        return (_Handles, ())
+
+    def __copy__(self) -> _Handles:
+        return _Handles()
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Handles:
+        return _Handles()
+
+
+class QwenPooledEmbeddings(BaseModel, Embeddings):
+    """Qwen3-Embedding (or any OpenAI-compatible ``/v1/embeddings`` server) for LangChain.
+
+    Every instance for the same endpoint and transport settings shares the
+    process-wide connection pool of ``qwen_embed_plugins``: one sync HTTP client for
+    all threads and one async client per event loop, each with at most
+    ``max_connections`` sockets, idle sockets dropped after ``keepalive_expiry`` seconds (below the
+    5 s idle timeout of uvicorn-based servers), one retry layer. Constructing an
+    instance opens no connection.
+
+    Setup:
+        Install the package with its LangChain extra and point it at a server
+        (SGLang, vLLM, Infinity, TEI, llama.cpp, ...) serving Qwen3-Embedding:
+
+        ```bash
+        pip install 'qwen-embed-plugins[langchain]'
+        export QWEN_EMBED_BASE_URL="http://gpu-box:30000/v1"
+        export QWEN_EMBED_API_KEY="..."   # only if the server wants a bearer token
+        ```
+
+    Key init args — endpoint:
+        base_url: str
+            The OpenAI-compatible API root (env ``QWEN_EMBED_BASE_URL``).
+        api_key: SecretStr | None
+            Bearer token (env ``QWEN_EMBED_API_KEY``); never pickled.
+        model: str
+            Model name sent with every request (default
+            ``"Qwen/Qwen3-Embedding-0.6B"``, env ``QWEN_EMBED_MODEL``).
+
+    Key init args — embedding params:
+        dimensions: int | None
+            MRL output size (32..1024 for the 0.6B model); ``None`` = full size.
+        query_instruction: str | None
+            The Qwen3 retrieval task put before queries; ``None`` for non-Qwen models.
+        batch_size: int
+            Texts per request (default 32).
+        max_concurrency: int
+            Requests in flight at once per call (default 4).
+
+    Key init args — pool:
+        max_connections: int
+            Connections to the endpoint for the whole process (default 20).
+        keepalive_expiry: float
+            Seconds an idle connection is kept (default 4.0).
+
+    See the field list for every init arg, with its unit and default.
+
+    Instantiate:
+        ```python
+        from qwen_embed_plugins import QwenPooledEmbeddings
+
+        embed = QwenPooledEmbeddings(
+            base_url="http://gpu-box:30000/v1",
+            # dimensions=256,        # MRL: shorter vectors
+            # query_instruction=None # for non-Qwen models
+        )
+        ```
+
+    Embed single text:
+        ```python
+        input_text = "The meaning of life is 42"
+        vector = embed.embed_query(input_text)
+        print(vector[:3])
+        ```
+        ```python
+        [0.02098247967660427, 0.0037386503536254168, 0.03225111961364746]
+        ```
+
+    Embed multiple texts:
+        ```python
+        input_texts = ["Document 1...", "Document 2..."]
+        vectors = embed.embed_documents(input_texts)
+        print(len(vectors))
+        # The first 3 coordinates for the first vector
+        print(vectors[0][:3])
+        ```
+        ```python
+        2
+        [-0.0030090874060988426, 0.01494116522371769, 0.05169259011745453]
+        ```
+
+    Async:
+        ```python
+        vector = await embed.aembed_query(input_text)
+        print(vector[:3])
+
+        # multiple:
+        # await embed.aembed_documents(input_texts)
+        ```
+        ```python
+        [0.02098247967660427, 0.0037386503536254168, 0.03225111961364746]
+        ```
+
+    (Sample output from the loopback ``qwen_embed_plugins.testing.EmbeddingServer``,
+    whose vectors are deterministic stand-ins, not a model's.)
+
+    Queries are sent as ``Instruct: {query_instruction}\\nQuery:{text}``, documents raw,
+    as Qwen3-Embedding expects. ``aembed_documents`` / ``aembed_query`` are natively
+    async (no thread executor) and run up to ``max_concurrency`` batches at once.
+
+    Pickling and ``copy.deepcopy`` keep every field; the clients are rebuilt on first
+    use in the process the instance lands in, on that process's pool. The API key is
+    never written into a pickle: an unpickled instance that had a key re-reads
+    ``QWEN_EMBED_API_KEY`` from its environment (worker processes inherit it), and has
+    ``api_key=None`` if that variable is unset. ``copy.deepcopy`` keeps the key.
+
+    Raises (from the embed methods): ``InputError`` (a text is not a non-empty
+    ``str``; nothing is sent), ``ServerError`` and subclasses, ``TransportError``,
+    ``ResponseError``, ``CircuitOpenError``; all are ``QwenEmbedError``.
+    """
+
+    # ------------------------------------------------------------------ endpoint
+
+    base_url: str | None = Field(default_factory=from_env(ENV_BASE_URL, default=None))
+    """The OpenAI-compatible API root, e.g. ``http://gpu-box:30000/v1``; requests go to
+    ``{base_url}/embeddings``. Read from ``QWEN_EMBED_BASE_URL`` when not given;
+    required (there is no default endpoint)."""
+
+    api_key: SecretStr | None = Field(default_factory=secret_from_env(ENV_API_KEY, default=None))
+    """Bearer token, read from ``QWEN_EMBED_API_KEY`` when not given; ``None`` for
+    servers without auth. Masked in ``repr``, dumps and errors; never pickled (an
+    unpickled instance re-reads ``QWEN_EMBED_API_KEY``)."""
+
+    model: str = Field(default_factory=from_env(ENV_MODEL, default=DEFAULT_MODEL))
+    """Model name sent in every request (default ``Qwen/Qwen3-Embedding-0.6B``, or
+    ``QWEN_EMBED_MODEL``)."""
+
+    # ------------------------------------------------------------------ embedding
+
+    dimensions: int | None = _CORE_DEFAULTS["dimensions"]
+    """MRL output size in dimensions (``None`` = the model's full size). For
+    Qwen3-Embedding: 32..1024 (0.6B), ..2560 (4B), ..4096 (8B). Sent to the server when
+    it supports it, else vectors are sliced client-side and L2-renormalised."""
+
+    query_instruction: str | None = _CORE_DEFAULTS["query_instruction"]
+    """Retrieval task text put before queries as ``Instruct: {task}\\nQuery:{text}``
+    (default: "Given a web search query, retrieve relevant passages that answer the
+    query"). Documents are sent raw. ``None`` sends queries raw (non-Qwen models)."""
+
+    batch_size: int = _CORE_DEFAULTS["batch_size"]
+    """Texts per request (default 32; 1..2048). Lowered automatically to a server's
+    stated limit."""
+
+    max_concurrency: int = _CORE_DEFAULTS["max_concurrency"]
+    """Requests (batches) in flight at once per call, in texts / ``batch_size`` units
+    (default 4; 1..1024). All calls together never exceed ``max_connections``."""
+
+    encoding_format: EncodingFormat = _CORE_DEFAULTS["encoding_format"]
+    """Wire format of vectors: ``"auto"`` (base64 float32, falling back to JSON floats
+    once per endpoint if the server refuses), ``"base64"`` or ``"float"``."""
+
+    normalize: bool = _CORE_DEFAULTS["normalize"]
+    """L2-renormalise vectors whose norm is not 1 (default ``True``)."""
+
+    max_text_chars: int | None = _CORE_DEFAULTS["max_text_chars"]
+    """Longest accepted text in characters (default 262,144; ``None`` = no limit).
+    Longer texts raise ``InputError`` before anything is sent."""
+
+    # ------------------------------------------------------------------ timeouts
+
+    connect_timeout: float | None = _TIMEOUTS.connect
+    """Seconds to open a TCP (+TLS) connection (default 5.0 s; ``None`` = no limit)."""
+
+    read_timeout: float | None = _TIMEOUTS.read
+    """Seconds to wait for response bytes (default 60.0 s; ``None`` = no limit)."""
+
+    write_timeout: float | None = _TIMEOUTS.write
+    """Seconds to send a request body (default 30.0 s; ``None`` = no limit)."""
+
+    pool_timeout: float | None = _TIMEOUTS.pool
+    """Seconds to wait for a free pooled connection (default 60.0 s; ``None`` = no
+    limit)."""
+
+    max_retries: int = _RETRY.max_attempts - 1
+    """Retries per request after the first attempt (default 3) on connection errors,
+    408, 429, 500, 502, 503 and 504, with capped exponential backoff and jitter."""
+
+    # ------------------------------------------------------------------ pool limits
+
+    max_connections: int = _LIMITS.max_connections
+    """Most TCP connections open to the endpoint at once, for the whole process
+    (default 20 connections): the pool is shared by every instance with the same
+    transport settings."""
+
+    max_keepalive_connections: int | None = _LIMITS.max_keepalive_connections
+    """Most idle connections kept for reuse (default ``None`` = ``max_connections``)."""
+
+    keepalive_expiry: float = _LIMITS.keepalive_expiry
+    """Seconds an idle connection is kept (default 4.0 s). Keep it below the server's
+    idle timeout (5 s for uvicorn-based servers and llama.cpp)."""
+
+    http2: bool = _CORE_DEFAULTS["http2"]
+    """Negotiate HTTP/2: ALPN over TLS; prior-knowledge h2c for ``http://``, falling
+    back to HTTP/1.1 (default ``False``)."""
+
+    verify: bool | str = _CORE_DEFAULTS["verify"]
+    """TLS verification: ``True`` (system CAs via certifi), ``False``, or the path of a
+    CA bundle file (PEM)."""
+
+    use_sdk: bool = _CORE_DEFAULTS["use_sdk"]
+    """Send requests through the ``openai`` SDK on the same pool instead of the
+    built-in codec (slower, ~3 ms CPU per request more; default ``False``)."""
+
+    # ------------------------------------------------------------------ UI
+
+    show_progress: bool = False
+    """Show a ``tqdm`` progress bar (in texts) that advances once per finished batch
+    in ``embed_documents`` / ``aembed_documents``. Needs ``tqdm`` (in the
+    ``langchain`` extra)."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        populate_by_name=True,
+        protected_namespaces=(),
+        use_attribute_docstrings=True,
+        # A validation error must not echo the inputs: they may hold the API key.
+        hide_input_in_errors=True,
+    )
+
+    _handles: _Handles = PrivateAttr(default_factory=_Handles)
+
+    # ------------------------------------------------------------------ validation
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mask_key_input(cls, data: Any) -> Any:
+        """Wrap a plain-string ``api_key`` at once, in place, so that no validation error
+        holds the key in clear: ``ValidationError.errors()`` carries the original input
+        mapping (a constructor's own ``**kwargs`` dict; with ``model_validate(d)``, ``d``
+        gets the ``SecretStr``)."""
+        if isinstance(data, dict) and isinstance(data.get("api_key"), str):
+            data["api_key"] = SecretStr(data["api_key"])
+        return data
+
+    @model_validator(mode="after")
+    def _validate_settings(self) -> Self:
+        """Check every setting now (the core config validates ranges); open nothing."""
+        config = self._build_config()
+        if self.show_progress:
+            _tqdm()
+        self._handles.current = _Clients(self._fingerprint(), config, None, None)
+        return self
+
+    def _fingerprint(self) -> tuple[Any, ...]:
+        return tuple(self.__dict__.values())
+
+    def _build_config(self) -> EmbeddingConfig:
+        key = self.api_key.get_secret_value() if self.api_key is not None else None
+        return EmbeddingConfig(
+            base_url=self.base_url,
+            api_key=key or None,
+            model=self.model,
+            dimensions=self.dimensions,
+            query_instruction=self.query_instruction,
+            batch_size=self.batch_size,
+            max_concurrency=self.max_concurrency,
+            encoding_format=self.encoding_format,
+            normalize=self.normalize,
+            max_text_chars=self.max_text_chars,
+            timeout=Timeouts(
+                connect=self.connect_timeout,
+                read=self.read_timeout,
+                write=self.write_timeout,
+                pool=self.pool_timeout,
+            ),
+            limits=Limits(
+                max_connections=self.max_connections,
+                max_keepalive_connections=self.max_keepalive_connections,
+                keepalive_expiry=self.keepalive_expiry,
+            ),
+            http2=self.http2,
+            verify=self.verify,
+            retry=_RETRY.replace(max_attempts=self.max_retries + 1),
+            use_sdk=self.use_sdk,
+        )
+
+    def _clients(self) -> _Clients:
+        """The config and both core clients for the current field values.
+
+        Rebuilt when a field changed since (assignment, ``model_copy(update=...)``) and
+        after unpickling; clients are cheap handles on the shared pool.
+        """
+        fingerprint = self._fingerprint()
+        current = self._handles.current
+        if current is None or current.fingerprint != fingerprint:
+            current = _Clients(fingerprint, self._build_config(), None, None)
+        if current.sync is None or current.async_ is None:
+            current = current._replace(
+                sync=EmbeddingClient(current.config),
+                async_=AsyncEmbeddingClient(current.config),
+            )
+            self._handles.current = current
+        return current
+
+    @property
+    def config(self) -> EmbeddingConfig:
+        """The core ``EmbeddingConfig`` these fields map onto (frozen; its ``pool_key``
+        selects the shared pool)."""
+        return self._clients().config
+
+    # ------------------------------------------------------------------ copying
+
+    def __copy__(self) -> Self:
+        """A shallow copy (also ``model_copy``) with its own client cache."""
+        clone = super().__copy__()
+        clone._handles = _Handles()
+        return clone
+
+    # ------------------------------------------------------------------ pickling
+
+    def __getstate__(self) -> dict[Any, Any]:
+        """Pickle the fields without the API key (see the class docstring)."""
+        state = super().__getstate__()
+        fields = dict(state["__dict__"])
+        state[_KEY_FROM_ENV] = fields.get("api_key") is not None
+        fields["api_key"] = None
+        state["__dict__"] = fields
+        state["__pydantic_private__"] = {"_handles": _Handles()}
+        return state
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        state = dict(state)
+        key_from_env = bool(state.pop(_KEY_FROM_ENV, False))
+        super().__setstate__(state)
+        if key_from_env:
+            value = os.environ.get(ENV_API_KEY)
+            self.__dict__["api_key"] = SecretStr(value) if value else None
+
+    # ------------------------------------------------------------------ progress
+
+    @contextmanager
+    def _progress(self, total: int) -> Iterator[Callable[[int], None] | None]:
+        if not self.show_progress:
+            yield None
+            return
+        # Redraw on every finished batch (batches are network round trips, not hot loops).
+        bar = _tqdm()(total=total, desc="Embedding", unit="text", mininterval=0, miniters=1)
+        try:
+            yield bar.update
+        finally:
+            bar.close()
+
+    # ------------------------------------------------------------------ Embeddings
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """Embed documents (sent raw, without the query instruction).
+
+        Args:
+            texts: ``n`` non-empty strings; sent in batches of ``batch_size``, up to
+                ``max_concurrency`` batches at once, identical texts sent once.
+
+        Returns:
+            ``n x dim`` floats (``dim`` = ``dimensions`` or the model's size), row ``i``
+            for ``texts[i]``; ``[]`` for an empty list.
+
+        Raises:
+            InputError: a text is not a non-empty ``str`` (``.index`` names it).
+            QwenEmbedError: the server or the network failed after retries.
+        """
+        if isinstance(texts, list) and not texts:
+            return []
+        client = self._clients().sync
+        assert client is not None
+        with self._progress(len(texts)) as progress:
+            return client.embed_documents(texts, progress=progress)
+
+    def embed_query(self, text: str) -> list[float]:
+        """Embed a search query as ``Instruct: {query_instruction}\\nQuery:{text}``.
+
+        Returns:
+            ``dim`` floats.
+
+        Raises:
+            InputError: ``text`` is not a non-empty ``str``.
+            QwenEmbedError: the server or the network failed after retries.
+        """
+        client = self._clients().sync
+        assert client is not None
+        return client.embed_query(text)
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        """Async ``embed_documents``: natively async on this event loop's shared pool.
+
+        Returns:
+            ``n x dim`` floats in input order; ``[]`` for an empty list.
+
+        Raises:
+            InputError, QwenEmbedError: as ``embed_documents``.
+        """
+        if isinstance(texts, list) and not texts:
+            return []
+        client = self._clients().async_
+        assert client is not None
+        with self._progress(len(texts)) as progress:
+            return await client.embed_documents(texts, progress=progress)
+
+    async def aembed_query(self, text: str) -> list[float]:
+        """Async ``embed_query`` (with the instruction); ``dim`` floats.
+
+        Raises:
+            InputError, QwenEmbedError: as ``embed_query``.
+        """
+        client = self._clients().async_
+        assert client is not None
+        return await client.embed_query(text)
