@@ -350,6 +350,22 @@ class _ClientBase:
             url=self._config.endpoint,
         )
 
+    def _failed_exchange(self, exc: Exception, fresh: list[bool]) -> TransportError:
+        """Map an HTTP library error; a failed h2c attempt switches the pool to HTTP/1.1
+        and is marked for an immediate resend."""
+        error = self._transport_error(exc)
+        if isinstance(error, NetworkError | ConnectError) and pool.h2c_fallback(self._key):
+            fresh[0] = False
+        return error
+
+    def _response_body(self, response: Any) -> bytes:
+        """The body of a 2xx response; an error status raises the mapped ``ServerError``."""
+        status: int = response.status_code
+        if status >= 400:
+            raise self._status_error(status, response.content, response.headers)
+        content: bytes = response.content
+        return content
+
     def _on_retry(self, exc: BaseException, delay: float) -> None:
         reason = retry_reason(exc) or "unknown"
         stale = delay == 0.0 and isinstance(exc, NetworkError)
@@ -548,15 +564,9 @@ class EmbeddingClient(_ClientBase):
                         extensions={"trace": trace},
                     )
                 except httpx.HTTPError as exc:
-                    error = self._transport_error(exc)
-                    if isinstance(error, NetworkError | ConnectError) and pool.h2c_fallback(key):
-                        fresh[0] = False
-                    raise error from exc
+                    raise self._failed_exchange(exc, fresh) from exc
                 status = response.status_code
-                if status >= 400:
-                    raise self._status_error(status, response.content, response.headers)
-                content: bytes = response.content
-                return content
+                return self._response_body(response)
             except QwenEmbedError as exc:
                 outcome = type(exc).__name__
                 raise
@@ -718,15 +728,9 @@ class AsyncEmbeddingClient(_ClientBase):
                         extensions={"trace": trace},
                     )
                 except httpx.HTTPError as exc:
-                    error = self._transport_error(exc)
-                    if isinstance(error, NetworkError | ConnectError) and pool.h2c_fallback(key):
-                        fresh[0] = False
-                    raise error from exc
+                    raise self._failed_exchange(exc, fresh) from exc
                 status = response.status_code
-                if status >= 400:
-                    raise self._status_error(status, response.content, response.headers)
-                content: bytes = response.content
-                return content
+                return self._response_body(response)
             except QwenEmbedError as exc:
                 outcome = type(exc).__name__
                 raise

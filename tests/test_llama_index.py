@@ -208,7 +208,7 @@ def test_lazy_import_and_class_name() -> None:
 
 
 def test_constructing_opens_nothing() -> None:
-    base_url = "http://127.0.0.1:9/v1"  # nothing listens there
+    base_url = "http://127.0.0.1:9/llama-construct/v1"  # nothing listens there; unique
     model = QwenPooledEmbedding(base_url=base_url)
     clone = pickle.loads(pickle.dumps(model))
     assert clone.config == model.config

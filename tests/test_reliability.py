@@ -251,7 +251,7 @@ _item = st.one_of(_text, st.none(), st.integers(), st.binary(max_size=4),
                   st.lists(_text, max_size=2), st.floats(allow_nan=True))
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(items=st.lists(_item, max_size=6))
 def test_any_input_gives_a_clear_error_or_a_correct_result(
     srv: EmbeddingServer, items: list[object]
