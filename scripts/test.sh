@@ -5,7 +5,9 @@
 #   2. sets up and starts the real Infinity embedding server (scripts/realserver.py:
 #      its own venv in a cache folder, real MiniLM weights + a tiny Qwen3-layout model);
 #   3. runs the whole suite in both venvs (the `realserver` tests against Infinity),
-#   4. stops Infinity.
+#   4. stops Infinity;
+#   5. builds the docs site strictly (`mkdocs build --strict`, the `docs` extra, installed
+#      into the first venv; the site goes to site/, which git ignores).
 # Extra arguments go to pytest, e.g. `scripts/test.sh -m "not realserver" -x`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,13 +15,19 @@ PY=${PYTHON:-python3}
 VENVS=${QWEN_EMBED_VENVS:-.venvs}
 MAJORS=${QWEN_EMBED_OPENAI_MAJORS:-"3 2"}
 
+DOCS_VENV=""
 for major in $MAJORS; do
   venv="$VENVS/openai$major"
   if [ ! -x "$venv/bin/python" ]; then
     "$PY" -m venv "$venv"
   fi
-  echo "== installing the project into $venv (openai $major.x)"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[test]" "openai>=$major,<$((major + 1))"
+  extras="test"
+  if [ -z "$DOCS_VENV" ]; then
+    DOCS_VENV=$venv
+    extras="test,docs"
+  fi
+  echo "== installing the project into $venv (openai $major.x, extras $extras)"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[$extras]" "openai>=$major,<$((major + 1))"
 done
 
 realserver=1
@@ -40,4 +48,8 @@ for major in $MAJORS; do
   "$VENVS/openai$major/bin/python" -m pytest "$@" || status=$?
   [ "$status" = 0 ] || break
 done
+if [ "$status" = 0 ]; then
+  echo "== mkdocs build --strict"
+  NO_MKDOCS_2_WARNING=1 "$DOCS_VENV/bin/python" -m mkdocs build --strict --quiet || status=$?
+fi
 exit "$status"

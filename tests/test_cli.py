@@ -1,0 +1,378 @@
+"""The ``qwen-embed`` command line, in-process (click's CliRunner), against real servers.
+
+Every subcommand runs against the loopback ``EmbeddingServer``; ``bench`` also with no
+URL (it then starts its own server in a child process, with HTTPS and the delaying
+relay), as a first run on a fresh machine does.
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pytest
+from click.testing import CliRunner, Result
+
+from qwen_embed_plugins import DEFAULT_QUERY_TASK, format_query
+from qwen_embed_plugins._relay import Relay
+from qwen_embed_plugins.bench import MODES, corpus, iter_texts
+from qwen_embed_plugins.cli import INSTALL_HINT, get_command, main
+from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
+
+
+def run(*args: str) -> Result:
+    result = CliRunner().invoke(get_command(), list(args), catch_exceptions=False)
+    return result
+
+
+def as_json(result: Result) -> Any:
+    assert result.exit_code == 0, result.output
+    return orjson.loads(result.stdout)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmbeddingServer]:
+    with EmbeddingServer(keep_alive_timeout=2.0, max_batch=64) as srv:
+        yield srv
+
+
+# --------------------------------------------------------------------------- main
+
+
+def test_missing_extra_prints_install_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setitem(sys.modules, "click", None)  # as if click were not installed
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 1
+    err = capsys.readouterr().err
+    assert INSTALL_HINT in err
+    assert "click" in err
+
+
+def test_main_runs_the_group(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(["--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("bench", "check", "embed", "serve"):
+        assert name in out
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def test_bench_without_url_starts_local_https_server_with_rtt() -> None:
+    requests, concurrency, pool = 6, 3, 4
+    result = run(
+        "bench",
+        "--requests",
+        str(requests),
+        "--concurrency",
+        str(concurrency),
+        "--rtt-ms",
+        "10",
+        "--pool-size",
+        str(pool),
+        "--batch-size",
+        "4",
+        "--json",
+    )
+    data = as_json(result)
+    assert data["schema"] == "qwen-embed-bench/1"
+    assert data["local_server"] is True
+    assert data["tls"] is True
+    assert data["rtt_ms"] == 10
+    assert data["dim"] == 1024
+    modes = {m["mode"]: m for m in data["modes"]}
+    assert list(modes) == list(MODES)
+    for name, m in modes.items():
+        assert m["skipped"] is None, (name, m["skipped"])  # the local server offers h2
+        assert m["errors"] == 0, (name, m["error_sample"])
+        assert m["requests"] == requests
+        # client-side count == what the server accepted: counted, not estimated
+        assert m["connections_opened"] == m["connections_server"], name
+        assert m["p50_ms"] <= m["p95_ms"] <= m["p99_ms"]
+        # every request pays at least the emulated 10 ms round trip
+        assert m["p50_ms"] >= 10.0, name
+        assert m["requests_per_s"] > 0
+        assert m["cpu_ms_per_request"] > 0
+        assert m["ratio_vs_naive"] > 0
+    naive = modes["naive"]
+    assert naive["connections_opened"] >= requests  # one connection per request
+    assert naive["texts"] == requests
+    assert naive["ratio_vs_naive"] == 1.0
+    for name in ("pooled_threads", "pooled_async", "pooled_batched"):
+        assert 1 <= modes[name]["connections_opened"] <= min(concurrency, pool), name
+    h2 = modes["pooled_async_http2"]
+    assert h2["http_version"] == "HTTP/2"
+    assert h2["connections_opened"] == 1  # every stream multiplexed on one connection
+    assert modes["pooled_batched"]["texts"] == requests * 4
+    # a new connection per request (TCP + TLS: two extra emulated round trips)
+    assert naive["p50_ms"] >= 30.0
+
+
+def test_bench_table_against_url(server: EmbeddingServer) -> None:
+    result = run(
+        "bench",
+        "--base-url",
+        server.base_url,
+        "--requests",
+        "8",
+        "--concurrency",
+        "2",
+        "--mode",
+        "naive",
+        "--mode",
+        "pooled_threads",
+        "--mode",
+        "pooled_async_http2",
+    )
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "(a) naive" in out
+    assert "(b) pooled sync" in out
+    assert "x (a)" in out
+    assert "1.0x" in out
+    # uvicorn speaks no h2c: the HTTP/2 mode says why it did not run
+    assert "skipped: the server does not offer HTTP/2" in out
+
+
+def test_bench_json_counts_connections_for_a_remote_server(server: EmbeddingServer) -> None:
+    before = server.connections_opened
+    data = as_json(
+        run(
+            "bench",
+            "--base-url",
+            server.base_url,
+            "--requests",
+            "8",
+            "--concurrency",
+            "2",
+            "--mode",
+            "naive",
+            "--mode",
+            "pooled_async",
+            "--json",
+            "--texts",
+            str(Path(__file__)),
+        )
+    )
+    naive, pooled = data["modes"]
+    assert data["local_server"] is False
+    assert naive["connections_opened"] == 8
+    assert naive["connections_server"] is None
+    assert 1 <= pooled["connections_opened"] <= 2
+    # the server saw at least what the client counted (plus warm-up and probes)
+    assert server.connections_opened - before >= 8 + pooled["connections_opened"]
+    assert data["texts_source"].endswith("test_cli.py")
+
+
+def test_bench_usage_errors() -> None:
+    result = run("bench", "--base-url", "http://127.0.0.1:9/v1", "--rtt-ms", "5")
+    assert result.exit_code == 2
+    assert "local server only" in result.output
+
+
+def test_bench_unreachable_server_exits_1() -> None:
+    port = _free_port()
+    result = run("bench", "--base-url", f"http://127.0.0.1:{port}/v1", "--requests", "1")
+    assert result.exit_code == 1
+    assert "error:" in result.output
+
+
+# --------------------------------------------------------------------------- check
+
+
+def test_check_json_findings(server: EmbeddingServer) -> None:
+    data = as_json(run("check", "--base-url", server.base_url, "--json", "--max-idle", "4"))
+    assert data["schema"] == "qwen-embed-check/1"
+    assert data["ok"] is True
+    assert data["model"] == server.model
+    found = {f["name"]: f for f in data["findings"]}
+    assert list(found) == [
+        "health",
+        "models",
+        "embedding",
+        "base64",
+        "dimensions",
+        "batch_limit",
+        "http2",
+        "keepalive",
+        "latency",
+    ]
+    assert found["health"]["status"] == "ok"
+    assert found["models"]["value"] == [server.model]
+    assert found["embedding"]["value"]["dim"] == 1024
+    assert found["base64"]["status"] == "ok"
+    # SGLang without the matryoshka override refuses `dimensions`
+    assert found["dimensions"]["status"] == "warn"
+    assert "is_matryoshka" in found["dimensions"]["advice"]
+    assert found["batch_limit"]["value"] == 64
+    assert found["http2"]["value"] is False
+    # the server closes idle connections after 2 s: measured, and advice to stay below
+    idle = found["keepalive"]["value"]
+    assert 1.8 <= idle <= 3.0
+    assert found["keepalive"]["status"] == "warn"
+    assert "keepalive_expiry=" in found["keepalive"]["advice"]
+    latency = found["latency"]["value"]
+    assert 0 < latency["min_ms"] <= latency["p50_ms"] <= latency["max_ms"]
+
+
+def test_check_table_matryoshka_and_https() -> None:
+    with EmbeddingServer(matryoshka=True, tls=True, http2=True) as srv:
+        result = run(
+            "check", "--base-url", srv.base_url, "--ca", srv.ca_cert_path, "--max-idle", "1"
+        )
+        assert result.exit_code == 0, result.output
+        data = as_json(
+            run(
+                "check",
+                "--base-url",
+                srv.base_url,
+                "--ca",
+                srv.ca_cert_path,
+                "--max-idle",
+                "1",
+                "--json",
+            )
+        )
+    out = result.stdout
+    for name in ("health", "dimensions", "keepalive", "http2", "latency"):
+        assert name in out
+    found = {f["name"]: f for f in data["findings"]}
+    assert found["dimensions"]["status"] == "ok"
+    assert found["http2"]["value"] is True
+    assert found["keepalive"]["value"] is None  # 5 s > the 1 s we waited
+    assert found["batch_limit"]["value"] == 512  # no limit up to the probe bound
+
+
+def test_check_unreachable_fails() -> None:
+    port = _free_port()
+    result = run("check", "--base-url", f"http://127.0.0.1:{port}/v1", "--json")
+    assert result.exit_code == 1
+    data = orjson.loads(result.stdout)
+    assert data["ok"] is False
+    assert data["findings"][0]["name"] == "health"
+    assert data["findings"][0]["status"] == "fail"
+
+
+# --------------------------------------------------------------------------- embed
+
+
+def test_embed_lines_to_npy_streams_in_chunks(server: EmbeddingServer, tmp_path: Path) -> None:
+    texts = corpus(11)
+    src = tmp_path / "in.txt"
+    src.write_text(texts[0] + "\n\n" + "\n".join(texts[1:]) + "\n", encoding="utf-8")
+    out = tmp_path / "out.npy"
+    server.reset_counters()
+    result = run(
+        "embed",
+        "--base-url",
+        server.base_url,
+        "--chunk-size",
+        "4",
+        "--batch-size",
+        "3",
+        str(src),
+        str(out),
+    )
+    assert result.exit_code == 0, result.output
+    arr = np.load(out)
+    assert arr.shape == (11, 1024)
+    assert arr.dtype == np.float32
+    expected = np.stack([expected_embedding(t) for t in texts])
+    np.testing.assert_allclose(arr, expected, rtol=0, atol=1e-6)
+    # chunks of 4 (4, 4, 3 texts) in batches of 3: 2 + 2 + 1 requests
+    assert server.requests == 5
+
+
+def test_embed_jsonl_queries_to_jsonl(server: EmbeddingServer, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    rows = [{"id": "a", "text": "what is a tuple"}, {"text": "how do generators work"}]
+    src.write_bytes(b"\n".join(orjson.dumps(r) for r in rows) + b"\n")
+    out = tmp_path / "out.jsonl"
+    result = run("embed", "--base-url", server.base_url, "--query", str(src), str(out))
+    assert result.exit_code == 0, result.output
+    lines = [orjson.loads(line) for line in out.read_bytes().splitlines()]
+    assert [line["index"] for line in lines] == [0, 1]
+    assert lines[0]["id"] == "a"
+    assert "id" not in lines[1]
+    for row, line in zip(rows, lines, strict=True):
+        want = expected_embedding(format_query(row["text"], DEFAULT_QUERY_TASK))
+        np.testing.assert_allclose(line["embedding"], want, rtol=0, atol=1e-6)
+
+
+def test_embed_rejects_unknown_output(server: EmbeddingServer, tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("hello\n", encoding="utf-8")
+    result = run("embed", "--base-url", server.base_url, str(src), str(tmp_path / "o.csv"))
+    assert result.exit_code == 2
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def test_serve_runs_for_a_duration() -> None:
+    result = run("serve", "--port", "0", "--duration", "0.3", "--latency", "0.01")
+    assert result.exit_code == 0, result.output
+    assert "Serving Qwen/Qwen3-Embedding-0.6B (1024-dim) at http://127.0.0.1:" in result.stdout
+
+
+# --------------------------------------------------------------------------- input, relay
+
+
+def test_corpus_is_real_distinct_text() -> None:
+    texts = corpus(10_000, unique=True)
+    assert len(set(texts)) == 10_000
+    assert all(20 <= len(t) <= 2000 for t in texts)
+    assert sum(" the " in t for t in texts) > 5_000  # English prose, not synthetic
+    assert corpus(3) == texts[:3]
+
+
+def test_iter_texts_skips_blank_records(tmp_path: Path) -> None:
+    path = tmp_path / "t.txt"
+    path.write_text("a\n\n  \nb\n", encoding="utf-8")
+    assert [(n, t) for n, t, _ in iter_texts(path)] == [(0, "a"), (3, "b")]
+    bad = tmp_path / "t.jsonl"
+    bad.write_text('{"txt": 1}\n', encoding="utf-8")
+    with pytest.raises(ValueError, match=r"t\.jsonl:1"):
+        list(iter_texts(bad))
+
+
+@pytest.mark.parametrize("process", [False, True])
+def test_relay_delays_each_direction_and_the_handshake(process: bool) -> None:
+    listener = socket.create_server(("127.0.0.1", 0))
+    with listener, Relay(listener.getsockname()[:2], rtt=0.05, process=process) as relay:
+        started = time.perf_counter()
+        client = socket.create_connection(("127.0.0.1", relay.port))
+        upstream, _ = listener.accept()
+        with client, upstream:
+            client.sendall(b"ping")
+            assert upstream.recv(16) == b"ping"
+            first = time.perf_counter() - started  # handshake rtt + rtt/2
+            upstream.sendall(b"pong")
+            assert client.recv(16) == b"pong"
+            t0 = time.perf_counter()
+            client.sendall(b"x")
+            assert upstream.recv(16) == b"x"
+            upstream.sendall(b"y")
+            assert client.recv(16) == b"y"
+            round_trip = time.perf_counter() - t0
+            client.shutdown(socket.SHUT_WR)
+            assert upstream.recv(16) == b""  # EOF is relayed too
+    assert first >= 0.075
+    assert round_trip >= 0.05
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

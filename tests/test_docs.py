@@ -1,0 +1,152 @@
+"""Every ```python block of README.md and docs/*.md runs against a loopback server.
+
+Each block is executed on its own (fresh namespace, ``__name__ != "__main__"``) with
+``QWEN_EMBED_BASE_URL`` pointing at a fresh `EmbeddingServer`; URLs of placeholder hosts
+ending in ``/v1`` (``http://gpu-box:30000/v1``, ``https://embed.example.org/v1``...) are
+rewritten to the server's base URL. A ``print(...)  # text`` line documents its output:
+the printed lines must contain every such ``text``, in order.
+
+A block that cannot run is marked by the HTML comment ``<!-- not-run: reason -->`` on the
+line before its fence; it is still compiled. docs/langchain.md is left to
+tests/test_langchain.py, which runs its blocks and checks their output.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from qwen_embed_plugins import close_all
+from qwen_embed_plugins.testing import EmbeddingServer
+
+ROOT = Path(__file__).resolve().parent.parent
+DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+# Run (and checked line by line) by tests/test_langchain.py.
+SNIPPETS_TESTED_ELSEWHERE = {ROOT / "docs" / "langchain.md": ROOT / "tests" / "test_langchain.py"}
+MAX_NOT_RUN = 2
+
+_BLOCK = re.compile(
+    r"(?:^<!--\s*not-run:\s*(?P<reason>.*?)\s*-->\n)?^```python\n(?P<code>.*?)^```",
+    re.S | re.M,
+)
+_PLACEHOLDER_URL = re.compile(r"https?://[A-Za-z0-9.\-]+(?::\d+)?/v1\b")
+_EXPECTED = re.compile(r"^\s*print\(.*\)\s+#\s*(?P<out>.+?)\s*$", re.M)
+
+
+@dataclass(frozen=True)
+class Snippet:
+    path: Path
+    line: int
+    code: str
+    not_run: str | None  # the reason, for a block marked not-run
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def _snippets(path: Path) -> list[Snippet]:
+    text = path.read_text(encoding="utf-8")
+    out = []
+    for m in _BLOCK.finditer(text):
+        line = text.count("\n", 0, m.start("code"))  # 1-based line of the ```python fence
+        out.append(Snippet(path, line, m.group("code"), m.group("reason")))
+    return out
+
+
+ALL = [s for p in DOC_FILES if p not in SNIPPETS_TESTED_ELSEWHERE for s in _snippets(p)]
+RUNNABLE = [s for s in ALL if s.not_run is None]
+
+
+@pytest.fixture
+def srv() -> Iterator[EmbeddingServer]:
+    # A fresh server per block: a new port is a new endpoint label, so the counters a
+    # snippet prints (requests, connections) start at zero.
+    with EmbeddingServer() as server:
+        yield server
+    close_all()
+
+
+@contextlib.contextmanager
+def _restored_global_state() -> Iterator[None]:
+    """Undo what snippets change process-wide: environment, LlamaIndex Settings, logging."""
+    from llama_index.core import Settings
+
+    environ = dict(os.environ)
+    embed_model = Settings._embed_model
+    logger = logging.getLogger("qwen_embed_plugins")
+    level = logger.level
+    root_handlers = list(logging.getLogger().handlers)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        Settings._embed_model = embed_model
+        logger.setLevel(level)
+        logging.getLogger().handlers[:] = root_handlers
+
+
+def run_snippet(snippet: Snippet, base_url: str) -> str:
+    """Execute a block against ``base_url``; return what it printed."""
+    code = _PLACEHOLDER_URL.sub(base_url, snippet.code)
+    namespace: dict[str, Any] = {"__name__": "docs_snippet"}
+    out = io.StringIO()
+    with _restored_global_state(), contextlib.redirect_stdout(out):
+        os.environ["QWEN_EMBED_BASE_URL"] = base_url
+        exec(compile(code, snippet.id, "exec"), namespace)
+    return out.getvalue()
+
+
+def _assert_documented_output(snippet: Snippet, printed: str) -> None:
+    lines = iter(line.strip() for line in printed.splitlines())
+    for want in (m.group("out") for m in _EXPECTED.finditer(snippet.code)):
+        assert any(line == want for line in lines), (
+            f"{snippet.id}: expected a printed line {want!r} (in order); printed:\n{printed}"
+        )
+
+
+@pytest.mark.parametrize("snippet", RUNNABLE, ids=lambda s: s.id)
+def test_snippet_runs(snippet: Snippet, srv: EmbeddingServer) -> None:
+    printed = run_snippet(snippet, srv.base_url)
+    _assert_documented_output(snippet, printed)
+
+
+def test_not_run_snippets_compile() -> None:
+    for snippet in ALL:
+        if snippet.not_run is not None:
+            assert snippet.not_run, f"{snippet.id}: a not-run block must say why"
+            compile(snippet.code, snippet.id, "exec")
+
+
+def test_snippet_inventory() -> None:
+    files = {s.path for s in ALL}
+    for name in ("README.md", "docs/index.md", "docs/metrics.md", "docs/errors.md"):
+        assert ROOT / name in files, f"no python block found in {name}"
+    assert len(ALL) - len(RUNNABLE) <= MAX_NOT_RUN, [s.id for s in ALL if s.not_run]
+    for doc, test in SNIPPETS_TESTED_ELSEWHERE.items():
+        assert _snippets(doc), f"{doc.name} has no python block"
+        runner = test.read_text(encoding="utf-8")
+        assert doc.name in runner, f"{test.name} no longer runs {doc.name}"
+
+
+def test_output_check_catches_a_wrong_comment() -> None:
+    wrong = Snippet(ROOT / "README.md", 1, "print(1 + 1)  # 3\n", None)
+    with pytest.raises(AssertionError, match="expected a printed line '3'"):
+        _assert_documented_output(wrong, "2\n")
+
+
+def test_placeholder_hosts_are_rewritten() -> None:
+    code = 'a = "http://gpu-box:30000/v1"\nb = "https://embed.example.org/v1"\n'
+    assert _PLACEHOLDER_URL.sub("http://127.0.0.1:1/v1", code) == (
+        'a = "http://127.0.0.1:1/v1"\nb = "http://127.0.0.1:1/v1"\n'
+    )
