@@ -6,6 +6,8 @@ its own and no pool is shared), against the same loopback server in another proc
 - ``ours`` / ``ours_async``: ``EmbeddingClient.embed_documents`` /
   ``AsyncEmbeddingClient.embed_documents`` (defaults: 32 texts per request, 4 in
   flight, base64);
+- ``ours_array``: ``EmbeddingClient.embed_documents_array`` (float32 ``n x dim``, no
+  Python lists);
 - ``ours_tuned``: ``EmbeddingClient(batch_size=256, max_concurrency=8)``: fewer, larger
   requests, more in flight (what pays off when each request costs a network round trip);
 - ``ours_langchain``: ``QwenPooledEmbeddings().embed_documents`` (our LangChain adapter);
@@ -48,6 +50,7 @@ from _common import (
 
 WORKERS = (
     "ours",
+    "ours_array",
     "ours_async",
     "ours_tuned",
     "ours_langchain",
@@ -65,6 +68,10 @@ def _embed(worker: str, base_url: str, model: str, texts: list[str]) -> Any:
         from qwen_embed_plugins import EmbeddingClient
 
         return EmbeddingClient(base_url=base_url, model=model).embed_documents(texts)
+    if worker == "ours_array":
+        from qwen_embed_plugins import EmbeddingClient
+
+        return EmbeddingClient(base_url=base_url, model=model).embed_documents_array(texts)
     if worker == "ours_tuned":
         from qwen_embed_plugins import EmbeddingClient
 

@@ -123,12 +123,19 @@ def targets() -> str:
         where = f"{bulk['texts']:,} texts" + (
             f", {bulk['rtt_ms']:g} ms RTT" if bulk.get("rtt_ms") else ", loopback"
         )
-        for ours in ("ours", "ours_async", "ours_tuned"):
+        for ours in ("ours", "ours_array", "ours_async", "ours_tuned"):
             for stock in ("langchain_openai", "llamaindex_openai_like"):
                 if ours in s and stock in s:
                     r = s[ours]["texts_per_s"] / s[stock]["texts_per_s"]
                     rows.append(_row(f">= 3x {stock} ({ours}, {where})", f"{r:.2f}x", r, 3))
-        for ours in ("ours", "ours_async", "ours_tuned", "ours_langchain", "ours_llamaindex"):
+        for ours in (
+            "ours",
+            "ours_array",
+            "ours_async",
+            "ours_tuned",
+            "ours_langchain",
+            "ours_llamaindex",
+        ):
             if ours in s:
                 c = s[ours]["connections"]
                 rows.append(
