@@ -19,3 +19,21 @@ def embedding_server() -> Iterator[EmbeddingServer]:
 
     with EmbeddingServer() as server:
         yield server
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmbeddingServer]:
+    """A default `EmbeddingServer` shared by the tests of one module (saves start-ups)."""
+    from qwen_embed_plugins.testing import EmbeddingServer
+
+    with EmbeddingServer() as shared:
+        yield shared
+
+
+@pytest.fixture
+def srv(server: EmbeddingServer) -> Iterator[EmbeddingServer]:
+    """The module's server with zeroed counters and no faults pending, for one test."""
+    server.reset_counters()
+    server.clear_faults()
+    yield server
+    server.clear_faults()

@@ -8,7 +8,6 @@ import os
 import pickle
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -18,18 +17,6 @@ from qwen_embed_plugins import pool
 from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
 
 TEXTS_1000 = [f"passage number {i}: the quick brown fox {i * 7919 % 1000}" for i in range(1000)]
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmbeddingServer]:
-    with EmbeddingServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def srv(server: EmbeddingServer) -> EmbeddingServer:
-    server.reset_counters()
-    return server
 
 
 def expected(texts: list[str], dim: int = 1024) -> np.ndarray:
@@ -214,9 +201,7 @@ def test_idle_past_server_keepalive_then_embed() -> None:
     # The server closes idle connections after 0.3 s; this client keeps them 30 s
     # (the common bad advice), so the next request meets a connection the server closed.
     with EmbeddingServer(keep_alive_timeout=0.3) as srv:
-        client = q.EmbeddingClient(
-            base_url=srv.base_url, limits=q.Limits(keepalive_expiry=30.0)
-        )
+        client = q.EmbeddingClient(base_url=srv.base_url, limits=q.Limits(keepalive_expiry=30.0))
         client.embed_documents(["first"])
         time.sleep(0.8)
         np.testing.assert_array_equal(
@@ -233,7 +218,9 @@ def test_base64_and_float_identical(srv: EmbeddingServer) -> None:
     texts = TEXTS_1000[:50]
     b64 = q.EmbeddingClient(base_url=srv.base_url, encoding_format="base64")
     flt = q.EmbeddingClient(base_url=srv.base_url, encoding_format="float")
-    np.testing.assert_array_equal(b64.embed_documents_array(texts), flt.embed_documents_array(texts))
+    np.testing.assert_array_equal(
+        b64.embed_documents_array(texts), flt.embed_documents_array(texts)
+    )
     np.testing.assert_array_equal(b64.embed_documents_array(texts), expected(texts))
 
 

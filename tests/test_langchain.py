@@ -16,7 +16,6 @@ import pickle
 import re
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,16 +44,6 @@ CORPUS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmbeddingServer]:
-    with EmbeddingServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def srv(server: EmbeddingServer) -> EmbeddingServer:
-    server.reset_counters()
-    return server
 
 
 @pytest.fixture(autouse=True)

@@ -75,16 +75,6 @@ def _tiktoken_offline() -> Iterator[None]:
         yield
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmbeddingServer]:
-    with EmbeddingServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def srv(server: EmbeddingServer) -> EmbeddingServer:
-    server.reset_counters()
-    return server
 
 
 @pytest.fixture

@@ -37,15 +37,18 @@ def test_prometheus_counters_equal_server_counts(caplog) -> None:  # type: ignor
         assert SECRET not in text
         assert SECRET not in caplog.text
         samples = _samples(registry)
-        ep = (("endpoint", client.config.endpoint),)
-        ok = samples[("qwen_embed_requests_total", tuple(sorted(ep + (("outcome", "ok"),))))]
-        failed = samples[
-            ("qwen_embed_requests_total", tuple(sorted(ep + (("outcome", "OverloadedError"),))))
-        ]
+        endpoint = client.config.endpoint
+
+        def value(name: str, **labels: str) -> float:
+            key = tuple(sorted({"endpoint": endpoint, **labels}.items()))
+            return samples[(name, key)]
+
+        ok = value("qwen_embed_requests_total", outcome="ok")
+        failed = value("qwen_embed_requests_total", outcome="OverloadedError")
         assert ok + failed == srv.requests == 11
         assert failed == 1
-        assert samples[("qwen_embed_connections_opened_total", ep)] == srv.connections_opened
-        assert samples[("qwen_embed_texts_total", ep)] == 95 == srv.texts
-        assert samples[("qwen_embed_retries_total", tuple(sorted(ep + (("reason", "status_503"),))))] == 1
-        assert samples[("qwen_embed_request_duration_seconds_count", ep)] == 11
-        assert samples[("qwen_embed_in_flight_requests", ep)] == 0
+        assert value("qwen_embed_connections_opened_total") == srv.connections_opened
+        assert value("qwen_embed_texts_total") == 95 == srv.texts
+        assert value("qwen_embed_retries_total", reason="status_503") == 1
+        assert value("qwen_embed_request_duration_seconds_count") == 11
+        assert value("qwen_embed_in_flight_requests") == 0

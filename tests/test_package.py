@@ -80,7 +80,7 @@ def test_http_library_matches_openai_major() -> None:
     from qwen_embed_plugins import _http
 
     major = int(openai.__version__.split(".")[0])
-    assert _http.HTTP_LIBRARY == ("httpx2" if major >= 3 else "httpx")
+    assert ("httpx2" if major >= 3 else "httpx") == _http.HTTP_LIBRARY
     client = q.EmbeddingClient(base_url="http://127.0.0.1:9/v1")
     from qwen_embed_plugins import pool
 

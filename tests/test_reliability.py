@@ -6,7 +6,6 @@ import asyncio
 import gc
 import threading
 import time
-from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -30,23 +29,12 @@ SOAK_FAULTS = [
 ]
 # Batch jobs ride out outages with more attempts; the breaker still guards the endpoint.
 BATCH_RETRY = q.RetryConfig(
-    max_attempts=30, backoff_initial=0.05, backoff_max=0.5, deadline=60.0,
+    max_attempts=30,
+    backoff_initial=0.05,
+    backoff_max=0.5,
+    deadline=60.0,
     circuit_failure_threshold=100,
 )
-
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmbeddingServer]:
-    with EmbeddingServer() as srv:
-        yield srv
-
-
-@pytest.fixture
-def srv(server: EmbeddingServer) -> Iterator[EmbeddingServer]:
-    server.reset_counters()
-    server.clear_faults()
-    yield server
-    server.clear_faults()
 
 
 def _retries(label: str) -> int:
@@ -105,8 +93,15 @@ def test_rate_limit_retry_after_is_honoured(srv: EmbeddingServer) -> None:
     assert srv.requests == 2
 
 
-@pytest.mark.parametrize(("status", "cls"), [(400, q.BadRequestError), (401, q.AuthenticationError),
-                                             (404, q.NotFoundError), (422, q.BadRequestError)])
+@pytest.mark.parametrize(
+    ("status", "cls"),
+    [
+        (400, q.BadRequestError),
+        (401, q.AuthenticationError),
+        (404, q.NotFoundError),
+        (422, q.BadRequestError),
+    ],
+)
 def test_client_errors_are_not_retried(srv: EmbeddingServer, status: int, cls: type) -> None:
     srv.inject_status(status, message="nope")
     client = q.EmbeddingClient(base_url=srv.base_url)
@@ -117,9 +112,15 @@ def test_client_errors_are_not_retried(srv: EmbeddingServer, status: int, cls: t
     assert srv.requests == 1
 
 
-@pytest.mark.parametrize(("kind", "words"), [("nan", "NaN"), ("zero", "all zeros"),
-                                             ("wrong_count", "embeddings for"),
-                                             ("malformed", "not valid JSON")])
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [
+        ("nan", "NaN"),
+        ("zero", "all zeros"),
+        ("wrong_count", "embeddings for"),
+        ("malformed", "not valid JSON"),
+    ],
+)
 def test_bad_vectors_raise_naming_the_index(srv: EmbeddingServer, kind: str, words: str) -> None:
     params = {"index": 2} if kind in ("nan", "zero") else {}
     srv.inject(kind, **params)
@@ -151,8 +152,9 @@ def test_circuit_breaker_fails_fast_on_dead_endpoint() -> None:
     srv.stop()
     client = q.EmbeddingClient(
         base_url=url,
-        retry=q.RetryConfig(max_attempts=2, backoff_initial=0.01, circuit_failure_threshold=4,
-                            circuit_cooldown=30.0),
+        retry=q.RetryConfig(
+            max_attempts=2, backoff_initial=0.01, circuit_failure_threshold=4, circuit_cooldown=30.0
+        ),
     )
     for _ in range(2):
         with pytest.raises(q.ConnectError, match="cannot connect"):
@@ -167,9 +169,13 @@ def test_batch_too_large_is_split_and_remembered() -> None:
     with EmbeddingServer(max_batch=10) as srv:
         client = q.EmbeddingClient(base_url=srv.base_url, batch_size=32)
         texts = SOAK_TEXTS[:95]
-        np.testing.assert_array_equal(client.embed_documents_array(texts), expected_embeddings(texts))
+        np.testing.assert_array_equal(
+            client.embed_documents_array(texts), expected_embeddings(texts)
+        )
         srv.reset_counters()
-        np.testing.assert_array_equal(client.embed_documents_array(texts), expected_embeddings(texts))
+        np.testing.assert_array_equal(
+            client.embed_documents_array(texts), expected_embeddings(texts)
+        )
         assert srv.requests == 10  # the limit was learned: no more rejected batches
 
 
@@ -232,8 +238,13 @@ def _tls_verification_case() -> None:
 
 def test_http2_over_tls_is_negotiated() -> None:
     with EmbeddingServer(tls=True, http2=True) as srv:
-        client = q.EmbeddingClient(base_url=srv.base_url, verify=str(srv.ca_cert_path),
-                                   http2=True, batch_size=4, max_concurrency=4)
+        client = q.EmbeddingClient(
+            base_url=srv.base_url,
+            verify=str(srv.ca_cert_path),
+            http2=True,
+            batch_size=4,
+            max_concurrency=4,
+        )
         texts = SOAK_TEXTS[:64]
         try:
             arr = client.embed_documents_array(texts)
@@ -251,16 +262,28 @@ def test_http2_over_tls_is_negotiated() -> None:
 
 def test_h2c_falls_back_to_http1_when_server_lacks_it(srv: EmbeddingServer) -> None:
     client = q.EmbeddingClient(base_url=srv.base_url, http2=True)  # uvicorn: HTTP/1.1 only
-    np.testing.assert_array_equal(client.embed_documents_array(["h2c?"]),
-                                  expected_embeddings(["h2c?"]))
+    np.testing.assert_array_equal(
+        client.embed_documents_array(["h2c?"]), expected_embeddings(["h2c?"])
+    )
 
 
 _text = st.text(max_size=40)
-_item = st.one_of(_text, st.none(), st.integers(), st.binary(max_size=4),
-                  st.lists(_text, max_size=2), st.floats(allow_nan=True))
+_item = st.one_of(
+    _text,
+    st.none(),
+    st.integers(),
+    st.binary(max_size=4),
+    st.lists(_text, max_size=2),
+    st.floats(allow_nan=True),
+)
 
 
-@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(items=st.lists(_item, max_size=6))
 def test_any_input_gives_a_clear_error_or_a_correct_result(
     srv: EmbeddingServer, items: list[object]

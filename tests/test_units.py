@@ -78,8 +78,12 @@ def test_limits_and_timeouts_validate() -> None:
     assert EmbeddingConfig(base_url="http://h/v1", timeout=3).timeout == Timeouts(
         connect=3, read=3, write=3, pool=3
     )
-    assert EmbeddingConfig(base_url="http://h/v1", dimensions=4096,
-                           model="Qwen/Qwen3-Embedding-8B").dimensions == 4096
+    assert (
+        EmbeddingConfig(
+            base_url="http://h/v1", dimensions=4096, model="Qwen/Qwen3-Embedding-8B"
+        ).dimensions
+        == 4096
+    )
 
 
 def test_not_given_is_distinct_from_none(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,8 +121,9 @@ def test_encode_request_is_explicit() -> None:
     assert body["dimensions"] == 64
 
 
-def _payload(vectors: list[np.ndarray], *, b64: bool = True, order: list[int] | None = None
-             ) -> bytes:
+def _payload(
+    vectors: list[np.ndarray], *, b64: bool = True, order: list[int] | None = None
+) -> bytes:
     order = order if order is not None else list(range(len(vectors)))
     data = []
     for i in order:
@@ -136,8 +141,9 @@ def _unit(seed: int, dim: int = 8) -> np.ndarray:
 def test_decode_sorts_by_index_base64_and_float() -> None:
     vecs = [_unit(i) for i in range(5)]
     for b64 in (True, False):
-        arr = protocol.decode_embeddings(_payload(vecs, b64=b64, order=[3, 1, 4, 0, 2]),
-                                         [10, 11, 12, 13, 14])
+        arr = protocol.decode_embeddings(
+            _payload(vecs, b64=b64, order=[3, 1, 4, 0, 2]), [10, 11, 12, 13, 14]
+        )
         np.testing.assert_array_equal(arr, np.stack(vecs))
 
 
@@ -148,8 +154,7 @@ def test_decode_sorts_by_index_base64_and_float() -> None:
         (lambda d: d["data"][1].__setitem__("index", 0), "appears twice", None),
         (lambda d: d["data"][1].__setitem__("index", 9), "outside", None),
         (lambda d: d["data"][2].__setitem__("embedding", [0.0] * 8), "all zeros", 12),
-        (lambda d: d["data"][3].__setitem__("embedding", [float("nan")] + [0.1] * 7),
-         "NaN", 13),
+        (lambda d: d["data"][3].__setitem__("embedding", [float("nan")] + [0.1] * 7), "NaN", 13),
         (lambda d: d["data"][4].__setitem__("embedding", [0.5] * 7), "dimensions", 14),
         (lambda d: d["data"][0].__setitem__("embedding", "***"), "base64", 10),
         (lambda d: d["data"][0].__setitem__("embedding", None), "expected a list", 10),
@@ -190,28 +195,79 @@ def test_normalize_rows_slices_and_renormalises_only_when_needed() -> None:
 @pytest.mark.parametrize(
     ("status", "body", "cls", "message"),
     [
-        (400, {"object": "error", "message": "Input at index 2 is empty", "type":
-               "BadRequestError", "param": None, "code": 400}, q.BadRequestError,
-         "Input at index 2 is empty"),  # SGLang flat
-        (400, {"error": {"message": "This model's maximum context length is 8192 tokens",
-                         "type": "BadRequestError", "code": 400}}, q.ContextLengthError,
-         "maximum context length"),  # vLLM nested
-        (413, {"error": "batch size 64 > maximum allowed batch size 32",
-               "error_type": "Validation"}, q.BatchTooLargeError, "maximum allowed"),  # TEI
+        (
+            400,
+            {
+                "object": "error",
+                "message": "Input at index 2 is empty",
+                "type": "BadRequestError",
+                "param": None,
+                "code": 400,
+            },
+            q.BadRequestError,
+            "Input at index 2 is empty",
+        ),  # SGLang flat
+        (
+            400,
+            {
+                "error": {
+                    "message": "This model's maximum context length is 8192 tokens",
+                    "type": "BadRequestError",
+                    "code": 400,
+                }
+            },
+            q.ContextLengthError,
+            "maximum context length",
+        ),  # vLLM nested
+        (
+            413,
+            {"error": "batch size 64 > maximum allowed batch size 32", "error_type": "Validation"},
+            q.BatchTooLargeError,
+            "maximum allowed",
+        ),  # TEI
         (503, {"error": "server busy, please try again."}, q.OverloadedError, "busy"),  # Ollama
-        (413, {"code": 20042, "message": "input batch size 100 > maximum allowed batch size 64",
-               "data": None}, q.BatchTooLargeError, "batch size"),  # SiliconFlow
-        (422, {"detail": [{"loc": ["body", "input"], "msg": "field required",
-                           "type": "missing"}]}, q.BadRequestError, "body.input: field required"),
-        (400, {"error": {"message": "batch size is invalid, it should not be larger than 10.",
-                         "type": "InvalidParameter"}}, q.BatchTooLargeError, "larger than 10"),
-        (404, {"error": {"message": "The model `x` does not exist."}}, q.NotFoundError,
-         "does not exist"),
+        (
+            413,
+            {
+                "code": 20042,
+                "message": "input batch size 100 > maximum allowed batch size 64",
+                "data": None,
+            },
+            q.BatchTooLargeError,
+            "batch size",
+        ),  # SiliconFlow
+        (
+            422,
+            {"detail": [{"loc": ["body", "input"], "msg": "field required", "type": "missing"}]},
+            q.BadRequestError,
+            "body.input: field required",
+        ),
+        (
+            400,
+            {
+                "error": {
+                    "message": "batch size is invalid, it should not be larger than 10.",
+                    "type": "InvalidParameter",
+                }
+            },
+            q.BatchTooLargeError,
+            "larger than 10",
+        ),
+        (
+            404,
+            {"error": {"message": "The model `x` does not exist."}},
+            q.NotFoundError,
+            "does not exist",
+        ),
         (429, {"error": {"message": "Rate limit"}}, q.RateLimitError, "Rate limit"),
         (401, {"error": {"message": "Invalid API key"}}, q.AuthenticationError, "Invalid"),
         (500, b"Internal Server Error", q.ServerError, "Internal Server Error"),
-        (503, {"object": "error", "message": "The request queue is full."}, q.OverloadedError,
-         "queue is full"),
+        (
+            503,
+            {"object": "error", "message": "The request queue is full."},
+            q.OverloadedError,
+            "queue is full",
+        ),
     ],
 )
 def test_error_bodies_of_every_server(status: int, body: object, cls: type, message: str) -> None:
@@ -229,8 +285,7 @@ def test_error_bodies_of_every_server(status: int, body: object, cls: type, mess
 
 def test_batch_limit_parsing() -> None:
     assert errors.parse_batch_limit("batch size 64 > maximum allowed batch size 32") == 32
-    assert errors.parse_batch_limit(
-        "batch size is invalid, it should not be larger than 10.") == 10
+    assert errors.parse_batch_limit("batch size is invalid, it should not be larger than 10.") == 10
     assert errors.parse_batch_limit("context too long") is None
 
 
@@ -383,8 +438,9 @@ def test_stale_connection_resent_at_once_only_once() -> None:
 
 def test_circuit_breaker_opens_fails_fast_and_recovers() -> None:
     now = [0.0]
-    breaker = retry.CircuitBreaker(threshold=3, cooldown=10.0, label="http://h/v1",
-                                   clock=lambda: now[0])
+    breaker = retry.CircuitBreaker(
+        threshold=3, cooldown=10.0, label="http://h/v1", clock=lambda: now[0]
+    )
     for _ in range(3):
         breaker.before_request()
         breaker.record_failure()
