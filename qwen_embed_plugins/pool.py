@@ -83,7 +83,7 @@ class _LoopClient:
 class _Entry:
     key: TransportKey
     metrics: EndpointMetrics
-    breaker: CircuitBreaker
+    breaker: CircuitBreaker | None = None
     sync_client: Any = None  # httpx.Client | None
     async_clients: dict[asyncio.AbstractEventLoop, _LoopClient] = field(default_factory=dict)
     states: dict[str, EndpointState] = field(default_factory=dict)
@@ -97,14 +97,7 @@ def _entry(key: TransportKey) -> _Entry:
     with _lock:
         found = _entries.get(key)
         if found is None:
-            label = key.label
-            # Keyed by the whole transport key; the breaker threshold comes from the
-            # first config's retry settings (see client.py for where it is set).
-            found = _Entry(
-                key=key,
-                metrics=metrics_for(label),
-                breaker=CircuitBreaker(threshold=0, cooldown=0.0, label=label),
-            )
+            found = _Entry(key=key, metrics=metrics_for(key.label))
             _entries[key] = found
         return found
 
@@ -115,13 +108,17 @@ def endpoint_metrics(key: TransportKey) -> EndpointMetrics:
 
 
 def endpoint_breaker(key: TransportKey, *, threshold: int, cooldown: float) -> CircuitBreaker:
-    """The circuit breaker of ``key``'s pool, configured on first use."""
+    """The circuit breaker of ``key``'s pool, created with the settings of the first
+    client of that endpoint (later clients share it as it is)."""
     entry = _entry(key)
     breaker = entry.breaker
-    if breaker.threshold != threshold or breaker.cooldown != cooldown:
+    if breaker is None:
         with _lock:
-            breaker.threshold = threshold
-            breaker.cooldown = cooldown
+            if entry.breaker is None:
+                entry.breaker = CircuitBreaker(
+                    threshold=threshold, cooldown=cooldown, label=key.label
+                )
+            breaker = entry.breaker
     return breaker
 
 
@@ -386,10 +383,8 @@ def _after_fork_in_child() -> None:
             slot.dead = True
             _abandoned.append(slot.client)
         entry.async_clients = {}
-        old = entry.breaker
-        entry.breaker = CircuitBreaker(
-            threshold=old.threshold, cooldown=old.cooldown, label=old.label
-        )
+        if entry.breaker is not None:
+            entry.breaker.after_fork()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

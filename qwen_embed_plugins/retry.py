@@ -139,11 +139,7 @@ class RetryState:
         """
         if retry_reason(exc) is None or self.attempts >= self.policy.max_attempts:
             return None
-        if (
-            isinstance(exc, NetworkError)
-            and not fresh_connection
-            and not self.stale_resent
-        ):
+        if isinstance(exc, NetworkError) and not fresh_connection and not self.stale_resent:
             # The server closed an idle keep-alive connection as we reused it: resend
             # once, at once, on a fresh connection (embeddings are idempotent).
             self.stale_resent = True
@@ -184,6 +180,10 @@ class CircuitBreaker:
         self._failures = 0
         self._opened_at: float | None = None
         self._probing = False
+
+    def after_fork(self) -> None:
+        """In a forked child: a new lock (the parent's may have been held at fork time)."""
+        self._lock = threading.Lock()
 
     @property
     def state(self) -> str:
@@ -285,9 +285,7 @@ def call_with_retry(
         try:
             result = attempt()
         except QwenEmbedError as exc:
-            delay = _after_failure(
-                exc, state, breaker, on_retry, fresh_connection(), clock(), rng
-            )
+            delay = _after_failure(exc, state, breaker, on_retry, fresh_connection(), clock(), rng)
             if delay is None:
                 raise
             if delay > 0:
@@ -318,9 +316,7 @@ async def acall_with_retry(
         try:
             result = await attempt()
         except QwenEmbedError as exc:
-            delay = _after_failure(
-                exc, state, breaker, on_retry, fresh_connection(), clock(), rng
-            )
+            delay = _after_failure(exc, state, breaker, on_retry, fresh_connection(), clock(), rng)
             if delay is None:
                 raise
             if delay > 0:
