@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -183,6 +183,98 @@ def _check_table(report: CheckReport) -> Any:
     return table
 
 
+def _print_bench(out: Console, result: BenchResult) -> None:
+    out.print(_bench_table(result))
+    for m in result.modes:
+        if m.skipped:
+            out.print(f"{m.label}: skipped: {m.skipped}")
+        if m.error_sample:
+            out.print(f"[red]{m.mode}: {m.errors} errors, e.g. {m.error_sample}[/red]")
+    out.print(
+        "conns: TCP connections the client opened (counted from connect events)"
+        + ("; server conns: connections the server accepted." if result.local_server else ".")
+    )
+    out.print("x (a): texts/s relative to the naive client (a).")
+
+
+def _metrics_snapshot(label: str) -> dict[str, dict[str, Any]]:
+    """``stats()`` of one endpoint label, as ``{label: snapshot}`` (empty when no
+    request of this process went to it through the client)."""
+    from .metrics import stats
+
+    snap = stats().get(label)
+    return {label: snap} if snap is not None else {}
+
+
+def _metrics_json(metrics: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The snapshots, JSON-safe: the histograms' infinite last bound becomes "+Inf"."""
+    out = {}
+    for label, snap in metrics.items():
+        row = dict(snap)
+        for key in ("latency_seconds", "batch_size"):
+            hist = snap[key]
+            buckets = [["+Inf" if b == float("inf") else b, n] for b, n in hist["buckets"]]
+            row[key] = {**hist, "buckets": buckets}
+        out[label] = row
+    return out
+
+
+def _upper_bound(hist: dict[str, Any], q: float) -> float | None:
+    """The smallest bucket bound holding quantile ``q`` of a histogram snapshot."""
+    if not hist["count"]:
+        return None
+    for bound, cumulative in hist["buckets"]:
+        if cumulative >= q * hist["count"]:
+            return float(bound)
+    return None  # pragma: no cover - the +Inf bucket holds everything
+
+
+def _counted(total: int, by: dict[str, int]) -> str:
+    detail = ", ".join(f"{k} {v:,}" for k, v in sorted(by.items()))
+    return f"{total:,}" + (f" ({detail})" if detail else "")
+
+
+def _metrics_table(metrics: dict[str, dict[str, Any]]) -> Any:
+    """One column per endpoint of ``stats()`` snapshots, one row per metric."""
+    from rich.console import Group
+    from rich.table import Table
+    from rich.text import Text
+
+    if not metrics:
+        return Text("metrics: no request of this process went through the client")
+
+    def latency(s: dict[str, Any]) -> str:
+        bounds = [_upper_bound(s["latency_seconds"], q) for q in (0.5, 0.95, 0.99)]
+        return " / ".join(
+            "-" if b is None else ("> 60 s" if b == float("inf") else f"<= {_fmt(b * 1000)}")
+            for b in bounds
+        )
+
+    def mean(hist: dict[str, Any], scale: float = 1.0) -> str:
+        return _fmt(hist["sum"] * scale / hist["count"] if hist["count"] else None)
+
+    rows: list[tuple[str, Callable[[dict[str, Any]], str]]] = [
+        ("requests", lambda s: _counted(s["requests"], s["requests_by_outcome"])),
+        ("texts embedded", lambda s: f"{s['texts']:,}"),
+        ("texts per request (mean)", lambda s: mean(s["batch_size"])),
+        ("retries", lambda s: _counted(s["retries"], s["retries_by_reason"])),
+        ("stale-connection resends", lambda s: f"{s['stale_retries']:,}"),
+        ("TCP connections opened", lambda s: f"{s['connections_opened']:,}"),
+        ("in flight now", lambda s: f"{s['in_flight']:,}"),
+        ("latency mean ms", lambda s: mean(s["latency_seconds"], 1000.0)),
+        ("latency p50 / p95 / p99 ms", latency),
+        ("fallbacks", lambda s: _counted(sum(s["fallbacks"].values()), s["fallbacks"])),
+    ]
+    table = Table()
+    table.add_column("metric", no_wrap=True)
+    for label in metrics:
+        table.add_column(label, justify="right")
+    for name, cell in rows:
+        table.add_row(name, *(cell(snap) for snap in metrics.values()))
+    heading = Text("client metrics of this process (qwen_embed_plugins.stats()):", no_wrap=True)
+    return Group(heading, table)
+
+
 class _RichBenchProgress:
     """``BenchProgress`` drawing one rich progress bar per mode."""
 
@@ -223,6 +315,124 @@ def _progress_bar(console: Console, *, texts: bool = False) -> Any:
     )
 
 
+# --------------------------------------------------------------------------- options
+
+
+_BASE_URL_HELP = "API root, e.g. http://gpu-box:30000/v1"
+_MODELS_DEFAULT = "default: the first one /models lists"
+
+
+def _compose(*decorators: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """One decorator applying ``decorators`` as if stacked in this order (top first)."""
+
+    def apply(f: Any) -> Any:
+        for decorator in reversed(decorators):
+            f = decorator(f)
+        return f
+
+    return apply
+
+
+def _server_options(
+    *, required_url: bool, model_help: str, model_envvar: str | None = None
+) -> Callable[[Any], Any]:
+    """``--base-url``, ``--api-key``, ``--model``, ``--ca``, ``--insecure``.
+
+    ``required_url``: ``--base-url`` is required (default from ``QWEN_EMBED_BASE_URL``);
+    otherwise it is optional and leaving it out means the built-in local server.
+    """
+    import click
+
+    from .config import ENV_API_KEY, ENV_BASE_URL
+
+    if required_url:
+        base_url = click.option(
+            "--base-url",
+            envvar=ENV_BASE_URL,
+            required=True,
+            metavar="URL",
+            help=f"{_BASE_URL_HELP} [env {ENV_BASE_URL}].",
+        )
+    else:
+        base_url = click.option(
+            "--base-url",
+            metavar="URL",
+            help=f"{_BASE_URL_HELP}. Default: start a local server on loopback with HTTPS "
+            "and an emulated round trip.",
+        )
+    return _compose(
+        base_url,
+        click.option(
+            "--api-key", envvar=ENV_API_KEY, metavar="KEY", help=f"Bearer key [env {ENV_API_KEY}]."
+        ),
+        click.option("--model", envvar=model_envvar, help=model_help),
+        click.option(
+            "--ca",
+            type=click.Path(exists=True, dir_okay=False),
+            help="CA bundle (PEM) to verify an https:// server.",
+        ),
+        click.option("--insecure", is_flag=True, help="Do not verify TLS certificates."),
+    )
+
+
+def _output_options() -> Callable[[Any], Any]:
+    """``--json`` and ``--metrics`` (the commands that report on a server)."""
+    import click
+
+    return _compose(
+        click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table."),
+        click.option(
+            "--metrics",
+            "show_metrics",
+            is_flag=True,
+            help="Also print the client's metrics of the endpoint after the run "
+            "(qwen_embed_plugins.stats(); under 'metrics' with --json).",
+        ),
+    )
+
+
+def _shown(*decls: str, type: Any, default: Any, help: str) -> Callable[[Any], Any]:
+    """An option whose default ``--help`` shows."""
+    import click
+
+    return click.option(*decls, type=type, default=default, show_default=True, help=help)
+
+
+def _sized(*decls: str, upper: int | None, default: int, help: str) -> Callable[[Any], Any]:
+    """An integer option from 1 (to ``upper``) with a shown default."""
+    import click
+
+    return _shown(*decls, type=click.IntRange(1, upper), default=default, help=help)
+
+
+def _extra_missing(exc: ImportError, what: str, alternative: str = "") -> NoReturn:
+    _fail(
+        f"{what} needs the 'testing' extra ({exc}): "
+        f"pip install 'qwen-embed-plugins[testing]'{alternative}"
+    )
+
+
+def _report(
+    data: dict[str, Any],
+    render: Callable[[Console], None],
+    *,
+    as_json: bool,
+    metrics_of: str | None,
+) -> None:
+    """Print a command's result: JSON (``data``, plus ``metrics``) or ``render`` (plus
+    the metrics table). ``metrics_of``: the endpoint label whose metrics to add, or None."""
+    metrics = _metrics_snapshot(metrics_of) if metrics_of is not None else None
+    if as_json:
+        if metrics is not None:
+            data["metrics"] = _metrics_json(metrics)
+        _print_json(data)
+        return
+    out = _console()
+    render(out)
+    if metrics is not None:
+        out.print(_metrics_table(metrics))
+
+
 # --------------------------------------------------------------------------- commands
 
 
@@ -231,6 +441,7 @@ def _build() -> click.Group:
 
     from . import __version__
     from .bench import MODES
+    from .config import ENV_MODEL
 
     @click.group(context_settings={"help_option_names": ["-h", "--help"]})
     @click.version_option(__version__, prog_name="qwen-embed")
@@ -243,41 +454,10 @@ def _build() -> click.Group:
 
     # ------------------------------------------------------------------ bench
     @cli.command()
-    @click.option(
-        "--base-url",
-        metavar="URL",
-        help="API root, e.g. http://gpu-box:30000/v1. Default: start a local "
-        "server on loopback with HTTPS and an emulated round trip.",
-    )
-    @click.option(
-        "--api-key",
-        envvar="QWEN_EMBED_API_KEY",
-        metavar="KEY",
-        help="Bearer key [env QWEN_EMBED_API_KEY].",
-    )
-    @click.option("--model", help="Model name (default: the first one /models lists).")
-    @click.option(
-        "--requests",
-        "n_requests",
-        type=click.IntRange(1),
-        default=200,
-        show_default=True,
-        help="HTTP requests per mode.",
-    )
-    @click.option(
-        "--concurrency",
-        type=click.IntRange(1, 1024),
-        default=16,
-        show_default=True,
-        help="Threads or tasks per mode.",
-    )
-    @click.option(
-        "--batch-size",
-        type=click.IntRange(1, 2048),
-        default=32,
-        show_default=True,
-        help="Texts per request in mode (e).",
-    )
+    @_server_options(required_url=False, model_help=f"Model name ({_MODELS_DEFAULT}).")
+    @_sized("--requests", "n_requests", upper=None, default=200, help="HTTP requests per mode.")
+    @_sized("--concurrency", upper=1024, default=16, help="Threads or tasks per mode.")
+    @_sized("--batch-size", upper=2048, default=32, help="Texts per request in mode (e).")
     @click.option(
         "--texts",
         "texts_file",
@@ -292,12 +472,8 @@ def _build() -> click.Group:
         help="Emulated network round trip of the local server (ms) [default: 40].",
     )
     @click.option("--no-tls", is_flag=True, help="Local server over plain HTTP.")
-    @click.option(
-        "--pool-size",
-        type=click.IntRange(1),
-        default=20,
-        show_default=True,
-        help="Limits.max_connections of the pooled modes.",
+    @_sized(
+        "--pool-size", upper=None, default=20, help="Limits.max_connections of the pooled modes."
     )
     @click.option(
         "--mode",
@@ -306,25 +482,20 @@ def _build() -> click.Group:
         type=click.Choice(MODES),
         help="Run only these modes (repeatable). Default: all.",
     )
-    @click.option(
+    @_shown(
         "--naive-trust",
         type=click.Choice(["ca", "bundle"]),
         default="ca",
-        show_default=True,
         help="With a private CA: the naive client's per-request SSL context "
         "holds only that CA, or certifi's roots plus it (what OpenAI() loads).",
     )
-    @click.option(
-        "--ca",
-        type=click.Path(exists=True, dir_okay=False),
-        help="CA bundle (PEM) to verify an https:// server.",
-    )
-    @click.option("--insecure", is_flag=True, help="Do not verify TLS certificates.")
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    @_output_options()
     def bench(
         base_url: str | None,
         api_key: str | None,
         model: str | None,
+        ca: str | None,
+        insecure: bool,
         n_requests: int,
         concurrency: int,
         batch_size: int,
@@ -334,9 +505,8 @@ def _build() -> click.Group:
         pool_size: int,
         modes: tuple[str, ...],
         naive_trust: str,
-        ca: str | None,
-        insecure: bool,
         as_json: bool,
+        show_metrics: bool,
     ) -> None:
         """Naive vs pooled vs async vs HTTP/2 vs batched, side by side.
 
@@ -360,8 +530,8 @@ def _build() -> click.Group:
         if texts is not None and not texts:
             _fail(f"{texts_file} holds no text", 2)
         err = _console(stderr=True)
-        stack = contextlib.ExitStack()
-        with stack:
+        rtt = 40.0 if rtt_ms is None else rtt_ms
+        with contextlib.ExitStack() as stack:
             if base_url:
                 target = Target(
                     base_url, verify=_verify(ca, insecure), api_key=api_key, model=model
@@ -372,19 +542,11 @@ def _build() -> click.Group:
                         err.print(
                             "Starting the built-in server on 127.0.0.1 "
                             f"({'HTTP' if no_tls else 'HTTPS, test CA'}, emulated round "
-                            f"trip {40.0 if rtt_ms is None else rtt_ms:g} ms)..."
+                            f"trip {rtt:g} ms)..."
                         )
-                    local = stack.enter_context(
-                        local_target(
-                            rtt_ms=40.0 if rtt_ms is None else rtt_ms,
-                            tls=not no_tls,
-                        )
-                    )
+                    local = stack.enter_context(local_target(rtt_ms=rtt, tls=not no_tls))
                 except ImportError as exc:
-                    _fail(
-                        f"the built-in server needs the 'testing' extra ({exc}): "
-                        "pip install 'qwen-embed-plugins[testing]', or pass --base-url"
-                    )
+                    _extra_missing(exc, "the built-in server", ", or pass --base-url")
                 target = dataclasses.replace(local, api_key=api_key, model=model)
             bar = _progress_bar(err)
             try:
@@ -403,59 +565,29 @@ def _build() -> click.Group:
                     )
             except QwenEmbedError as exc:
                 _fail(str(exc))
-        if as_json:
-            _print_json(result.to_dict())
-            return
-        out = _console()
-        out.print(_bench_table(result))
-        for m in result.modes:
-            if m.skipped:
-                out.print(f"{m.label}: skipped: {m.skipped}")
-            if m.error_sample:
-                out.print(f"[red]{m.mode}: {m.errors} errors, e.g. {m.error_sample}[/red]")
-        out.print(
-            "conns: TCP connections the client opened (counted from connect events)"
-            + ("; server conns: connections the server accepted." if result.local_server else ".")
+        _report(
+            result.to_dict(),
+            lambda out: _print_bench(out, result),
+            as_json=as_json,
+            metrics_of=result.base_url if show_metrics else None,
         )
-        out.print("x (a): texts/s relative to the naive client (a).")
 
     # ------------------------------------------------------------------ check
     @cli.command()
-    @click.option(
-        "--base-url",
-        envvar="QWEN_EMBED_BASE_URL",
-        required=True,
-        metavar="URL",
-        help="API root, e.g. http://gpu-box:30000/v1 [env QWEN_EMBED_BASE_URL].",
-    )
-    @click.option(
-        "--api-key",
-        envvar="QWEN_EMBED_API_KEY",
-        metavar="KEY",
-        help="Bearer key [env QWEN_EMBED_API_KEY].",
-    )
-    @click.option("--model", help="Model to probe (default: the first one /models lists).")
-    @click.option(
-        "--ca",
-        type=click.Path(exists=True, dir_okay=False),
-        help="CA bundle (PEM) to verify an https:// server.",
-    )
-    @click.option("--insecure", is_flag=True, help="Do not verify TLS certificates.")
-    @click.option(
+    @_server_options(required_url=True, model_help=f"Model to probe ({_MODELS_DEFAULT}).")
+    @_shown(
         "--max-idle",
         type=click.FloatRange(0.5, 60),
         default=6.5,
-        show_default=True,
         help="Longest idle wait of the keep-alive probe (s).",
     )
-    @click.option(
+    @_sized(
         "--batch-probe-max",
-        type=click.IntRange(1, 2048),
+        upper=2048,
         default=512,
-        show_default=True,
         help="Largest batch the batch-limit probe sends.",
     )
-    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    @_output_options()
     def check(
         base_url: str,
         api_key: str | None,
@@ -465,11 +597,13 @@ def _build() -> click.Group:
         max_idle: float,
         batch_probe_max: int,
         as_json: bool,
+        show_metrics: bool,
     ) -> None:
         """What the server is and supports, with advice per finding.
 
         Health, model and vector size, base64, MRL dimensions, batch limit, HTTP/2,
-        the idle keep-alive timeout it enforces, and a latency sample.
+        the idle keep-alive timeout it enforces, and a latency sample (--metrics: the
+        client's counters of that sample).
         """
         from .bench import check_server
 
@@ -484,79 +618,49 @@ def _build() -> click.Group:
                 batch_probe_max=batch_probe_max,
                 step=lambda name: status.update(f"probing {name}..."),
             )
-        if as_json:
-            _print_json(report.to_dict())
-        else:
-            _console().print(_check_table(report))
+        _report(
+            report.to_dict(),
+            lambda out: out.print(_check_table(report)),
+            as_json=as_json,
+            metrics_of=report.base_url if show_metrics else None,
+        )
         if not report.ok:
             raise SystemExit(1)
 
     # ------------------------------------------------------------------ embed
     @cli.command()
-    @click.option(
-        "--base-url",
-        envvar="QWEN_EMBED_BASE_URL",
-        required=True,
-        metavar="URL",
-        help="API root [env QWEN_EMBED_BASE_URL].",
-    )
-    @click.option(
-        "--api-key",
-        envvar="QWEN_EMBED_API_KEY",
-        metavar="KEY",
-        help="Bearer key [env QWEN_EMBED_API_KEY].",
-    )
-    @click.option(
-        "--model",
-        envvar="QWEN_EMBED_MODEL",
-        help="Model name [env QWEN_EMBED_MODEL; default Qwen/Qwen3-Embedding-0.6B].",
+    @_server_options(
+        required_url=True,
+        model_help=f"Model name [env {ENV_MODEL}; default Qwen/Qwen3-Embedding-0.6B].",
+        model_envvar=ENV_MODEL,
     )
     @click.option(
         "--query", is_flag=True, help="The texts are search queries: add the Qwen3 instruction."
     )
     @click.option("--dimensions", type=click.IntRange(1), help="MRL output size.")
-    @click.option(
-        "--batch-size",
-        type=click.IntRange(1, 2048),
-        default=32,
-        show_default=True,
-        help="Texts per request.",
-    )
-    @click.option(
-        "--concurrency",
-        type=click.IntRange(1, 1024),
-        default=4,
-        show_default=True,
-        help="Requests in flight.",
-    )
-    @click.option(
+    @_sized("--batch-size", upper=2048, default=32, help="Texts per request.")
+    @_sized("--concurrency", upper=1024, default=4, help="Requests in flight.")
+    @_sized(
         "--chunk-size",
-        type=click.IntRange(1),
+        upper=None,
         default=2048,
-        show_default=True,
         help="Texts read, embedded and written per step (bounds memory).",
     )
     @click.option("--http2", is_flag=True, help="Use HTTP/2 (falls back to HTTP/1.1).")
-    @click.option(
-        "--ca",
-        type=click.Path(exists=True, dir_okay=False),
-        help="CA bundle (PEM) to verify an https:// server.",
-    )
-    @click.option("--insecure", is_flag=True, help="Do not verify TLS certificates.")
     @click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, dir_okay=False))
     @click.argument("output_path", metavar="OUTPUT", type=click.Path(dir_okay=False))
     def embed(
         base_url: str,
         api_key: str | None,
         model: str | None,
+        ca: str | None,
+        insecure: bool,
         query: bool,
         dimensions: int | None,
         batch_size: int,
         concurrency: int,
         chunk_size: int,
         http2: bool,
-        ca: str | None,
-        insecure: bool,
         input_path: str,
         output_path: str,
     ) -> None:
@@ -615,32 +719,27 @@ def _build() -> click.Group:
 
     # ------------------------------------------------------------------ serve
     @cli.command()
-    @click.option(
+    @_shown(
         "--port",
         type=click.IntRange(0, 65535),
         default=30000,
-        show_default=True,
         help="Port on 127.0.0.1 (0 picks a free one).",
     )
     @click.option("--tls", is_flag=True, help="HTTPS with a throw-away test CA.")
     @click.option("--http2", is_flag=True, help="Also serve HTTP/2 (ALPN h2, h2c).")
-    @click.option(
+    @_shown(
         "--latency",
         type=click.FloatRange(0),
         default=0.0,
-        show_default=True,
         help="Seconds added to every embedding request.",
     )
-    @click.option(
-        "--dim", type=click.IntRange(1), default=1024, show_default=True, help="Vector size."
-    )
+    @_sized("--dim", upper=None, default=1024, help="Vector size.")
     @click.option("--model", default=None, help="Model name served.")
     @click.option("--matryoshka", is_flag=True, help="Accept `dimensions` (MRL).")
-    @click.option(
+    @_shown(
         "--keep-alive-timeout",
         type=click.FloatRange(0.001),
         default=5.0,
-        show_default=True,
         help="Idle keep-alive seconds.",
     )
     @click.option("--api-key", default=None, help="Require this bearer key.")
@@ -669,7 +768,7 @@ def _build() -> click.Group:
         try:
             from .testing import DEFAULT_MODEL, EmbeddingServer
         except ImportError as exc:  # pragma: no cover - testing.py imports stdlib only
-            _fail(f"{exc}: pip install 'qwen-embed-plugins[testing]'")
+            _extra_missing(exc, "the server")
         try:
             server = EmbeddingServer(
                 port=port,
@@ -684,10 +783,7 @@ def _build() -> click.Group:
             )
             server.start()
         except ImportError as exc:
-            _fail(
-                f"the server needs the 'testing' extra ({exc}): "
-                "pip install 'qwen-embed-plugins[testing]'"
-            )
+            _extra_missing(exc, "the server")
         except (ValueError, OSError, RuntimeError) as exc:
             _fail(str(exc))
         out = _console()

@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import openai
 
-from . import pool
+from . import pool, servers
 from ._http import httpx
 from .config import EmbeddingConfig
 from .errors import (
@@ -60,6 +60,7 @@ from .protocol import (
     validate_texts,
 )
 from .retry import acall_with_retry, call_with_retry, parse_retry_after, retry_reason
+from .servers import Detection
 
 __all__ = ["AsyncEmbeddingClient", "EmbeddingClient", "Progress"]
 
@@ -71,6 +72,7 @@ that batch covered."""
 
 _JSON_HEADERS = {"Content-Type": "application/json", "Accept": "application/json"}
 _BASE64_REFUSED = re.compile(r"base64|encoding[_ ]format", re.I)
+_SERVER_POSITION = re.compile(r"\b(?:index|input|item)\s*(?:at\s+(?:index\s+)?)?\[?(\d+)\]?", re.I)
 _DIMENSIONS_REFUSED = re.compile(r"dimension|matryoshka|mrl", re.I)
 
 # --------------------------------------------------------------------------- threads
@@ -178,6 +180,11 @@ class _ClientBase:
         )
         self._state = pool.endpoint_state(self._key, self._model)
         self._sdk: tuple[Any, Any] | None = None
+        # The server profile: named by ``server=`` (no detection), else detected on the
+        # first call, once per endpoint and process (servers.detect).
+        self._detection: Detection | None = None
+        if config.server != "auto":
+            self._use(Detection(servers.get_profile(config.server), "server= setting"))
 
     # pickling / copying: only the config travels (its Secret re-reads the environment)
     def __getstate__(self) -> dict[str, Any]:
@@ -194,14 +201,71 @@ class _ClientBase:
         """The frozen ``EmbeddingConfig`` of this client."""
         return self._config
 
+    @property
+    def server(self) -> Detection | None:
+        """The server profile in use and how it was found (``servers.Detection``);
+        ``None`` until the first call when ``server="auto"``."""
+        return self._detection
+
+    # ----------------------------------------------------------------- server profile
+
+    def _use(self, detection: Detection) -> None:
+        self._detection = detection
+        self._url = detection.embeddings_url or self._config.embeddings_url
+
+    def _detect_args(self) -> tuple[Any, str, Any]:
+        t = self._key.timeout
+        connect, read = servers.probe_timeout(t.connect, t.read)
+        timeout = httpx.Timeout(connect=connect, read=read, write=read, pool=read)
+        return self._key, str(self._config.base_url), timeout
+
+    def _refresh_server(self) -> bool:
+        """Pick up a refinement of a generic profile; ``True`` when detection is needed."""
+        detection = self._detection
+        if detection is None:
+            return True
+        if detection.profile is servers.GENERIC and self._config.server == "auto":
+            found = servers.cached_detection(self._key)
+            if found is not None and found.profile is not servers.GENERIC:
+                self._use(found)
+        return False
+
+    def _ensure_server(self) -> None:
+        if self._refresh_server():
+            key, base, timeout = self._detect_args()
+            self._use(servers.detect(key, base, lambda: pool.get_sync_client(key), timeout))
+        self._wire_options()  # dimensions checked against the profile before any request
+
+    async def _aensure_server(self) -> None:
+        if self._refresh_server():
+            key, base, timeout = self._detect_args()
+            self._use(await servers.adetect(key, base, lambda: pool.get_async_client(key), timeout))
+        self._wire_options()
+
+    def _observe(self, headers: Any) -> None:
+        """Refine a generic auto-detected profile from an embedding response (free)."""
+        detection = self._detection
+        if (
+            detection is not None
+            and detection.profile is servers.GENERIC
+            and self._config.server == "auto"
+        ):
+            found = servers.identify_response(headers)
+            if found is not None:
+                servers.upgrade(self._key, found)
+                self._use(found)
+
     # ----------------------------------------------------------------- planning
 
     def _plan(self, texts: list[str]) -> BatchPlan:
         size = self._config.batch_size
-        limit = self._state.batch_limit
-        if limit is not None and limit < size:
-            size = limit
+        for limit in (self._state.batch_limit, self._profile_now().batch_limit):
+            if limit is not None and limit < size:
+                size = limit
         return plan_batches(texts, size)
+
+    def _profile_now(self) -> servers.ServerProfile:
+        return servers.GENERIC if self._detection is None else self._detection.profile
 
     @staticmethod
     def _batch_counts(plan: BatchPlan) -> list[int]:
@@ -220,10 +284,13 @@ class _ClientBase:
 
     def _wire_options(self) -> tuple[str, int | None]:
         cfg = self._config
+        profile = self._profile_now()
         fmt: str = cfg.encoding_format
         if fmt == "auto":
-            fmt = "float" if self._state.base64_ok is False else "base64"
-        dims = cfg.dimensions if self._state.dimensions_ok is not False else None
+            fmt = "float" if self._state.base64_ok is False or not profile.base64 else "base64"
+        dims = None
+        if self._state.dimensions_ok is not False:
+            dims = servers.wire_dimensions(profile, cfg.dimensions, self._model)
         return fmt, dims
 
     def _adapt(self, exc: BadRequestError, fmt: str, dims: int | None) -> bool:
@@ -232,8 +299,10 @@ class _ClientBase:
         Returns ``True`` when the request should be resent with other options.
         """
         message = exc.message
-        if fmt == "base64" and self._config.encoding_format == "auto" and _BASE64_REFUSED.search(
-            message
+        if (
+            fmt == "base64"
+            and self._config.encoding_format == "auto"
+            and _BASE64_REFUSED.search(message)
         ):
             self._state.base64_ok = False
             self._metrics.fallback("float_encoding")
@@ -251,6 +320,18 @@ class _ClientBase:
             )
             return True
         return False
+
+    @staticmethod
+    def _name_input(exc: BadRequestError, indices: list[int]) -> None:
+        """Translate the server's position within one request into the caller's index."""
+        if len(indices) == 1:
+            exc.index = indices[0]
+        else:
+            match = _SERVER_POSITION.search(exc.message)
+            if match and int(match.group(1)) < len(indices):
+                exc.index = indices[int(match.group(1))]
+        if exc.index is not None:
+            exc.args = (f"{exc.args[0]} [input index {exc.index} of this call]",)
 
     def _learn_batch_limit(self, exc: BatchTooLargeError, sent: int) -> int:
         limit = exc.limit if exc.limit is not None and exc.limit < sent else max(1, sent // 2)
@@ -274,7 +355,9 @@ class _ClientBase:
                     f"server returned {arr.shape[1]}-dimensional vectors, fewer than "
                     f"dimensions={want}"
                 )
-            if arr.shape[1] > want and sent_dims is not None:
+            # More components than asked is expected when a fixed-size list made us ask
+            # for a bigger size (``sent_dims``); otherwise the server ignored ``dimensions``.
+            if arr.shape[1] > want and sent_dims is not None and arr.shape[1] != sent_dims:
                 self._state.dimensions_ok = False
                 self._metrics.fallback("client_side_dimensions")
                 _log.warning(
@@ -319,6 +402,12 @@ class _ClientBase:
                     "verify='/path/to/ca-bundle.pem' for a private CA",
                     url=label,
                 )
+            if "WRONG_VERSION_NUMBER" in text or "wrong version number" in text:
+                return ConnectError(
+                    f"TLS handshake with {label} failed: the server answers plain HTTP; "
+                    f"use an http:// base_url ({text})",
+                    url=label,
+                )
             return ConnectError(f"cannot connect to {label}: {text}", url=label)
         if isinstance(exc, httpx.RemoteProtocolError):
             return RemoteProtocolError(f"{label} closed the connection: {text}", url=label)
@@ -327,7 +416,7 @@ class _ClientBase:
         return TransportError(f"request to {label} failed: {text}", url=label)
 
     def _status_error(self, status: int, body: bytes, headers: Any) -> ServerError:
-        return error_from_response(
+        error = error_from_response(
             status,
             body,
             url=self._url,
@@ -335,6 +424,13 @@ class _ClientBase:
             retry_after=parse_retry_after(headers),
             secret=self._secret,
         )
+        error = servers.refine_error(self._profile_now(), error)
+        if status == 404 and not str(self._config.base_url).endswith("/v1"):
+            error.args = (
+                f"{error.args[0]} (OpenAI-compatible servers usually serve under /v1: "
+                f"try base_url='{self._config.endpoint}/v1')",
+            )
+        return error
 
     def _sdk_error(self, exc: openai.OpenAIError) -> QwenEmbedError:
         if isinstance(exc, openai.APIStatusError):
@@ -363,6 +459,7 @@ class _ClientBase:
         status: int = response.status_code
         if status >= 400:
             raise self._status_error(status, response.content, response.headers)
+        self._observe(response.headers)
         content: bytes = response.content
         return content
 
@@ -374,16 +471,23 @@ class _ClientBase:
             "retrying %s after %s in %.3f s: %s", self._config.endpoint, reason, delay, exc
         )
 
-    def _request_done(self, outcome: str, started: float, texts: int, status: object) -> None:
+    def _request_done(
+        self, outcome: str, started: float, texts: int, status: int | None, attempt: int
+    ) -> None:
+        """Record one HTTP exchange; log it at DEBUG (built only when DEBUG is on).
+
+        ``attempt`` counts the tries of this batch: 1 is the first, 2+ are retries.
+        """
         elapsed = time.perf_counter() - started
         self._metrics.request_finished(outcome, elapsed, texts)
         if _log.isEnabledFor(logging.DEBUG):
             _log.debug(
-                "POST %s texts=%d status=%s %.1f ms",
+                "POST %s texts=%d status=%s %.1f ms attempt=%d",
                 self._config.endpoint,
                 texts,
-                status,
+                outcome if status is None else status,  # no HTTP status: the error class
                 elapsed * 1000.0,
+                attempt,
             )
 
     def _sdk_kwargs(self, fmt: str, dims: int | None) -> dict[str, Any]:
@@ -397,9 +501,7 @@ class _ClientBase:
 
     @staticmethod
     def _sdk_payload(response: Any) -> dict[str, Any]:
-        return {
-            "data": [{"index": d.index, "embedding": d.embedding} for d in response.data]
-        }
+        return {"data": [{"index": d.index, "embedding": d.embedding} for d in response.data]}
 
 
 # --------------------------------------------------------------------------- sync
@@ -489,6 +591,7 @@ class EmbeddingClient(_ClientBase):
     # ----------------------------------------------------------------- internals
 
     def _embed(self, texts: list[str], progress: Progress | None) -> FloatArray:
+        self._ensure_server()
         plan = self._plan(texts)
         parts: list[FloatArray | None] = [None] * len(plan.batches)
         counts = self._batch_counts(plan) if progress is not None else None
@@ -503,6 +606,14 @@ class EmbeddingClient(_ClientBase):
         return self._assemble(plan, parts)
 
     def _embed_batch(self, texts: list[str], indices: list[int]) -> FloatArray:
+        limit = self._state.batch_limit  # learned after this batch was planned
+        if limit is not None and len(texts) > limit:
+            return np.concatenate(
+                [
+                    self._embed_batch(texts[i : i + limit], indices[i : i + limit])
+                    for i in range(0, len(texts), limit)
+                ]
+            )
         while True:
             fmt, dims = self._wire_options()
             try:
@@ -520,6 +631,7 @@ class EmbeddingClient(_ClientBase):
             except BadRequestError as exc:
                 if self._adapt(exc, fmt, dims):
                     continue
+                self._name_input(exc, indices)
                 raise
             arr = (
                 decode_embeddings(payload, indices)
@@ -530,6 +642,7 @@ class EmbeddingClient(_ClientBase):
 
     def _send(self, texts: list[str], fmt: str, dims: int | None) -> bytes | dict[str, Any]:
         fresh = [True]
+        tries = [0]
         key = self._key
         metrics = self._metrics
 
@@ -540,6 +653,7 @@ class EmbeddingClient(_ClientBase):
 
         def attempt() -> bytes | dict[str, Any]:
             fresh[0] = False
+            tries[0] += 1
             metrics.request_started()
             started = time.perf_counter()
             outcome, status = "ok", None
@@ -571,7 +685,7 @@ class EmbeddingClient(_ClientBase):
                 outcome = type(exc).__name__
                 raise
             finally:
-                self._request_done(outcome, started, len(texts), status)
+                self._request_done(outcome, started, len(texts), status, tries[0])
 
         return call_with_retry(
             attempt,
@@ -650,6 +764,7 @@ class AsyncEmbeddingClient(_ClientBase):
     # ----------------------------------------------------------------- internals
 
     async def _embed(self, texts: list[str], progress: Progress | None) -> FloatArray:
+        await self._aensure_server()
         plan = self._plan(texts)
         parts: list[FloatArray | None] = [None] * len(plan.batches)
         counts = self._batch_counts(plan) if progress is not None else None
@@ -666,6 +781,14 @@ class AsyncEmbeddingClient(_ClientBase):
         return self._assemble(plan, parts)
 
     async def _embed_batch(self, texts: list[str], indices: list[int]) -> FloatArray:
+        limit = self._state.batch_limit  # learned after this batch was planned
+        if limit is not None and len(texts) > limit:
+            return np.concatenate(
+                [
+                    await self._embed_batch(texts[i : i + limit], indices[i : i + limit])
+                    for i in range(0, len(texts), limit)
+                ]
+            )
         while True:
             fmt, dims = self._wire_options()
             try:
@@ -682,6 +805,7 @@ class AsyncEmbeddingClient(_ClientBase):
             except BadRequestError as exc:
                 if self._adapt(exc, fmt, dims):
                     continue
+                self._name_input(exc, indices)
                 raise
             arr = (
                 decode_embeddings(payload, indices)
@@ -690,10 +814,9 @@ class AsyncEmbeddingClient(_ClientBase):
             )
             return self._finish(arr, dims)
 
-    async def _send(
-        self, texts: list[str], fmt: str, dims: int | None
-    ) -> bytes | dict[str, Any]:
+    async def _send(self, texts: list[str], fmt: str, dims: int | None) -> bytes | dict[str, Any]:
         fresh = [True]
+        tries = [0]
         key = self._key
         metrics = self._metrics
 
@@ -704,6 +827,7 @@ class AsyncEmbeddingClient(_ClientBase):
 
         async def attempt() -> bytes | dict[str, Any]:
             fresh[0] = False
+            tries[0] += 1
             metrics.request_started()
             started = time.perf_counter()
             outcome, status = "ok", None
@@ -735,7 +859,7 @@ class AsyncEmbeddingClient(_ClientBase):
                 outcome = type(exc).__name__
                 raise
             finally:
-                self._request_done(outcome, started, len(texts), status)
+                self._request_done(outcome, started, len(texts), status, tries[0])
 
         return await acall_with_retry(
             attempt,

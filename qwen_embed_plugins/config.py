@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_QUERY_TASK",
     "NOT_GIVEN",
     "QWEN3_EMBEDDING_DIMS",
+    "SERVER_NAMES",
     "EmbeddingConfig",
     "EncodingFormat",
     "Limits",
@@ -52,6 +53,21 @@ QWEN3_EMBEDDING_DIMS: Final[dict[str, int]] = {
 QWEN3_MIN_DIMENSIONS: Final = 32
 
 EncodingFormat = Literal["auto", "base64", "float"]
+
+SERVER_NAMES: Final[tuple[str, ...]] = (
+    "sglang",
+    "vllm",
+    "tei",
+    "infinity",
+    "ollama",
+    "llamacpp",
+    "dashscope",
+    "siliconflow",
+    "openai",
+)
+"""Servers with a profile (``qwen_embed_plugins.servers``); ``"openai"`` is the generic
+OpenAI-compatible fallback. ``EmbeddingConfig(server=...)`` takes one of these or
+``"auto"``."""
 
 ENV_BASE_URL: Final = "QWEN_EMBED_BASE_URL"
 ENV_API_KEY: Final = "QWEN_EMBED_API_KEY"
@@ -312,6 +328,20 @@ def _normalise_base_url(value: object) -> str:
     return url
 
 
+def _checked_api_key(value: str) -> Secret | None:
+    """Strip surrounding whitespace (a key read from a file ends with a newline) and refuse
+    keys an HTTP header cannot carry. The message never shows the key."""
+    value = value.strip()
+    if not value:
+        return None
+    if not value.isascii() or not value.isprintable() or any(c.isspace() for c in value):
+        raise ConfigError(
+            "api_key contains whitespace, control or non-ASCII characters inside it, which "
+            "an HTTP Authorization header cannot carry; check how the key was read"
+        )
+    return Secret(value)
+
+
 def known_model_dims(model: str) -> int | None:
     """Full vector size of a known Qwen3-Embedding model name or path, else ``None``."""
     lowered = model.lower().rstrip("/")
@@ -361,6 +391,12 @@ class EmbeddingConfig(_Replaceable):
         retry: the ``RetryConfig``.
         use_sdk: send embedding requests through the ``openai`` SDK (on the same pool)
             instead of the built-in codec. Slower; for comparison and SDK-only features.
+        server: the server behind ``base_url``: ``"auto"`` (default: detected once per
+            endpoint and process, see ``qwen_embed_plugins.servers``) or one of
+            ``SERVER_NAMES`` (``"sglang"``, ``"vllm"``, ``"tei"``, ``"infinity"``,
+            ``"ollama"``, ``"llamacpp"``, ``"dashscope"``, ``"siliconflow"``, or
+            ``"openai"`` for a generic server); naming it skips detection. Env
+            ``QWEN_EMBED_SERVER``.
     """
 
     base_url: str | None = None
@@ -379,6 +415,7 @@ class EmbeddingConfig(_Replaceable):
     verify: bool | str = True
     retry: RetryConfig = field(default_factory=RetryConfig)
     use_sdk: bool = False
+    server: str = "auto"
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -387,9 +424,11 @@ class EmbeddingConfig(_Replaceable):
         api_key = self.api_key
         if isinstance(api_key, NotGiven):
             api_key = os.environ.get(ENV_API_KEY) or None
+        if isinstance(api_key, Secret):
+            api_key = api_key.get_secret_value()
         if isinstance(api_key, str):
-            api_key = Secret(api_key) if api_key else None
-        if api_key is not None and not isinstance(api_key, Secret):
+            api_key = _checked_api_key(api_key)
+        elif api_key is not None:
             raise ConfigError("api_key must be a str, a Secret or None")
         set_(self, "api_key", api_key)
         model = self.model or os.environ.get(ENV_MODEL) or DEFAULT_MODEL
@@ -426,6 +465,11 @@ class EmbeddingConfig(_Replaceable):
                     f"EmbeddingConfig.dimensions must be an integer in [{low}, {high}]{where}, "
                     f"got {self.dimensions!r}"
                 )
+        if self.server != "auto" and self.server not in SERVER_NAMES:
+            raise ConfigError(
+                f"EmbeddingConfig.server must be 'auto' or one of {', '.join(SERVER_NAMES)}, "
+                f"got {self.server!r}"
+            )
         if self.query_instruction is not None and not isinstance(self.query_instruction, str):
             raise ConfigError("query_instruction must be a str or None")
         if not isinstance(self.verify, bool | str):
@@ -470,7 +514,8 @@ class EmbeddingConfig(_Replaceable):
 
         Reads ``QWEN_EMBED_BASE_URL``, ``QWEN_EMBED_API_KEY``, ``QWEN_EMBED_MODEL``,
         ``QWEN_EMBED_DIMENSIONS``, ``QWEN_EMBED_BATCH_SIZE``,
-        ``QWEN_EMBED_MAX_CONCURRENCY`` and ``QWEN_EMBED_HTTP2`` (``1``/``true``).
+        ``QWEN_EMBED_MAX_CONCURRENCY``, ``QWEN_EMBED_HTTP2`` (``1``/``true``) and
+        ``QWEN_EMBED_SERVER``.
 
         Raises:
             ConfigError: a variable holds a value out of range.
@@ -492,5 +537,8 @@ class EmbeddingConfig(_Replaceable):
         http2 = os.environ.get("QWEN_EMBED_HTTP2")
         if http2:
             values["http2"] = http2.strip().lower() in ("1", "true", "yes", "on")
+        server = os.environ.get("QWEN_EMBED_SERVER")
+        if server:
+            values["server"] = server.strip().lower()
         values.update(overrides)
         return cls(**values)

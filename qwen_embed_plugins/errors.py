@@ -203,7 +203,14 @@ class ServerError(QwenEmbedError):
 
 
 class BadRequestError(ServerError):
-    """400, 413 or 422: the server rejected the request itself; never retried."""
+    """400, 413 or 422: the server rejected the request itself; never retried.
+
+    Attributes:
+        index: the caller's input index the server blamed, when it can be told (the
+            batch held one text, or the server named a position within the request).
+    """
+
+    index: int | None = None
 
 
 class ContextLengthError(BadRequestError):
@@ -309,10 +316,14 @@ def parse_error_body(body: bytes | str | None) -> tuple[str, Any]:
 _BATCH_LIMIT_PATTERNS = (
     re.compile(r"maximum allowed batch size (?:is )?(\d+)", re.I),  # TEI, SiliconFlow
     re.compile(r"should not be larger than (\d+)", re.I),  # DashScope
+    re.compile(r"input: List should have at most (\d+) items", re.I),  # Infinity (FastAPI 422)
     re.compile(r"(?:batch|input)[^.]*?(?:at most|no more than|<=|maximum(?: of)?) (\d+)", re.I),
     re.compile(r"(?:max(?:imum)?|limit)[ _]?(?:batch|inputs?)[^\d]{0,20}(\d+)", re.I),
 )
-_BATCH_WORDS = re.compile(r"batch|too many (?:inputs|texts)|number of (?:inputs|texts)", re.I)
+_BATCH_WORDS = re.compile(
+    r"batch|too many (?:inputs|texts)|number of (?:inputs|texts)|input: List should have at most",
+    re.I,
+)
 _CONTEXT_WORDS = re.compile(
     r"context length|maximum context|too long|exceeds? the max|max(?:imum)?[_ ]model[_ ]len"
     r"|input (?:tokens|length)|token limit|must have less than",
@@ -391,6 +402,10 @@ def error_from_response(
         "server_message": message,
     }
     limit = parse_batch_limit(message)
+    if status == 413 and limit is None and _CONTEXT_WORDS.search(message):
+        # TEI answers every validation error with 413, a too-long input included
+        # ("`inputs` must have less than 512 tokens"; router/src/http/server.rs).
+        return ContextLengthError(text, **kwargs)
     if status == 413 or (status in (400, 422) and (limit is not None or code == 20042)):
         return BatchTooLargeError(text, limit=limit, **kwargs)
     if status in (400, 422):

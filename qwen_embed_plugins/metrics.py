@@ -3,6 +3,11 @@
 One ``EndpointMetrics`` per endpoint label (scheme://host:port/path, never
 credentials), shared by every client, adapter and pool entry of that endpoint in the
 process. Updates are lock-guarded and cost well under a microsecond each.
+
+Switch: with ``QWEN_EMBED_METRICS=off`` (or ``0``, ``false``, ``no``) in the environment
+when an endpoint is first used, that endpoint gets a ``NullMetrics``, which records
+nothing. It exists to measure what recording costs (``bench/metrics_overhead.py``); with
+it, ``stats()``, ``pool_stats()`` and Prometheus report zeros for that endpoint.
 """
 
 from __future__ import annotations
@@ -13,10 +18,38 @@ import threading
 from collections import Counter
 from typing import Any
 
-__all__ = ["LATENCY_BUCKETS", "EndpointMetrics", "metrics_for", "reset_metrics", "stats"]
+__all__ = [
+    "ENV_METRICS",
+    "LATENCY_BUCKETS",
+    "EndpointMetrics",
+    "NullMetrics",
+    "metrics_for",
+    "reset_metrics",
+    "stats",
+]
+
+ENV_METRICS = "QWEN_EMBED_METRICS"
+"""Environment variable: ``off``/``0``/``false``/``no`` gives endpoints first used while it
+is set a ``NullMetrics`` (records nothing). Anything else, or unset: record."""
+
+_OFF = frozenset({"off", "0", "false", "no"})
 
 LATENCY_BUCKETS: tuple[float, ...] = (
-    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
 )
 """Upper bounds (seconds) of the request latency histogram buckets (+Inf implied)."""
 
@@ -134,17 +167,48 @@ class EndpointMetrics:
             }
 
 
+class NullMetrics(EndpointMetrics):
+    """An ``EndpointMetrics`` that records nothing: every update is a no-op, so its
+    ``snapshot()`` stays at zero. What an endpoint gets while ``QWEN_EMBED_METRICS=off``;
+    ``bench/metrics_overhead.py`` compares it with ``EndpointMetrics`` to measure what
+    recording costs per request."""
+
+    def connection_opened(self) -> None:
+        pass
+
+    def request_started(self) -> None:
+        pass
+
+    def request_finished(self, outcome: str, seconds: float, texts: int) -> None:
+        pass
+
+    def retry(self, reason: str, *, stale: bool = False) -> None:
+        pass
+
+    def fallback(self, kind: str) -> None:
+        pass
+
+
 _registry_lock = threading.Lock()
 _registry: dict[str, EndpointMetrics] = {}
 
 
 def metrics_for(label: str) -> EndpointMetrics:
-    """The process-wide ``EndpointMetrics`` of an endpoint label."""
+    """The process-wide ``EndpointMetrics`` of an endpoint label.
+
+    Made on first use: a ``NullMetrics`` when ``QWEN_EMBED_METRICS`` is ``off`` then
+    (see ``ENV_METRICS``), an ``EndpointMetrics`` otherwise; the choice sticks for the
+    life of the process.
+    """
     found = _registry.get(label)
     if found is not None:
         return found
     with _registry_lock:
-        return _registry.setdefault(label, EndpointMetrics(label))
+        found = _registry.get(label)
+        if found is None:
+            off = os.environ.get(ENV_METRICS, "").strip().lower() in _OFF
+            found = _registry[label] = (NullMetrics if off else EndpointMetrics)(label)
+        return found
 
 
 def stats() -> dict[str, dict[str, Any]]:
@@ -204,15 +268,18 @@ def prometheus_collector() -> Any:
         family = HistogramMetricFamily(name, doc, labels=["endpoint"])
         for label, snap in snaps.items():
             h = snap[key]
-            buckets = [("+Inf" if b == float("inf") else repr(float(b)), n) for b, n in h["buckets"]]
+            buckets = [
+                ("+Inf" if b == float("inf") else repr(float(b)), n) for b, n in h["buckets"]
+            ]
             family.add_metric([label], buckets, h["sum"])
         return family
 
-    class _Collector(Collector):  # type: ignore[misc]
+    class _Collector(Collector):
         def collect(self) -> Any:
             snaps = stats()
             requests = CounterMetricFamily(
-                "qwen_embed_requests", "Embedding HTTP requests by outcome.",
+                "qwen_embed_requests",
+                "Embedding HTTP requests by outcome.",
                 labels=["endpoint", "outcome"],
             )
             texts = CounterMetricFamily(
@@ -225,7 +292,8 @@ def prometheus_collector() -> Any:
                 "qwen_embed_connections_opened", "TCP connections opened.", labels=["endpoint"]
             )
             fallbacks = CounterMetricFamily(
-                "qwen_embed_fallbacks", "One-off adaptations to the server.",
+                "qwen_embed_fallbacks",
+                "One-off adaptations to the server.",
                 labels=["endpoint", "kind"],
             )
             in_flight = GaugeMetricFamily(
@@ -242,9 +310,14 @@ def prometheus_collector() -> Any:
                     fallbacks.add_metric([label, kind], n)
                 in_flight.add_metric([label], snap["in_flight"])
             yield from (requests, texts, retries, conns, fallbacks, in_flight)
-            yield histogram("qwen_embed_request_duration_seconds",
-                            "Embedding request latency in seconds.", snaps, "latency_seconds")
-            yield histogram("qwen_embed_batch_size_texts", "Texts per request.", snaps,
-                            "batch_size")
+            yield histogram(
+                "qwen_embed_request_duration_seconds",
+                "Embedding request latency in seconds.",
+                snaps,
+                "latency_seconds",
+            )
+            yield histogram(
+                "qwen_embed_batch_size_texts", "Texts per request.", snaps, "batch_size"
+            )
 
     return _Collector()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import logging
 import os
 import ssl
 import threading
@@ -48,6 +49,7 @@ __all__ = [
 ]
 
 _USER_AGENT = "qwen-embed-plugins"
+_log = logging.getLogger("qwen_embed_plugins")
 
 _lock = threading.RLock()
 _entries: dict[TransportKey, _Entry] = {}
@@ -248,7 +250,8 @@ def _purge_dead_loops(entry: _Entry) -> None:
                 # Finish the parked generator without awaiting (its loop is gone).
                 with contextlib.suppress(StopIteration, RuntimeError):
                     slot.sentinel.aclose().send(None)
-            _abandoned.append(slot.client)  # never GC-close sockets from a dead loop
+            # No reference kept: garbage collection closes the dead loop's sockets (its
+            # transports cannot be closed through a closed loop).
 
 
 def get_async_client(key: TransportKey) -> Any:
@@ -305,6 +308,7 @@ def h2c_fallback(key: TransportKey) -> bool:
         if old is not None:
             _abandoned.append(old)
     entry.metrics.fallback("h2c_to_http1")
+    _log.warning("%s does not speak cleartext HTTP/2 (h2c); using HTTP/1.1 from now on", key.label)
     return True
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import binascii
 from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,15 @@ def validate_text(text: object, index: int | None, *, max_chars: int | None) -> 
             "(filter such texts out before embedding)",
             index=index,
         )
+    if not text.isascii():  # isascii() is O(1) in CPython; only non-ASCII text pays
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise InputError(
+                f"{where} is not valid Unicode: an unpaired surrogate at character "
+                f"{exc.start} (decode its source with errors='replace')",
+                index=index,
+            ) from None
     if max_chars is not None and len(text) > max_chars:
         raise InputError(
             f"{where} is {len(text):,} characters, above max_text_chars={max_chars:,}; "
@@ -100,6 +110,11 @@ def validate_texts(texts: object, *, max_chars: int | None) -> list[str]:
         )
     if isinstance(texts, Mapping) or not isinstance(texts, Iterable):
         raise InputError(f"expected a list of texts, got {_describe(texts)}")
+    if isinstance(texts, AbstractSet):
+        raise InputError(
+            f"expected an ordered list of texts, got a {_describe(texts)}: its order is "
+            "arbitrary, so vectors could not be matched to texts; pass a list"
+        )
     items = list(texts)
     if not items:
         raise InputError("expected at least one text, got an empty list")

@@ -7,6 +7,7 @@ relay), as a first run on a fresh machine does.
 
 from __future__ import annotations
 
+import re
 import socket
 import sys
 import time
@@ -19,7 +20,7 @@ import orjson
 import pytest
 from click.testing import CliRunner, Result
 
-from qwen_embed_plugins import DEFAULT_QUERY_TASK, format_query
+from qwen_embed_plugins import DEFAULT_QUERY_TASK, format_query, reset_metrics
 from qwen_embed_plugins._relay import Relay
 from qwen_embed_plugins.bench import MODES, corpus, iter_texts
 from qwen_embed_plugins.cli import INSTALL_HINT, get_command, main
@@ -34,6 +35,14 @@ def run(*args: str) -> Result:
 def as_json(result: Result) -> Any:
     assert result.exit_code == 0, result.output
     return orjson.loads(result.stdout)
+
+
+def bench_url(base_url: str, *modes: str, args: tuple[str, ...] = ()) -> Result:
+    """``qwen-embed bench`` against ``base_url``: 8 requests per mode, 2 at a time."""
+    chosen = [arg for mode in modes for arg in ("--mode", mode)]
+    return run(
+        "bench", "--base-url", base_url, "--requests", "8", "--concurrency", "2", *chosen, *args
+    )
 
 
 @pytest.fixture(scope="module")
@@ -120,21 +129,7 @@ def test_bench_without_url_starts_local_https_server_with_rtt() -> None:
 
 
 def test_bench_table_against_url(server: EmbeddingServer) -> None:
-    result = run(
-        "bench",
-        "--base-url",
-        server.base_url,
-        "--requests",
-        "8",
-        "--concurrency",
-        "2",
-        "--mode",
-        "naive",
-        "--mode",
-        "pooled_threads",
-        "--mode",
-        "pooled_async_http2",
-    )
+    result = bench_url(server.base_url, "naive", "pooled_threads", "pooled_async_http2")
     assert result.exit_code == 0, result.output
     out = result.stdout
     assert "(a) naive" in out
@@ -148,21 +143,11 @@ def test_bench_table_against_url(server: EmbeddingServer) -> None:
 def test_bench_json_counts_connections_for_a_remote_server(server: EmbeddingServer) -> None:
     before = server.connections_opened
     data = as_json(
-        run(
-            "bench",
-            "--base-url",
+        bench_url(
             server.base_url,
-            "--requests",
-            "8",
-            "--concurrency",
-            "2",
-            "--mode",
             "naive",
-            "--mode",
             "pooled_async",
-            "--json",
-            "--texts",
-            str(Path(__file__)),
+            args=("--json", "--texts", str(Path(__file__))),
         )
     )
     naive, pooled = data["modes"]
@@ -376,3 +361,90 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- --metrics
+
+
+def test_bench_metrics_json_equals_what_the_server_counted() -> None:
+    with EmbeddingServer() as srv:
+        reset_metrics()  # a port seen earlier in this process would carry old counts
+        # --model: no /models discovery, so every request the server sees is the client's
+        data = as_json(
+            bench_url(
+                srv.base_url,
+                "pooled_threads",
+                "pooled_batched",
+                args=("--batch-size", "3", "--model", srv.model, "--metrics", "--json"),
+            )
+        )
+        served = srv.stats()
+    assert list(data["metrics"]) == [data["base_url"]]  # the endpoint label, nothing else
+    snap = data["metrics"][data["base_url"]]
+    # one warm-up request, then 8 per mode
+    assert snap["requests"] == served["requests"] == 1 + 8 + 8
+    assert snap["requests_by_outcome"] == {"ok": 17}
+    assert snap["texts"] == served["texts"] == 1 + 8 + 8 * 3
+    assert snap["connections_opened"] == served["connections_opened"]
+    per_mode = sum(m["connections_opened"] for m in data["modes"])
+    assert snap["connections_opened"] == 1 + per_mode  # + the warm-up's connection
+    assert snap["retries"] == snap["stale_retries"] == snap["in_flight"] == 0
+    assert snap["batch_size"]["count"] == 17
+    assert snap["batch_size"]["sum"] == 1 + 8 + 8 * 3
+    latency = snap["latency_seconds"]
+    assert latency["buckets"][-1] == ["+Inf", 17]  # JSON has no infinity: Prometheus' name
+    assert 0 < latency["sum"] < 17 * 5.0
+
+
+def test_bench_prints_the_metrics_table_after_its_own(server: EmbeddingServer) -> None:
+    result = bench_url(server.base_url, "pooled_threads", args=("--metrics",))
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert out.index("(b) pooled sync") < out.index("client metrics of this process")
+    assert server.base_url.rstrip("/") in out.split("client metrics of this process")[1]
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in _rows(out)}
+    assert re.fullmatch(r"\d+ \(ok \d+\)", rows["requests"]), rows["requests"]
+    assert int(rows["TCP connections opened"]) >= 1
+
+
+def test_check_metrics_table_and_json() -> None:
+    with EmbeddingServer() as srv:
+        reset_metrics()
+        table = run("check", "--base-url", srv.base_url, "--max-idle", "0.5", "--metrics")
+        reset_metrics()
+        data = as_json(
+            run("check", "--base-url", srv.base_url, "--max-idle", "0.5", "--metrics", "--json")
+        )
+        plain = as_json(run("check", "--base-url", srv.base_url, "--max-idle", "0.5", "--json"))
+    assert table.exit_code == 0, table.output
+    out = table.stdout
+    label = data["base_url"]
+    assert "client metrics of this process (qwen_embed_plugins.stats()):" in out
+    assert label in out
+    # the latency sample: 11 single-text requests, one after another, on one connection
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in _rows(out)}
+    assert rows["requests"] == "11 (ok 11)"
+    assert rows["texts embedded"] == "11"
+    assert rows["texts per request (mean)"] == "1.0"
+    assert rows["TCP connections opened"] == "1"
+    assert rows["retries"] == "0"
+    assert rows["latency p50 / p95 / p99 ms"].startswith("<= ")
+    snap = data["metrics"][label]
+    assert snap["requests"] == 11
+    assert snap["connections_opened"] == 1
+    assert "metrics" not in plain  # only with --metrics
+    assert [f["name"] for f in plain["findings"]] == [f["name"] for f in data["findings"]]
+
+
+def test_metrics_of_an_endpoint_the_client_never_reached() -> None:
+    port = _free_port()
+    result = run("check", "--base-url", f"http://127.0.0.1:{port}/v1", "--json", "--metrics")
+    assert result.exit_code == 1
+    assert orjson.loads(result.stdout)["metrics"] == {}
+    result = run("check", "--base-url", f"http://127.0.0.1:{port}/v1", "--metrics")
+    assert "metrics: no request of this process went through the client" in result.stdout
+
+
+def _rows(table: str) -> list[str]:
+    """The body rows of the last rich table in ``table`` with two cells."""
+    return [line for line in table.splitlines() if line.count("│") == 3]

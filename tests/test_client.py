@@ -261,6 +261,8 @@ def test_dimensions_sent_when_server_supports_mrl() -> None:
         ("a single string", None, "single str"),
         ([["nested"]], 0, "list"),
         ([b"bytes"], 0, "bytes"),
+        (["ok", "a\ud800b"], 1, "surrogate"),
+        ({"a", "b"}, None, "ordered"),
     ],
 )
 def test_bad_input_names_the_index_and_sends_nothing(
@@ -373,3 +375,44 @@ async def test_aclose_all(srv: EmbeddingServer) -> None:
     await q.aclose_all()
     assert q.pool_stats()[client.config.endpoint]["async_clients"] == 0
     assert len(await client.embed_query("two")) == 1024
+
+
+@pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning")
+def test_loops_closed_by_hand_do_not_leak_connections(srv: EmbeddingServer) -> None:
+    # loop.close() without shutdown_asyncgens(): the pool cannot close that loop's client
+    # inside it, so it drops it at the next lookup and garbage collection closes the sockets.
+    import gc
+
+    client = q.AsyncEmbeddingClient(base_url=srv.base_url)
+    for i in range(30):
+        loop = asyncio.new_event_loop()
+        loop.run_until_complete(client.embed_query(f"manual loop {i}"))
+        loop.close()
+    gc.collect()
+    deadline = time.monotonic() + 5.0
+    while srv.stats()["connections_active"] > 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert srv.connections_opened == 30
+    assert srv.stats()["connections_active"] <= 2
+
+
+def test_server_rejection_names_the_callers_index(srv: EmbeddingServer) -> None:
+    # the server blames a position within one request; the error names the caller's index
+    client = q.EmbeddingClient(base_url=srv.base_url, batch_size=2, max_text_chars=None)
+    texts = ["a", "a", "b", "c", "d", "x" * 200_000, "e"]
+    with pytest.raises(q.BadRequestError) as info:
+        client.embed_documents(texts)
+    assert info.value.index == 5
+    assert "input index 5" in str(info.value)
+
+
+def test_wrong_base_url_errors_say_what_to_do(srv: EmbeddingServer) -> None:
+    no_v1 = q.EmbeddingClient(base_url=srv.url, retry=q.RetryConfig(max_attempts=1))
+    with pytest.raises(q.NotFoundError, match="/v1"):
+        no_v1.embed_query("where?")
+    tls_to_plain = q.EmbeddingClient(
+        base_url=srv.base_url.replace("http://", "https://"),
+        retry=q.RetryConfig(max_attempts=1),
+    )
+    with pytest.raises(q.ConnectError, match="plain HTTP"):
+        tls_to_plain.embed_query("tls?")

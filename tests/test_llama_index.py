@@ -75,8 +75,6 @@ def _tiktoken_offline() -> Iterator[None]:
         yield
 
 
-
-
 @pytest.fixture
 def model(srv: EmbeddingServer) -> QwenPooledEmbedding:
     return QwenPooledEmbedding(base_url=srv.base_url, embed_batch_size=8)
@@ -541,3 +539,100 @@ def test_langchain_and_llamaindex_share_one_pool(srv: EmbeddingServer) -> None:
     assert pool_stats()[llama.config.endpoint]["sync_clients"] == 1
     # sequential sync calls of both adapters reused one connection; the loop opened one
     assert srv.connections_opened == 2
+
+
+def test_events_and_spans_carry_batch_size_and_timing() -> None:
+    """What an observer of LlamaIndex's standard events and spans sees per batch: the
+    batch size (number of chunks) and timing, with real handlers and a server that takes
+    LATENCY seconds per request."""
+    latency = 0.1
+
+    class Collector(BaseEventHandler):
+        events: list[BaseEvent] = Field(default_factory=list)
+
+        def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+            if isinstance(event, EmbeddingStartEvent | EmbeddingEndEvent):
+                self.events.append(event)
+
+    class BatchSpans(SimpleSpanHandler):
+        """SimpleSpanHandler (start, end, duration) that also keeps each span's batch."""
+
+        sizes: dict[str, int] = Field(default_factory=dict)
+
+        def new_span(self, id_: str, bound_args: Any, *args: Any, **kwargs: Any) -> Any:
+            arguments = bound_args.arguments
+            if "texts" in arguments:
+                self.sizes[id_] = len(arguments["texts"])
+            elif "query" in arguments or "text" in arguments:
+                self.sizes[id_] = 1
+            return super().new_span(id_, bound_args, *args, **kwargs)
+
+    def named(name: str) -> list[Any]:
+        found = [s for s in spans.completed_spans if s.id_.split("-")[0] == name]
+        return sorted(found, key=lambda s: s.start_time)
+
+    texts = [f"timed text {i}" for i in range(10)]  # batches of 4, 4, 2
+    collector, spans, debug = Collector(), BatchSpans(), LlamaDebugHandler()
+    root = get_dispatcher()
+    with EmbeddingServer(latency=latency) as slow:
+        model = QwenPooledEmbedding(
+            base_url=slow.base_url,
+            embed_batch_size=4,
+            max_concurrency=2,
+            callback_manager=CallbackManager([debug]),
+        )
+        root.add_event_handler(collector)
+        root.add_span_handler(spans)
+        try:
+            model.get_text_embedding_batch(texts)
+            sync_events = list(collector.events)
+            sync_pairs = debug.get_event_pairs(CBEventType.EMBEDDING)
+            sync_time = debug.get_event_time_info(CBEventType.EMBEDDING)
+            debug.flush_event_logs()
+            collector.events.clear()
+            asyncio.run(model.aget_text_embedding_batch(texts))
+            model.get_query_embedding("a timed query")
+        finally:
+            root.event_handlers.remove(collector)
+            root.span_handlers.remove(spans)
+        assert slow.requests == 3 + 3 + 1
+    assert not spans.dropped_spans
+
+    # Instrumentation events (sync): start/end per batch; the end names the chunks
+    assert [type(e) for e in sync_events] == [EmbeddingStartEvent, EmbeddingEndEvent] * 3
+    starts, ends = sync_events[0::2], sync_events[1::2]
+    assert [len(e.chunks) for e in ends] == [4, 4, 2]  # type: ignore[attr-defined]
+    for start, end in zip(starts, ends, strict=True):
+        assert (end.timestamp - start.timestamp).total_seconds() >= latency
+    # Instrumentation events (async): LlamaIndex starts every batch, then ends them all
+    # after gathering, so the events time the call (two rounds: window of 2)
+    async_ends = [e for e in collector.events if isinstance(e, EmbeddingEndEvent)]
+    assert [len(e.chunks) for e in async_ends] == [4, 4, 2, 1]  # + the query
+    first_start = collector.events[0].timestamp
+    assert (async_ends[2].timestamp - first_start).total_seconds() >= 2 * latency
+
+    # CallbackManager (CBEventType.EMBEDDING): chunks per batch, and LlamaIndex's timing
+    assert [len((p[1].payload or {})[EventPayload.CHUNKS]) for p in sync_pairs] == [4, 4, 2]
+    assert sync_time.total_count == 3
+    assert sync_time.average_secs >= latency
+
+    # Spans: one per HTTP request, a child of the public call's span, holding the batch
+    (sync_call,) = named("QwenPooledEmbedding.get_text_embedding_batch")
+    sync_requests = named("QwenPooledEmbedding._get_text_embeddings")
+    assert [spans.sizes[s.id_] for s in sync_requests] == [4, 4, 2]
+    assert {s.parent_id for s in sync_requests} == {sync_call.id_}
+    assert all(s.duration >= latency for s in sync_requests)
+    assert sync_call.duration >= 3 * latency
+    (async_call,) = named("QwenPooledEmbedding.aget_text_embedding_batch")
+    async_requests = named("QwenPooledEmbedding._aembed_batch")
+    assert sorted(spans.sizes[s.id_] for s in async_requests) == [2, 4, 4]
+    assert {s.parent_id for s in async_requests} == {async_call.id_}
+    assert all(s.duration >= latency for s in async_requests)
+    # the window holds 2 requests: the third span starts when one of the first two ends
+    # (it times the request, not the wait for a slot)
+    first_two_end = min(s.end_time for s in async_requests[:2])
+    assert async_requests[2].start_time >= first_two_end
+    assert async_call.duration >= 2 * latency
+    (query_request,) = named("QwenPooledEmbedding._get_query_embedding")
+    assert spans.sizes[query_request.id_] == 1
+    assert query_request.duration >= latency

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import re
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins.metrics import prometheus_collector
+from qwen_embed_plugins.metrics import (
+    ENV_METRICS,
+    EndpointMetrics,
+    NullMetrics,
+    metrics_for,
+    prometheus_collector,
+)
 from qwen_embed_plugins.testing import EmbeddingServer
 
 SECRET = "sk-prom-SECRET-123456"
@@ -52,3 +61,102 @@ def test_prometheus_counters_equal_server_counts(caplog) -> None:  # type: ignor
         assert value("qwen_embed_retries_total", reason="status_503") == 1
         assert value("qwen_embed_request_duration_seconds_count") == 11
         assert value("qwen_embed_in_flight_requests") == 0
+
+
+def _request_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "qwen_embed_plugins"
+        and r.levelno == logging.DEBUG
+        and r.getMessage().startswith("POST ")
+    ]
+
+
+def test_debug_line_per_request_with_attempt_and_warnings_without_secrets(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="qwen_embed_plugins")
+    fast_retry = q.RetryConfig(backoff_initial=0.01, backoff_max=0.02)
+    with EmbeddingServer(api_key=SECRET, max_batch=2) as srv:
+        client = q.EmbeddingClient(
+            base_url=srv.base_url, api_key=SECRET, batch_size=2, retry=fast_retry
+        )
+        label = client.config.endpoint
+        # a retry after an injected 503 whose message echoes the key
+        srv.inject_status(503, message=f"queue full for key {SECRET}")
+        client.embed_documents(["first", "second"])
+        first, second = _request_lines(caplog)
+        assert re.fullmatch(
+            rf"POST {re.escape(label)} texts=2 status=503 \d+\.\d ms attempt=1", first
+        )
+        assert re.fullmatch(
+            rf"POST {re.escape(label)} texts=2 status=200 \d+\.\d ms attempt=2", second
+        )
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1
+        assert warnings[0].startswith(f"retrying {label} after status_503 in ")
+        assert "queue full for key ***" in warnings[0]  # the server's echo, scrubbed
+
+        # a connection closed without an answer: no HTTP status, the error class instead
+        caplog.clear()
+        srv.inject("close")
+        client.embed_query("a query")
+        lines = _request_lines(caplog)
+        assert [line.split(" status=")[1].split(" ")[0] for line in lines] == [
+            "RemoteProtocolError",
+            "200",
+        ]
+        assert [line.rsplit(" ", 1)[1] for line in lines] == ["attempt=1", "attempt=2"]
+
+        # fallbacks: the server refuses `dimensions`, and states its batch limit
+        caplog.clear()
+        mrl = q.EmbeddingClient(
+            base_url=srv.base_url, api_key=SECRET, dimensions=256, batch_size=8, retry=fast_retry
+        )
+        assert len(mrl.embed_documents([f"text {i}" for i in range(5)])[0]) == 256
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert any("dimensions=256; slicing and renormalising client-side" in w for w in warnings)
+        assert any("accepts at most 2 texts per request; splitting batches" in w for w in warnings)
+        # every first try of a new request is attempt 1, fallback resends included
+        assert {line.rsplit(" ", 1)[1] for line in _request_lines(caplog)} == {"attempt=1"}
+    assert SECRET not in caplog.text
+    assert all(SECRET not in str(r.args) for r in caplog.records)
+
+
+def test_a_smooth_request_logs_nothing_above_debug(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="qwen_embed_plugins")
+    with EmbeddingServer() as srv:
+        q.EmbeddingClient(base_url=srv.base_url).embed_query("quiet")
+    assert not [r for r in caplog.records if r.name == "qwen_embed_plugins"]
+
+
+def _fresh_server(stack: contextlib.ExitStack) -> EmbeddingServer:
+    """A started server whose endpoint label this process has not used yet (a port of an
+    earlier server may come back, with its endpoint's metrics object)."""
+    for _ in range(10):
+        srv = stack.enter_context(EmbeddingServer())
+        if q.EmbeddingConfig(base_url=srv.base_url).endpoint not in q.stats():
+            return srv
+    raise AssertionError("no fresh port in 10 tries")
+
+
+def test_null_metrics_switch_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    with contextlib.ExitStack() as stack:
+        on_srv, off_srv = _fresh_server(stack), _fresh_server(stack)
+        on = q.EmbeddingClient(base_url=on_srv.base_url)
+        monkeypatch.setenv(ENV_METRICS, "off")
+        off = q.EmbeddingClient(base_url=off_srv.base_url)  # the endpoint's first use
+        monkeypatch.delenv(ENV_METRICS)
+        q.reset_metrics()
+        for client in (on, off):
+            client.embed_documents(["one", "two", "three"])
+        snaps = q.stats()
+        assert type(metrics_for(off.config.endpoint)) is NullMetrics
+        assert type(metrics_for(on.config.endpoint)) is EndpointMetrics
+        assert snaps[on.config.endpoint]["requests"] == on_srv.requests == 1
+        assert snaps[on.config.endpoint]["texts"] == 3
+        assert off_srv.requests == 1
+        assert snaps[off.config.endpoint]["requests"] == 0
+        assert snaps[off.config.endpoint]["texts"] == 0
+        assert snaps[off.config.endpoint]["connections_opened"] == 0

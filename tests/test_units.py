@@ -68,6 +68,17 @@ def test_config_errors_name_the_field(kwargs: dict[str, object], field: str | No
         assert field in str(info.value)
 
 
+def test_api_key_is_stripped_and_checked_without_showing_it() -> None:
+    cfg = EmbeddingConfig(base_url="http://h/v1", api_key="sk-FILE-KEY-1234\n")
+    assert cfg.api_key_value() == "sk-FILE-KEY-1234"
+    assert EmbeddingConfig(base_url="http://h/v1", api_key="  ").api_key is None
+    for bad in ("sk-IN SIDE-99", "sk-NEW\nLINE-99", "sk-ÜMLAUT-99", "sk-CTRL\x01-99"):
+        with pytest.raises(q.ConfigError, match="api_key") as info:
+            EmbeddingConfig(base_url="http://h/v1", api_key=bad)
+        assert bad not in str(info.value)
+        assert bad.strip() not in repr(info.value)
+
+
 def test_limits_and_timeouts_validate() -> None:
     with pytest.raises(q.ConfigError, match="max_keepalive_connections"):
         Limits(max_connections=2, max_keepalive_connections=3)

@@ -304,6 +304,12 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
     """Send requests through the ``openai`` SDK on the same pool instead of the
     built-in codec (slower, ~3 ms CPU per request more; default ``False``)."""
 
+    server: str = _CORE_DEFAULTS["server"]
+    """The server behind ``base_url``: ``"auto"`` (default: detected once per endpoint
+    and process) or ``"sglang"``, ``"vllm"``, ``"tei"``, ``"infinity"``, ``"ollama"``,
+    ``"llamacpp"``, ``"dashscope"``, ``"siliconflow"``, ``"openai"`` (generic). Sets
+    batch limits, wire format and ``dimensions`` handling (see docs/servers.md)."""
+
     # ------------------------------------------------------------------ UI
 
     show_progress: bool = False
@@ -375,6 +381,7 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
             verify=self.verify,
             retry=_RETRY.replace(max_attempts=self.max_retries + 1),
             use_sdk=self.use_sdk,
+            server=self.server,
         )
 
     def _clients(self) -> _Clients:

@@ -11,6 +11,12 @@ How it plugs into LlamaIndex:
   ``BaseEmbedding`` are kept, so LlamaIndex's callback events (``CBEventType.EMBEDDING``),
   instrumentation events (``EmbeddingStartEvent`` / ``EmbeddingEndEvent``) and spans,
   its embeddings cache and its rate limiter all work unchanged.
+- Every HTTP request is an instrumentation span of its own, a child of the public
+  call's span: its bound arguments hold the batch (``texts``, or the one ``query`` /
+  ``text``) and a span handler times it. LlamaIndex spans the three abstract hooks
+  itself; ``_get_text_embeddings``, ``_aget_text_embedding`` and ``_aembed_batch`` (what
+  ``_aget_text_embeddings`` sends once a slot of the window below is free, so the
+  span times the request, not the wait) are spanned here.
 - Batches are real batches (one request per ``embed_batch_size`` texts) and the async
   hooks are really async (the pool's per-event-loop ``AsyncClient``).
 - ``aget_text_embedding_batch``: LlamaIndex starts one coroutine per batch and gathers
@@ -43,6 +49,7 @@ from llama_index.core.bridge.pydantic import (
     SecretStr,
     model_validator,
 )
+from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 
 from ..client import AsyncEmbeddingClient, EmbeddingClient
 from ..config import (
@@ -61,6 +68,9 @@ from ..errors import ConfigError
 __all__ = ["QwenPooledEmbedding"]
 
 _log = logging.getLogger("qwen_embed_plugins")
+# The dispatcher LlamaIndex itself would give this module's classes (spans propagate to
+# the root dispatcher, where span handlers are usually added).
+_dispatcher = get_dispatcher(__name__)
 
 # The window of one ``aget_text_embedding_batch`` call. A ContextVar, so the tasks that
 # LlamaIndex's implementation creates (``asyncio.gather`` / ``run_jobs``) inherit it and
@@ -87,6 +97,7 @@ _CONFIG_FIELDS = (
     "verify",
     "retry",
     "use_sdk",
+    "server",
 )
 
 # The mark ``dispatcher.span`` leaves on a function it has wrapped.
@@ -238,6 +249,12 @@ class QwenPooledEmbedding(BaseEmbedding):
         description="Send requests through the openai SDK on the same pool (slower; "
         "for comparison).",
     )
+    server: str = Field(
+        default="auto",
+        description="The server behind base_url: 'auto' (detected once per endpoint and "
+        "process) or 'sglang', 'vllm', 'tei', 'infinity', 'ollama', 'llamacpp', "
+        "'dashscope', 'siliconflow', 'openai' (generic).",
+    )
 
     _config: EmbeddingConfig | None = PrivateAttr(default=None)
     _config_key: tuple[Any, ...] | None = PrivateAttr(default=None)
@@ -295,6 +312,7 @@ class QwenPooledEmbedding(BaseEmbedding):
             verify=self.verify,
             retry=self.retry,
             use_sdk=self.use_sdk,
+            server=self.server,
         )
 
     def _key_value(self) -> str | None:
@@ -418,10 +436,12 @@ class QwenPooledEmbedding(BaseEmbedding):
         """One document, sent raw; ``dim`` floats."""
         return self._sync_client().embed_documents([text])[0]
 
+    @_dispatcher.span
     async def _aget_text_embedding(self, text: str) -> Embedding:
         """Async ``_get_text_embedding``."""
         return (await self._async_client().embed_documents([text]))[0]
 
+    @_dispatcher.span
     def _get_text_embeddings(self, texts: list[str]) -> list[Embedding]:
         """Documents, sent raw; ``n x dim`` floats in input order."""
         if not texts:
@@ -435,9 +455,15 @@ class QwenPooledEmbedding(BaseEmbedding):
             return []
         window = _BATCH_WINDOW.get()
         if window is None:
-            return await self._async_client().embed_documents(texts)
+            return await self._aembed_batch(texts)
         async with window:
-            return await self._async_client().embed_documents(texts)
+            return await self._aembed_batch(texts)
+
+    @_dispatcher.span
+    async def _aembed_batch(self, texts: list[str]) -> list[Embedding]:
+        """One batch of documents on the running loop; ``n x dim`` floats (its own
+        instrumentation span: ``texts`` is the batch, the span times the request)."""
+        return await self._async_client().embed_documents(texts)
 
     async def aget_text_embedding_batch(
         self, texts: list[str], show_progress: bool = False, **kwargs: Any
