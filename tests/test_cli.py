@@ -448,3 +448,23 @@ def test_metrics_of_an_endpoint_the_client_never_reached() -> None:
 def _rows(table: str) -> list[str]:
     """The body rows of the last rich table in ``table`` with two cells."""
     return [line for line in table.splitlines() if line.count("│") == 3]
+
+
+@pytest.mark.parametrize(
+    ("name", "content", "words"),
+    [
+        ("notext.jsonl", b'{"id": 1}\n', 'expected an object with a "text" string'),
+        ("broken.jsonl", b"{not json\n", "not valid JSON"),
+        ("latin1.txt", b"ok\ncaf\xe9\n", "not UTF-8"),
+    ],
+)
+def test_bench_bad_texts_file_is_a_message_not_a_traceback(
+    tmp_path: Path, name: str, content: bytes, words: str
+) -> None:
+    path = tmp_path / name
+    path.write_bytes(content)
+    result = run("bench", "--base-url", "http://127.0.0.1:9/v1", "--texts", str(path))
+    assert result.exit_code == 2
+    assert words in result.output
+    assert f"{name}:" in result.output
+    assert "Traceback" not in result.output

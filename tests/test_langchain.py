@@ -643,3 +643,12 @@ def test_class_docstring_sample_output_is_real(srv: EmbeddingServer) -> None:
     vectors = embed.embed_documents(["Document 1...", "Document 2..."])
     assert vectors[0][:3] == samples[1]
     assert asyncio.run(embed.aembed_query("The meaning of life is 42"))[:3] == samples[2]
+
+
+def test_assignment_is_checked_and_rolled_back(srv: EmbeddingServer) -> None:
+    emb = QwenPooledEmbeddings(base_url=srv.base_url)
+    with pytest.raises(q.ConfigError, match="batch_size"):
+        emb.batch_size = 0
+    assert emb.batch_size == 32
+    emb.batch_size = 8
+    assert emb.config.batch_size == 8

@@ -34,6 +34,7 @@ from ..config import (
     RetryConfig,
     Timeouts,
 )
+from ..errors import ConfigError
 
 __all__ = ["QwenPooledEmbeddings"]
 
@@ -383,6 +384,20 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
             use_sdk=self.use_sdk,
             server=self.server,
         )
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assigning a field checks the new settings at once (rolled back if invalid), as
+        the constructor does, instead of failing on the next call."""
+        if name not in type(self).model_fields:
+            super().__setattr__(name, value)
+            return
+        old = getattr(self, name)
+        super().__setattr__(name, value)
+        try:
+            self._build_config()
+        except ConfigError:
+            super().__setattr__(name, old)
+            raise
 
     def _clients(self) -> _Clients:
         """The config and both core clients for the current field values.

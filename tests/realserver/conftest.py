@@ -13,6 +13,10 @@ random-weight model in Qwen3-Embedding's layout as ``Qwen/Qwen3-Embedding-0.6B``
 If the server cannot be set up, every test here fails loudly; it never skips. A developer
 run that does not want them deselects them: ``pytest -m "not realserver"``.
 
+The subfolder ``vllm/`` runs the same tests against vLLM (marker ``vllm``, not
+``realserver``; on demand only): its conftest overrides ``realserver`` and ``figures``
+and reuses ``session_server``, ``reference``, ``corpus`` and ``tcp_count`` from here.
+
 Reference vectors (what sentence-transformers computes locally for the same models) are
 made once per session by ``scripts/realserver.py reference`` inside the server's venv, so
 torch never enters the project's environment.
@@ -29,8 +33,8 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,7 @@ import numpy as np
 import pytest
 
 HERE = Path(__file__).resolve().parent
+VLLM_DIR = HERE / "vllm"  # its own marker, `vllm`; see vllm/conftest.py
 ROOT = HERE.parents[1]
 SCRIPT = ROOT / "scripts" / "realserver.py"
 QWEN = "Qwen/Qwen3-Embedding-0.6B"
@@ -56,9 +61,11 @@ FIGURES: dict[str, Any] = {}
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test in this folder is ``realserver``, with a timeout that fits the setup."""
+    """Every test in this folder (not ``vllm/``) is ``realserver``, with a timeout that
+    fits the setup."""
     for item in items:
-        if HERE not in Path(str(item.path)).resolve().parents:
+        parents = Path(str(item.path)).resolve().parents
+        if HERE not in parents or VLLM_DIR in parents:
             continue
         item.add_marker(pytest.mark.realserver)
         if item.get_closest_marker("timeout") is None:
@@ -90,6 +97,8 @@ class RealServer:
     pid: int | None  # None when the server came from QWEN_EMBED_REALSERVER_URL
     log: str | None
     started_here: bool
+    kind: str = "infinity"  # or "vllm"
+    options: dict[str, Any] = field(default_factory=dict)  # e.g. {"matryoshka": True}
 
     def get(self, path: str) -> tuple[int, bytes]:
         return _http("GET", self.root_url + path)
@@ -116,13 +125,15 @@ def _script(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
         capture_output=True, text=True, timeout=timeout, cwd=str(ROOT), check=False)
 
 
-def _fail(what: str, proc: subprocess.CompletedProcess[str] | None = None) -> None:
+def _fail(what: str, proc: subprocess.CompletedProcess[str] | None = None,
+          kind: str = "infinity") -> None:
     detail = ""
     if proc is not None:
         detail = f"\n--- exit {proc.returncode}; stderr tail ---\n{proc.stderr[-6000:]}"
+    name, marker = ("vLLM", "vllm") if kind == "vllm" else ("Infinity", "realserver")
     pytest.fail(
-        f"real Infinity server unavailable: {what}{detail}\n"
-        "(these tests fail rather than skip; deselect them with -m 'not realserver')",
+        f"real {name} server unavailable: {what}{detail}\n"
+        f"(these tests fail rather than skip; deselect them with -m 'not {marker}')",
         pytrace=False,
     )
 
@@ -130,7 +141,25 @@ def _fail(what: str, proc: subprocess.CompletedProcess[str] | None = None) -> No
 @pytest.fixture(scope="session")
 def realserver() -> Iterator[RealServer]:
     """The running Infinity server (started here unless QWEN_EMBED_REALSERVER_URL is set)."""
-    url = os.environ.get("QWEN_EMBED_REALSERVER_URL", "").strip().rstrip("/")
+    yield from session_server_lifecycle("infinity", "QWEN_EMBED_REALSERVER_URL", (), FIGURES)
+
+
+@pytest.fixture(scope="session")
+def session_server() -> Callable[..., Iterator[RealServer]]:
+    """``session_server_lifecycle`` for other conftests (vllm/): conftest modules are not
+    importable by name."""
+    return session_server_lifecycle
+
+
+def session_server_lifecycle(
+    kind: str, url_env: str, start_args: tuple[str, ...], figures: dict[str, Any],
+    options: dict[str, Any] | None = None, setup_timeout: float = SETUP_TIMEOUT_S,
+) -> Iterator[RealServer]:
+    """Yield the ``kind`` server: the one at ``$url_env`` if set (left running), else one
+    started by ``scripts/realserver.py --server KIND start --port 0 START_ARGS`` and
+    stopped by PID afterwards. Start-up figures go into ``figures``."""
+    options = dict(options or {})
+    url = os.environ.get(url_env, "").strip().rstrip("/")
     if url:
         if not url.endswith("/v1"):
             url += "/v1"
@@ -143,37 +172,42 @@ def realserver() -> Iterator[RealServer]:
         except OSError as exc:
             problem = str(exc)
         if problem:
-            _fail(f"QWEN_EMBED_REALSERVER_URL={url}: {problem}")
+            _fail(f"{url_env}={url}: {problem}", kind=kind)
         port = int(re.search(r":(\d+)$", root).group(1)) if re.search(r":(\d+)$", root) else 80
-        yield RealServer(url, root, port, None, None, started_here=False)
+        yield RealServer(url, root, port, None, None, started_here=False, kind=kind,
+                         options=options)
         return
 
     t0 = time.monotonic()
+    server_args = ("--server", kind)
     try:
-        proc = _script("start", "--port", "0", "--json", timeout=SETUP_TIMEOUT_S)
+        proc = _script(*server_args, "start", "--port", "0", "--json", *start_args,
+                       timeout=setup_timeout)
     except subprocess.TimeoutExpired:
         proc = None
     if proc is None:
-        _fail(f"scripts/realserver.py start took more than {SETUP_TIMEOUT_S} s")
+        _fail(f"scripts/realserver.py start took more than {setup_timeout} s", kind=kind)
     if proc.returncode != 0:
-        _fail("scripts/realserver.py start failed", proc)
+        _fail("scripts/realserver.py start failed", proc, kind=kind)
     try:
         state = json.loads(proc.stdout.strip().splitlines()[-1])
     except (ValueError, IndexError):
         state = None
     if not isinstance(state, dict):
-        _fail(f"unexpected output from scripts/realserver.py start: {proc.stdout!r}", proc)
-    FIGURES["server start (s, health wait only)"] = state.get("start_seconds")
-    FIGURES["server setup+start (s, as seen by the fixture)"] = round(time.monotonic() - t0, 1)
+        _fail(f"unexpected output from scripts/realserver.py start: {proc.stdout!r}", proc,
+              kind=kind)
+    figures["server start (s, health wait only)"] = state.get("start_seconds")
+    figures["server setup+start (s, as seen by the fixture)"] = round(time.monotonic() - t0, 1)
     if state.get("install_seconds"):
-        FIGURES["venv install (s)"] = round(state["install_seconds"], 1)
+        figures["venv install (s)"] = round(state["install_seconds"], 1)
     server = RealServer(state["base_url"], state["root_url"], int(state["port"]),
-                        int(state["pid"]), state.get("log"), started_here=True)
+                        int(state["pid"]), state.get("log"), started_here=True, kind=kind,
+                        options=options)
     try:
         yield server
     finally:
         if not state.get("reused"):
-            stop = _script("stop", "--port", str(server.port), timeout=120)
+            stop = _script(*server_args, "stop", "--port", str(server.port), timeout=180)
             if stop.returncode != 0:  # pragma: no cover - shown, not raised, at teardown
                 sys.stderr.write(f"stopping the real server failed:\n{stop.stderr}\n")
 
