@@ -610,18 +610,21 @@ def _read(response: Any, base_url: str) -> Detection:
     )
 
 
+def _known(key: Any, base_url: str) -> Detection | None:
+    """What needs no probe: a hosted API recognised by its URL, or a cached detection."""
+    found = identify_url(base_url)
+    return found if found is not None else cached_detection(key)
+
+
 def detect(key: Any, base_url: str, get_client: Callable[[], Any], http_timeout: Any) -> Detection:
     """The endpoint's detection, probing once per process (blocking).
 
     Threads that arrive while another probes wait for it (at most the probe timeout).
     Never raises: any failure gives the generic profile.
     """
-    found = identify_url(base_url)
-    if found is not None:
-        return found
-    cached = cached_detection(key)
-    if cached is not None:
-        return cached
+    known = _known(key, base_url)
+    if known is not None:
+        return known
     slot, prober = _claim(key)
     if not prober:
         slot.done.wait(_PROBE_TIMEOUT * 2)
@@ -639,12 +642,9 @@ async def adetect(
     key: Any, base_url: str, get_client: Callable[[], Any], http_timeout: Any
 ) -> Detection:
     """The async twin of `detect` (the probe runs on the running loop's client)."""
-    found = identify_url(base_url)
-    if found is not None:
-        return found
-    cached = cached_detection(key)
-    if cached is not None:
-        return cached
+    known = _known(key, base_url)
+    if known is not None:
+        return known
     slot, prober = _claim(key)
     if not prober:
         deadline = time.monotonic() + _PROBE_TIMEOUT * 2
