@@ -359,6 +359,9 @@ def test_20_clients_5000_texts_threads_stay_within_pool_limit(
 ) -> None:
     cfg = qwen_config(realserver)  # default Limits: max_connections=20
     limit = cfg.limits.max_connections
+    # Start from an empty pool: an idle connection left by an earlier test, closed by the
+    # server's 5 s keep-alive meanwhile, would otherwise be replaced and counted here.
+    q.close_all()
     clients = [q.EmbeddingClient(cfg) for _ in range(20)]
     chunks = [TEXTS_5000[i::20] for i in range(20)]
     before = endpoint_row(realserver.base_url)
@@ -561,6 +564,7 @@ def test_20_langchain_instances_5000_texts_within_pool_limit(
     """20 LangChain instances for one endpoint share one pool: 5,000 texts from 20 threads,
     then 5,000 through ``aembed_documents`` on one event loop, each phase within the
     pool's connection limit (the default, 20)."""
+    q.close_all()  # start from an empty pool (see the threads test above)
     instances = [langchain_embeddings(realserver) for _ in range(20)]
     limit = q.Limits().max_connections
     chunks = [TEXTS_5000[i::20] for i in range(20)]
