@@ -228,8 +228,9 @@ class Limits(_Replaceable):
                 0,
                 self.max_connections,
             )
-        _check_range("Limits", "keepalive_expiry", self.keepalive_expiry, 0.0, 3600.0,
-                     allow_none=False)
+        _check_range(
+            "Limits", "keepalive_expiry", self.keepalive_expiry, 0.0, 3600.0, allow_none=False
+        )
 
     @property
     def keepalive_connections(self) -> int:
@@ -268,17 +269,20 @@ class RetryConfig(_Replaceable):
 
     def __post_init__(self) -> None:
         _check_int("RetryConfig", "max_attempts", self.max_attempts, 1, 100)
-        _check_range("RetryConfig", "backoff_initial", self.backoff_initial, 0.0, 600.0,
-                     allow_none=False)
-        _check_range("RetryConfig", "backoff_max", self.backoff_max, 0.0, 3600.0,
-                     allow_none=False)
-        _check_range("RetryConfig", "retry_after_max", self.retry_after_max, 0.0, 3600.0,
-                     allow_none=False)
+        _check_range(
+            "RetryConfig", "backoff_initial", self.backoff_initial, 0.0, 600.0, allow_none=False
+        )
+        _check_range("RetryConfig", "backoff_max", self.backoff_max, 0.0, 3600.0, allow_none=False)
+        _check_range(
+            "RetryConfig", "retry_after_max", self.retry_after_max, 0.0, 3600.0, allow_none=False
+        )
         _check_range("RetryConfig", "deadline", self.deadline, 0.001, 86400.0, allow_none=True)
-        _check_int("RetryConfig", "circuit_failure_threshold", self.circuit_failure_threshold,
-                   0, 1_000_000)
-        _check_range("RetryConfig", "circuit_cooldown", self.circuit_cooldown, 0.0, 3600.0,
-                     allow_none=False)
+        _check_int(
+            "RetryConfig", "circuit_failure_threshold", self.circuit_failure_threshold, 0, 1_000_000
+        )
+        _check_range(
+            "RetryConfig", "circuit_cooldown", self.circuit_cooldown, 0.0, 3600.0, allow_none=False
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -457,8 +461,10 @@ class EmbeddingConfig(_Replaceable):
         if self.dimensions is not None:
             full = known_model_dims(model)
             low, high = (QWEN3_MIN_DIMENSIONS, full) if full else (1, 65_536)
-            if isinstance(self.dimensions, bool) or not isinstance(self.dimensions, int) or not (
-                low <= self.dimensions <= high
+            if (
+                isinstance(self.dimensions, bool)
+                or not isinstance(self.dimensions, int)
+                or not (low <= self.dimensions <= high)
             ):
                 where = f" for {model}" if full else ""
                 raise ConfigError(

@@ -184,6 +184,77 @@ def _client_kwargs(entry: _Entry) -> dict[str, Any]:
     }
 
 
+class _ReleasingStream(httpx.SyncByteStream):
+    """A response body that frees its ``_GatedTransport`` slot once closed (after the
+    connection went back to the pool)."""
+
+    def __init__(self, inner: Any, release: Callable[[], None]) -> None:
+        self._inner = inner
+        self._release: Callable[[], None] | None = release
+
+    def __iter__(self) -> Any:
+        yield from self._inner
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
+
+
+class _GatedTransport(httpx.BaseTransport):
+    """At most ``slots`` requests inside the wrapped HTTP/1.1 pool at once.
+
+    httpcore's sync pool (1.0.9; httpcore2 2.16 shares the code) decides which
+    connection serves a queued request outside the connections' own locks: while one
+    thread scans for an available connection, another thread's response returns a
+    connection to idle, and the scan then closes that idle connection "to make room" and
+    opens a new one; a connection assigned to a queued request can also be closed under
+    it (encode/httpcore#1110, where the request then hangs until its read timeout).
+    Measured here: 20 threads x 8 requests at ``max_connections=20`` against Infinity on
+    a busy machine opened 21-24 connections in 6 of 24 runs. With as many slots as
+    connections, no request ever queues inside httpcore, so neither race can happen;
+    waiting happens here instead, bounded by the pool timeout (``httpx.PoolTimeout``).
+    """
+
+    def __init__(self, inner: Any, slots: int) -> None:
+        self._inner = inner
+        self._slots = threading.BoundedSemaphore(slots)
+
+    def handle_request(self, request: Any) -> Any:
+        wait = request.extensions.get("timeout", {}).get("pool")
+        if not self._slots.acquire(timeout=wait):
+            raise httpx.PoolTimeout(
+                f"no pooled connection became free within {wait} s", request=request
+            )
+        try:
+            response = self._inner.handle_request(request)
+        except BaseException:
+            self._slots.release()
+            raise
+        response.stream = _ReleasingStream(response.stream, self._slots.release)
+        return response
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+def _sync_transport(kwargs: dict[str, Any]) -> Any:
+    """The transport of a shared sync client: httpx's own, gated when it speaks HTTP/1.1
+    only (an HTTP/2 connection carries many requests at once; the gate would cap them)."""
+    inner = httpx.HTTPTransport(
+        verify=kwargs["verify"],
+        http1=kwargs["http1"],
+        http2=kwargs["http2"],
+        limits=kwargs["limits"],
+    )
+    if kwargs["http2"]:
+        return inner
+    return _GatedTransport(inner, kwargs["limits"].max_connections)
+
+
 def _sync_tracer(metrics: EndpointMetrics) -> Callable[[str, dict[str, Any]], None]:
     def trace(name: str, info: dict[str, Any]) -> None:
         if name.endswith("connect_tcp.complete"):
@@ -218,8 +289,11 @@ def get_sync_client(key: TransportKey) -> Any:
             def count_connections(request: Any) -> None:
                 request.extensions.setdefault("trace", tracer)
 
+            kwargs = _client_kwargs(entry)
             client = httpx.Client(
-                **_client_kwargs(entry), event_hooks={"request": [count_connections]}
+                **kwargs,
+                transport=_sync_transport(kwargs),
+                event_hooks={"request": [count_connections]},
             )
             entry.sync_client = client
         return client

@@ -259,9 +259,7 @@ def decode_payload(payload: object, input_indices: Sequence[int]) -> FloatArray:
             raise ResponseError(f"data[{pos}] is {_describe(item)}; expected an object")
         row = item.get("index", pos)
         if isinstance(row, bool) or not isinstance(row, int) or not 0 <= row < count:
-            raise ResponseError(
-                f"data[{pos}] has index {row!r}, outside 0..{count - 1}"
-            )
+            raise ResponseError(f"data[{pos}] has index {row!r}, outside 0..{count - 1}")
         if filled[row]:
             raise ResponseError(
                 f"index {row} (input index {input_indices[row]}) appears twice in the response"

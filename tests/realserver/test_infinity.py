@@ -594,8 +594,8 @@ def test_20_langchain_instances_5000_texts_within_pool_limit(
                       f"peak ESTABLISHED {peak[0]}")
         assert all(len(r) == 250 for r in results)
         assert d["texts"] == 5000
-        assert 1 <= d["connections_opened"] <= limit, name
-        assert peak[0] <= limit, name
+        assert 1 <= d["connections_opened"] <= limit, (name, d, peak[0])
+        assert peak[0] <= limit, (name, d, peak[0])
     figures["20 LangChain instances x 250 texts"] = f"limit {limit}; " + "; ".join(report)
 
 
