@@ -163,10 +163,8 @@ def test_pool_slot_released_after_errors(srv: EmbeddingServer) -> None:
     srv.inject("malformed")
     with pytest.raises(q.QwenEmbedError):
         client.embed_query("malformed body")
-    t0 = time.monotonic()
-    for i in range(5):
+    for i in range(5):  # a leaked slot: PoolTimeout here (max_attempts=1)
         assert len(client.embed_query(f"fine {i}")) == 1024
-    assert time.monotonic() - t0 < 1.0
 
 
 def test_constructing_opens_nothing(srv: EmbeddingServer) -> None:
