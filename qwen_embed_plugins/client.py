@@ -50,11 +50,11 @@ from .errors import (
 from .protocol import (
     BatchPlan,
     FloatArray,
-    decode_embeddings,
-    decode_payload,
+    decode_checked,
     encode_request,
     format_query,
     normalize_rows,
+    parse_body,
     plan_batches,
     validate_text,
     validate_texts,
@@ -346,8 +346,11 @@ class _ClientBase:
             )
         return limit
 
-    def _finish(self, arr: FloatArray, sent_dims: int | None) -> FloatArray:
-        """Apply MRL ``dimensions`` and normalisation to a decoded batch."""
+    def _finish(
+        self, arr: FloatArray, sent_dims: int | None, squared_norms: FloatArray
+    ) -> FloatArray:
+        """Apply MRL ``dimensions`` and normalisation to a decoded batch (``n x dim``,
+        with its rows' squared norms from ``decode_checked``)."""
         want = self._config.dimensions
         if want is not None:
             if arr.shape[1] < want:
@@ -367,7 +370,7 @@ class _ClientBase:
                     arr.shape[1],
                 )
         if want is not None or self._config.normalize:
-            arr, _ = normalize_rows(arr, want)
+            arr, _ = normalize_rows(arr, want, squared_norms=squared_norms)
         return arr
 
     # ----------------------------------------------------------------- errors
@@ -633,12 +636,10 @@ class EmbeddingClient(_ClientBase):
                     continue
                 self._name_input(exc, indices)
                 raise
-            arr = (
-                decode_embeddings(payload, indices)
-                if isinstance(payload, bytes)
-                else decode_payload(payload, indices)
+            arr, squared_norms = decode_checked(
+                parse_body(payload) if isinstance(payload, bytes) else payload, indices
             )
-            return self._finish(arr, dims)
+            return self._finish(arr, dims, squared_norms)
 
     def _send(self, texts: list[str], fmt: str, dims: int | None) -> bytes | dict[str, Any]:
         fresh = [True]
@@ -807,12 +808,10 @@ class AsyncEmbeddingClient(_ClientBase):
                     continue
                 self._name_input(exc, indices)
                 raise
-            arr = (
-                decode_embeddings(payload, indices)
-                if isinstance(payload, bytes)
-                else decode_payload(payload, indices)
+            arr, squared_norms = decode_checked(
+                parse_body(payload) if isinstance(payload, bytes) else payload, indices
             )
-            return self._finish(arr, dims)
+            return self._finish(arr, dims, squared_norms)
 
     async def _send(self, texts: list[str], fmt: str, dims: int | None) -> bytes | dict[str, Any]:
         fresh = [True]

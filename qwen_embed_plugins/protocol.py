@@ -28,6 +28,7 @@ from .errors import InputError, ResponseError
 __all__ = [
     "BatchPlan",
     "FloatArray",
+    "decode_checked",
     "decode_embeddings",
     "decode_payload",
     "encode_request",
@@ -40,6 +41,8 @@ __all__ = [
 FloatArray = npt.NDArray[np.float32]
 
 _NORM_TOLERANCE = 1e-4
+_SQ_LOW = (1.0 - _NORM_TOLERANCE) ** 2
+_SQ_HIGH = (1.0 + _NORM_TOLERANCE) ** 2
 
 
 def format_query(text: str, task: str | None) -> str:
@@ -219,12 +222,20 @@ def decode_embeddings(body: bytes, input_indices: Sequence[int]) -> FloatArray:
     Raises:
         ResponseError: the body is not JSON, or see ``decode_payload``.
     """
+    return decode_payload(parse_body(body), input_indices)
+
+
+def parse_body(body: bytes) -> object:
+    """The JSON value of a response body.
+
+    Raises:
+        ResponseError: the body is not JSON (the message quotes its first 80 bytes).
+    """
     try:
-        payload = orjson.loads(body)
+        return orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         snippet = body[:80].decode("utf-8", "replace")
         raise ResponseError(f"response is not valid JSON (starts with {snippet!r})") from exc
-    return decode_payload(payload, input_indices)
 
 
 def decode_payload(payload: object, input_indices: Sequence[int]) -> FloatArray:
@@ -243,6 +254,12 @@ def decode_payload(payload: object, input_indices: Sequence[int]) -> FloatArray:
             duplicated or out of range; unequal dimensions; NaN/Inf or an all-zero
             vector. The message names the caller's input index when one is at fault.
     """
+    return decode_checked(payload, input_indices)[0]
+
+
+def decode_checked(payload: object, input_indices: Sequence[int]) -> tuple[FloatArray, FloatArray]:
+    """``decode_payload`` that also returns each row's squared L2 norm (float64, ``n``),
+    computed once for the NaN/zero checks and reused by ``normalize_rows``."""
     count = len(input_indices)
     data = payload.get("data") if isinstance(payload, Mapping) else None
     if not isinstance(data, list):
@@ -253,7 +270,7 @@ def decode_payload(payload: object, input_indices: Sequence[int]) -> FloatArray:
             f"(inputs {input_indices[0]}..{input_indices[-1]})"
         )
     out: FloatArray | None = None
-    filled = np.zeros(count, dtype=bool)
+    filled = bytearray(count)
     for pos, item in enumerate(data):
         if not isinstance(item, Mapping):
             raise ResponseError(f"data[{pos}] is {_describe(item)}; expected an object")
@@ -279,29 +296,45 @@ def decode_payload(payload: object, input_indices: Sequence[int]) -> FloatArray:
                 index=input_indices[row],
             )
         out[row] = vec
-        filled[row] = True
+        filled[row] = 1
     assert out is not None  # count >= 1 and every row filled (len(data) == count, no dups)
-    finite = np.isfinite(out).all(axis=1)
-    if not finite.all():
-        bad = int(np.flatnonzero(~finite)[0])
-        raise ResponseError(
-            f"embedding for input index {input_indices[bad]} contains NaN or Inf",
-            index=input_indices[bad],
-        )
-    zero = ~out.any(axis=1)
-    if zero.any():
-        bad = int(np.flatnonzero(zero)[0])
+    # One pass gives every check: a row with NaN/Inf has a NaN/Inf squared norm, an
+    # all-zero row exactly 0 (float64: the smallest float32 squared is still > 0).
+    sq = _squared_norms(out)
+    if not ((sq > 0.0) & (sq < np.inf)).all():
+        finite = np.isfinite(sq)
+        if not finite.all():
+            bad = int(np.flatnonzero(~finite)[0])
+            raise ResponseError(
+                f"embedding for input index {input_indices[bad]} contains NaN or Inf",
+                index=input_indices[bad],
+            )
+        bad = int(np.flatnonzero(sq == 0.0)[0])
         raise ResponseError(
             f"embedding for input index {input_indices[bad]} is all zeros",
             index=input_indices[bad],
         )
-    return out
+    return out, sq
 
 
-def normalize_rows(arr: FloatArray, dimensions: int | None = None) -> tuple[FloatArray, bool]:
+def _squared_norms(arr: FloatArray) -> FloatArray:
+    """Row-wise squared L2 norms in float64 (``n``)."""
+    sq: FloatArray = np.einsum("ij,ij->i", arr, arr, dtype=np.float64)
+    return sq
+
+
+def normalize_rows(
+    arr: FloatArray, dimensions: int | None = None, *, squared_norms: FloatArray | None = None
+) -> tuple[FloatArray, bool]:
     """Slice rows to ``dimensions`` (MRL) and L2-renormalise rows whose norm is not 1.
 
     Rows already of unit length (within 1e-4) are left bit-for-bit unchanged.
+
+    Args:
+        arr: ``n x dim`` float32.
+        dimensions: keep the first ``dimensions`` components (``None``: all).
+        squared_norms: the rows' squared norms if already known (``decode_checked``);
+            ignored when slicing.
 
     Returns:
         ``(array, changed)``: the ``n x dimensions`` array and whether anything was
@@ -311,11 +344,13 @@ def normalize_rows(arr: FloatArray, dimensions: int | None = None) -> tuple[Floa
     if dimensions is not None and arr.shape[1] > dimensions:
         arr = np.ascontiguousarray(arr[:, :dimensions])
         changed = True
-    norms = np.sqrt(np.einsum("ij,ij->i", arr, arr, dtype=np.float64))
-    off = np.abs(norms - 1.0) > _NORM_TOLERANCE
+        squared_norms = None
+    sq = _squared_norms(arr) if squared_norms is None else squared_norms
+    # |norm - 1| > tol, compared on the squares (no square root unless rescaling)
+    off = (sq < _SQ_LOW) | (sq > _SQ_HIGH)
     if off.any():
         if not arr.flags.writeable:
             arr = arr.copy()
-        arr[off] = (arr[off] / norms[off, None]).astype(np.float32)
+        arr[off] = (arr[off] / np.sqrt(sq[off])[:, None]).astype(np.float32)
         changed = True
     return arr, changed

@@ -181,6 +181,30 @@ def test_decode_checks_name_the_input_index(mutate, words: str, index: int | Non
     assert info.value.index == index
 
 
+def test_decode_checks_inf_tiny_and_which_bad_row_is_named() -> None:
+    tiny = np.full(8, 1e-45, dtype=np.float32)  # smallest subnormals: not all zeros
+    inf = _unit(1).copy()
+    inf[3] = np.inf
+    zero = np.zeros(8, dtype=np.float32)
+    huge = np.full(8, 3e38, dtype=np.float32)  # squares overflow float32, not float64
+    arr, sq = protocol.decode_checked(
+        orjson.loads(_payload([_unit(0), tiny, huge])), [5, 6, 7]
+    )
+    assert sq[1] > 0.0
+    fixed, changed = protocol.normalize_rows(arr, squared_norms=sq)
+    assert changed
+    np.testing.assert_allclose(np.linalg.norm(fixed, axis=1), 1.0, atol=1e-6)
+    np.testing.assert_array_equal(fixed[0], _unit(0))  # unit rows untouched
+    with pytest.raises(q.ResponseError, match="input index 21 contains NaN or Inf"):
+        protocol.decode_payload(orjson.loads(_payload([_unit(0), inf])), [20, 21])
+    # a zero row before a NaN row: the NaN/Inf row is named first (as always)
+    with pytest.raises(q.ResponseError, match="input index 32 contains NaN or Inf") as info:
+        protocol.decode_payload(orjson.loads(_payload([_unit(0), zero, inf])), [30, 31, 32])
+    assert info.value.index == 32
+    with pytest.raises(q.ResponseError, match="input index 31 is all zeros"):
+        protocol.decode_payload(orjson.loads(_payload([_unit(0), zero])), [30, 31])
+
+
 def test_decode_rejects_non_json() -> None:
     with pytest.raises(q.ResponseError, match="not valid JSON"):
         protocol.decode_embeddings(b"<html>oops</html>", [0])
