@@ -78,7 +78,27 @@ __all__ = [
 
 
 class QwenEmbedError(Exception):
-    """Base class of every error this library raises."""
+    """Base class of every error this library raises.
+
+    Every error pickles with its message and attributes (a ``multiprocessing`` or
+    ``concurrent.futures`` worker can raise it to its parent); the chained cause and the
+    traceback are not pickled, as for any exception.
+    """
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception's default pickling calls ``cls(*args)``, which fails for subclasses
+        # with keyword-only arguments (``ServerError(status=...)``): a pool worker's
+        # error then never reaches the parent and ``Pool.map`` waits forever.
+        return _rebuild_error, (type(self), self.args, dict(self.__dict__))
+
+
+def _rebuild_error(
+    cls: type[QwenEmbedError], args: tuple[Any, ...], state: dict[str, Any]
+) -> QwenEmbedError:
+    error = cls.__new__(cls)
+    Exception.__init__(error, *args)
+    error.__dict__.update(state)
+    return error
 
 
 class ConfigError(QwenEmbedError, ValueError):

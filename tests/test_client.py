@@ -471,3 +471,54 @@ def test_wrong_base_url_errors_say_what_to_do(srv: EmbeddingServer) -> None:
     )
     with pytest.raises(q.ConnectError, match="plain HTTP"):
         tls_to_plain.embed_query("tls?")
+
+
+def test_every_error_survives_pickling_with_its_attributes() -> None:
+    """Errors cross process boundaries (multiprocessing, LlamaIndex's num_workers): every
+    class of the tree pickles, keyword-only attributes included."""
+    import inspect
+
+    from qwen_embed_plugins import errors
+
+    classes = [
+        obj for _, obj in inspect.getmembers(errors, inspect.isclass)
+        if issubclass(obj, q.QwenEmbedError)
+    ]
+    assert len(classes) >= 20
+    for cls in classes:
+        params = {  # the keyword arguments of every __init__ along the MRO (**kwargs chains)
+            name for klass in cls.__mro__ if "__init__" in vars(klass)
+            for name in inspect.signature(vars(klass)["__init__"]).parameters
+        }
+        kwargs = {
+            name: value
+            for name, value in {
+                "status": 503, "url": "http://127.0.0.1:1/v1", "index": 7, "retry_in": 1.5,
+                "retry_after": 2.0, "request_id": "req-1", "server_message": "busy", "limit": 10,
+            }.items()
+            if name in params
+        }
+        error = cls("what went wrong", **kwargs)
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is cls
+        assert str(back) == str(error)
+        assert back.__dict__ == error.__dict__, cls
+
+
+def test_server_error_from_a_pool_worker_reaches_the_parent(srv: EmbeddingServer) -> None:
+    """A 401 raised in a multiprocessing worker arrives as AuthenticationError (before,
+    ServerError could not be unpickled and Pool.map waited forever)."""
+    import multiprocessing
+
+    srv.inject_status(401, count=1)
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(1) as workers:
+        result = workers.map_async(_embed_in_worker, [srv.base_url])
+        with pytest.raises(q.AuthenticationError) as info:
+            result.get(timeout=60)
+    assert info.value.status == 401
+
+
+def _embed_in_worker(base_url: str) -> list[list[float]]:
+    client = q.EmbeddingClient(base_url=base_url, retry=q.RetryConfig(max_attempts=1))
+    return client.embed_documents(["needs a key"])
