@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any, BinaryIO, NoReturn
 
 if TYPE_CHECKING:
     import click
@@ -670,8 +670,11 @@ def _build() -> click.Group:
         """Embed INPUT (one text per line, or JSONL with "text") into OUTPUT.
 
         OUTPUT is .npy (float32, rows x dim, one row per non-blank input record) or
-        .jsonl ({"index": input line number, "id": ..., "embedding": [...]}). Streams
-        in chunks: memory stays bounded for any input size.
+        .jsonl ({"index": input line number, "id": ..., "embedding": [...]}). Blank
+        (empty or whitespace-only) records are skipped; stderr says how many and on
+        which lines. Streams in chunks: memory stays bounded for any input size.
+        OUTPUT is written to a temporary file beside it and replaces it only when
+        every record was embedded: a failed or interrupted run leaves it as it was.
         """
         from .client import EmbeddingClient
         from .config import EmbeddingConfig
@@ -696,8 +699,13 @@ def _build() -> click.Group:
         client = EmbeddingClient(cfg)
         err = _console(stderr=True)
         started = time.perf_counter()
+        prepare = _preparer(
+            input_path, cfg.query_instruction if query else None, cfg.max_text_chars
+        )
         try:
-            total = _count_records(input_path)
+            total, blank, blank_lines = _scan_records(input_path, prepare)
+            if blank:
+                err.print(_blank_notice(blank, blank_lines), markup=False)
             if total == 0:
                 _fail(f"{input_path} holds no text", 2)
             bar = _progress_bar(err, texts=True)
@@ -708,7 +716,7 @@ def _build() -> click.Group:
                     input_path,
                     output_path,
                     total,
-                    query,
+                    prepare,
                     chunk_size,
                     lambda n: bar.advance(task, n),
                 )
@@ -814,10 +822,81 @@ def _build() -> click.Group:
 # --------------------------------------------------------------------------- embed I/O
 
 
-def _count_records(path: str) -> int:
+_BLANK_LINES_SHOWN = 5
+"""How many line numbers of skipped blank records the ``embed`` notice lists."""
+
+
+def _preparer(
+    input_path: str, task: str | None, max_chars: int | None
+) -> Callable[[int, str], str]:
+    """``prepare(line_number, text)``: the text ``embed`` sends for a record of INPUT.
+
+    With the query instruction when ``task`` is given, and checked as the client checks
+    it, so a bad record is reported by file and line (1-based), not by its position in
+    a chunk.
+
+    Raises (from ``prepare``):
+        InputError: the text cannot be sent (see ``protocol.validate_text``).
+    """
+    from .errors import InputError
+    from .protocol import format_query, validate_text
+
+    def prepare(number: int, text: str) -> str:
+        sent = text if task is None else format_query(text, task)
+        try:
+            return validate_text(sent, None, max_chars=max_chars)
+        except InputError as exc:
+            raise InputError(f"{input_path}:{number + 1}: {exc}") from exc
+
+    return prepare
+
+
+def _scan_records(path: str, prepare: Callable[[int, str], str]) -> tuple[int, int, list[int]]:
+    """One pass over ``path`` before anything is sent: every record is checked with
+    ``prepare``. Returns the number of records, the number of blank records skipped,
+    and the first (up to ``_BLANK_LINES_SHOWN``) of their 1-based line numbers."""
     from .bench import iter_texts
 
-    return sum(1 for _ in iter_texts(path))
+    total = blank = 0
+    shown: list[int] = []
+
+    def skipped(start: int, stop: int) -> None:  # 0-based lines start..stop-1 were blank
+        nonlocal blank
+        if stop > start:
+            blank += stop - start
+            shown.extend(range(start + 1, min(stop, start + _BLANK_LINES_SHOWN) + 1))
+            del shown[_BLANK_LINES_SHOWN:]
+
+    following = 0  # the line after the last record
+    for number, text, _ in iter_texts(path):
+        prepare(number, text)
+        skipped(following, number)
+        following = number + 1
+        total += 1
+    skipped(following, _count_lines(path))
+    return total, blank, shown
+
+
+def _count_lines(path: str) -> int:
+    """Lines of a UTF-8 file as text mode reads them (``\\n``, ``\\r\\n`` or ``\\r`` end
+    a line), counted in binary: UTF-8 never puts these bytes inside a character."""
+    lines = 0
+    last = b""
+    with open(path, "rb") as fh:
+        while block := fh.read(1 << 20):
+            lines += block.count(b"\n") + block.count(b"\r") - block.count(b"\r\n")
+            if last == b"\r" and block.startswith(b"\n"):
+                lines -= 1  # a \r\n split between two blocks was counted twice
+            last = block[-1:]
+    return lines + (1 if last not in (b"", b"\n", b"\r") else 0)
+
+
+def _blank_notice(count: int, lines: list[int]) -> str:
+    """The notice, e.g. ``skipped 1 blank record (line 2)``; "..." when ``lines``
+    holds only the first of them."""
+    where = ", ".join(map(str, lines)) + (", ..." if count > len(lines) else "")
+    plural = "s" if count != 1 else ""
+    return f"skipped {count:,} blank record{plural} (line{'s' if len(lines) > 1 else ''} {where})"
 
 
 def _embed_file(
@@ -825,68 +904,105 @@ def _embed_file(
     input_path: str,
     output_path: str,
     total: int,
-    query: bool,
+    prepare: Callable[[int, str], str],
     chunk_size: int,
-    advance: Any,
+    advance: Callable[[int], None],
 ) -> int:
-    """Stream ``input_path`` through ``client`` into ``output_path``; returns the dim."""
+    """Stream ``input_path`` through ``client`` into ``output_path``; returns the dim.
+
+    Writes a temporary file in the output's directory and moves it onto
+    ``output_path`` (``os.replace``, atomic) once every record is embedded; on any
+    failure, ``KeyboardInterrupt`` included, removes it and leaves ``output_path``
+    as it was.
+    """
+    import os
+    import secrets
+
+    target = Path(output_path)
+    while True:
+        tmp = target.with_name(f".{target.name}.{secrets.token_hex(4)}.part")
+        try:
+            fh = open(tmp, "xb")  # noqa: SIM115 - closed below, before the replace
+        except FileExistsError:  # pragma: no cover - 32 random bits
+            continue
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write {output_path}: {exc.strerror}") from exc
+        break
+    try:
+        with fh:
+            dim = _write_vectors(
+                client,
+                input_path,
+                fh,
+                target.suffix.lower() == ".npy",
+                total,
+                prepare,
+                chunk_size,
+                advance,
+            )
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return dim
+
+
+def _write_vectors(
+    client: Any,
+    input_path: str,
+    fh: BinaryIO,
+    npy: bool,
+    total: int,
+    prepare: Callable[[int, str], str],
+    chunk_size: int,
+    advance: Callable[[int], None],
+) -> int:
+    """Embed the records of ``input_path`` chunk by chunk and write each chunk's rows
+    to ``fh`` (.npy: header for ``total`` rows, then float32 rows; else JSON lines) as
+    soon as it is embedded. Returns the dim."""
     import itertools
 
     import numpy as np
     import orjson
-    from numpy.lib.format import open_memmap
+    from numpy.lib.format import dtype_to_descr, write_array_header_1_0
 
     from .bench import iter_texts
-    from .protocol import format_query
 
-    npy = output_path.lower().endswith(".npy")
-    task = client.config.query_instruction
+    changed = f"{input_path} changed while being read"
     records = iter_texts(input_path)
-    out_arr: Any = None
-    fh = None if npy else open(output_path, "wb")  # noqa: SIM115 - closed in finally
     row = 0
     dim = 0
-    try:
-        while True:
-            chunk = list(itertools.islice(records, chunk_size))
-            if not chunk:
-                break
-            texts = [format_query(t, task) if query else t for _, t, _ in chunk]
-            try:
-                vectors = client.embed_documents_array(texts, progress=advance)
-            except Exception as exc:
-                from .errors import InputError
-
-                if isinstance(exc, InputError) and exc.index is not None:
-                    line = chunk[exc.index][0] + 1
-                    raise InputError(f"{input_path}:{line}: {exc}", index=row + exc.index) from exc
-                raise
+    while chunk := list(itertools.islice(records, chunk_size)):
+        if row + len(chunk) > total:
+            raise ValueError(f"{changed} (more than {total} records)")
+        texts = [prepare(number, text) for number, text, _ in chunk]
+        vectors = client.embed_documents_array(texts, progress=advance)
+        if row == 0:
             dim = int(vectors.shape[1])
             if npy:
-                if out_arr is None:
-                    out_arr = open_memmap(
-                        output_path, mode="w+", dtype=np.float32, shape=(total, dim)
-                    )
-                out_arr[row : row + len(chunk)] = vectors
-            else:
-                assert fh is not None
-                lines = []
-                for (number, _, ident), vec in zip(chunk, vectors, strict=True):
-                    item: dict[str, Any] = {"index": number}
-                    if ident is not None:
-                        item["id"] = ident
-                    item["embedding"] = vec
-                    lines.append(orjson.dumps(item, option=orjson.OPT_SERIALIZE_NUMPY))
-                fh.write(b"\n".join(lines) + b"\n")
-            row += len(chunk)
-        if row != total:
-            raise ValueError(f"{input_path} changed while being read ({row} of {total} rows)")
-    finally:
-        if fh is not None:
-            fh.close()
-        if out_arr is not None:
-            out_arr.flush()
-            del out_arr
+                header = {"descr": dtype_to_descr(np.dtype("<f4")), "fortran_order": False}
+                write_array_header_1_0(fh, {**header, "shape": (total, dim)})
+        elif vectors.shape[1] != dim:
+            raise ValueError(
+                f"{input_path}:{chunk[0][0] + 1}: the server answered "
+                f"{vectors.shape[1]}-dim vectors after {dim}-dim ones"
+            )
+        if npy:
+            fh.write(np.ascontiguousarray(vectors, dtype="<f4").tobytes())
+        else:
+            lines = []
+            for (number, _, ident), vec in zip(chunk, vectors, strict=True):
+                item: dict[str, Any] = {"index": number}
+                if ident is not None:
+                    item["id"] = ident
+                item["embedding"] = vec
+                lines.append(orjson.dumps(item, option=orjson.OPT_SERIALIZE_NUMPY))
+            fh.write(b"\n".join(lines) + b"\n")
+        row += len(chunk)
+    if row != total:
+        raise ValueError(f"{changed} ({row} of {total} records)")
     return dim
 
 

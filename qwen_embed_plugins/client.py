@@ -22,7 +22,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import openai
@@ -179,7 +179,7 @@ class _ClientBase:
             cooldown=config.retry.circuit_cooldown,
         )
         self._state = pool.endpoint_state(self._key, self._model)
-        self._sdk: tuple[Any, Any] | None = None
+        self._sdk: Any = None  # the openai SDK object, built on first use
         # The server profile: named by ``server=`` (no detection), else detected on the
         # first call, once per endpoint and process (servers.detect).
         self._detection: Detection | None = None
@@ -449,6 +449,15 @@ class _ClientBase:
             url=self._config.endpoint,
         )
 
+    def _sdk_unreadable(self, exc: ValueError) -> ResponseError:
+        """The SDK's own parse failure (invalid JSON, "No embedding data received") as
+        the ``ResponseError`` the codec path raises for the same body."""
+        return ResponseError(
+            f"{self._config.endpoint} sent a response the openai SDK could not read: "
+            f"{type(exc).__name__}: {scrub(str(exc), self._secret)[:200]}",
+            url=self._config.endpoint,
+        )
+
     def _failed_exchange(self, exc: Exception, fresh: list[bool]) -> TransportError:
         """Map an HTTP library error; a failed h2c attempt switches the pool to HTTP/1.1
         and is marked for an immediate resend."""
@@ -575,21 +584,21 @@ class EmbeddingClient(_ClientBase):
         return result
 
     def openai_client(self) -> openai.OpenAI:
-        """An ``openai.OpenAI`` using the shared pool (SDK retries off: ``max_retries=0``).
+        """An ``openai.OpenAI`` on the shared pool (SDK retries off: ``max_retries=0``).
 
-        Do not close it: it would close the shared pool for everyone (a closed pool is
-        reopened on next use).
+        Its HTTP client (``pool.SDKHTTPClient``) sends through the endpoint's current
+        shared client, so the object can be kept: it survives ``close_all()``, ``fork``
+        and the h2c fallback, and closing it closes nothing shared.
         """
-        http_client = pool.get_sync_client(self._key)
-        if self._sdk is None or self._sdk[0] is not http_client:
-            sdk = openai.OpenAI(
+        if self._sdk is None:
+            self._sdk = openai.OpenAI(
                 api_key=self._secret or "EMPTY",
                 base_url=self._config.base_url,
-                http_client=http_client,
+                http_client=cast(Any, pool.SDKHTTPClient(self._key)),
                 max_retries=0,
             )
-            self._sdk = (http_client, sdk)
-        return self._sdk[1]
+        sdk: openai.OpenAI = self._sdk
+        return sdk
 
     # ----------------------------------------------------------------- internals
 
@@ -666,6 +675,8 @@ class EmbeddingClient(_ClientBase):
                         )
                     except openai.OpenAIError as exc:
                         raise self._sdk_error(exc) from exc
+                    except ValueError as exc:  # the SDK could not read the body
+                        raise self._sdk_unreadable(exc) from exc
                     status = 200
                     return self._sdk_payload(resp)
                 client = pool.get_sync_client(key)
@@ -746,21 +757,22 @@ class AsyncEmbeddingClient(_ClientBase):
         return result
 
     def openai_client(self) -> openai.AsyncOpenAI:
-        """An ``openai.AsyncOpenAI`` on this event loop's shared pool (``max_retries=0``).
+        """An ``openai.AsyncOpenAI`` on the shared pool (``max_retries=0``).
 
-        Raises:
-            RuntimeError: called outside a running event loop.
+        Its HTTP client (``pool.AsyncSDKHTTPClient``) sends through the running event
+        loop's shared client, so one object works on every loop (``asyncio.run()`` many
+        times), after ``close_all()`` and the h2c fallback; closing it closes nothing
+        shared.
         """
-        http_client = pool.get_async_client(self._key)
-        if self._sdk is None or self._sdk[0] is not http_client:
-            sdk = openai.AsyncOpenAI(
+        if self._sdk is None:
+            self._sdk = openai.AsyncOpenAI(
                 api_key=self._secret or "EMPTY",
                 base_url=self._config.base_url,
-                http_client=http_client,
+                http_client=cast(Any, pool.AsyncSDKHTTPClient(self._key)),
                 max_retries=0,
             )
-            self._sdk = (http_client, sdk)
-        return self._sdk[1]
+        async_sdk: openai.AsyncOpenAI = self._sdk
+        return async_sdk
 
     # ----------------------------------------------------------------- internals
 
@@ -838,6 +850,8 @@ class AsyncEmbeddingClient(_ClientBase):
                         )
                     except openai.OpenAIError as exc:
                         raise self._sdk_error(exc) from exc
+                    except ValueError as exc:  # the SDK could not read the body
+                        raise self._sdk_unreadable(exc) from exc
                     status = 200
                     return self._sdk_payload(resp)
                 client = pool.get_async_client(key)

@@ -39,7 +39,9 @@ from .metrics import EndpointMetrics, metrics_for
 from .retry import CircuitBreaker
 
 __all__ = [
+    "AsyncSDKHTTPClient",
     "EndpointState",
+    "SDKHTTPClient",
     "aclose_all",
     "close_all",
     "endpoint_state",
@@ -361,6 +363,75 @@ def get_async_client(key: TransportKey) -> Any:
         slot.sentinel = sentinel
         entry.async_clients[loop] = slot
         return client
+
+
+class _NoTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """The transport of an SDK-facing client: never used (its ``send`` goes to the pool)."""
+
+    def handle_request(self, request: Any) -> Any:
+        raise RuntimeError("requests of this client go through the shared pool")
+
+    async def handle_async_request(self, request: Any) -> Any:
+        raise RuntimeError("requests of this client go through the shared pool")
+
+
+# Errors that mean "no HTTP exchange happened" on a cleartext HTTP/2 attempt: the server
+# does not speak h2c (prior knowledge) and dropped the connection.
+_H2C_FAILURES = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
+
+
+def _timeout(key: TransportKey) -> Any:
+    t = key.timeout
+    return httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
+
+
+class SDKHTTPClient(httpx.Client):
+    """The ``httpx.Client`` handed to ``openai.OpenAI``: a stable handle on the endpoint's
+    *current* shared client.
+
+    Each ``send`` goes through ``get_sync_client(key)``, so an SDK object kept by the user
+    keeps working after ``close_all()``, in a forked child (which gets its own sockets)
+    and after the cleartext HTTP/2 -> HTTP/1.1 fallback (which this client also
+    triggers, resending once). ``close()`` does nothing: the shared pool is not the SDK
+    object's to close.
+    """
+
+    def __init__(self, key: TransportKey) -> None:
+        super().__init__(timeout=_timeout(key), transport=_NoTransport(), trust_env=False)
+        self._pool_key = key
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        try:
+            return get_sync_client(self._pool_key).send(request, **kwargs)
+        except _H2C_FAILURES:
+            if not h2c_fallback(self._pool_key):
+                raise
+        return get_sync_client(self._pool_key).send(request, **kwargs)
+
+    def close(self) -> None:
+        """Nothing to close (the pool is shared; see ``close_all()``)."""
+
+
+class AsyncSDKHTTPClient(httpx.AsyncClient):
+    """The ``httpx.AsyncClient`` handed to ``openai.AsyncOpenAI``: each ``send`` goes
+    through the running loop's shared client (``get_async_client``), so one SDK object
+    works on any event loop, after ``close_all()`` and after the h2c fallback.
+    ``aclose()`` does nothing."""
+
+    def __init__(self, key: TransportKey) -> None:
+        super().__init__(timeout=_timeout(key), transport=_NoTransport(), trust_env=False)
+        self._pool_key = key
+
+    async def send(self, request: Any, **kwargs: Any) -> Any:
+        try:
+            return await get_async_client(self._pool_key).send(request, **kwargs)
+        except _H2C_FAILURES:
+            if not h2c_fallback(self._pool_key):
+                raise
+        return await get_async_client(self._pool_key).send(request, **kwargs)
+
+    async def aclose(self) -> None:
+        """Nothing to close (the pool is shared; see ``aclose_all()``)."""
 
 
 def h2c_fallback(key: TransportKey) -> bool:

@@ -7,9 +7,12 @@ relay), as a first run on a fresh machine does.
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -300,6 +303,117 @@ def test_embed_rejects_unknown_output(server: EmbeddingServer, tmp_path: Path) -
     src.write_text("hello\n", encoding="utf-8")
     result = run("embed", "--base-url", server.base_url, str(src), str(tmp_path / "o.csv"))
     assert result.exit_code == 2
+
+
+def _embed_small_chunks(base_url: str, src: Path, out: Path, *args: str) -> Result:
+    """``qwen-embed embed`` one request per chunk of 2 texts, one at a time."""
+    return run(
+        "embed",
+        "--base-url",
+        base_url,
+        *("--chunk-size", "2", "--batch-size", "2", "--concurrency", "1", *args),
+        str(src),
+        str(out),
+    )
+
+
+@pytest.mark.parametrize("suffix", [".npy", ".jsonl"])
+@pytest.mark.parametrize("existing", [False, True])
+def test_embed_failed_run_leaves_the_output_as_it_was(
+    server: EmbeddingServer, tmp_path: Path, suffix: str, existing: bool
+) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"line {i}\n" for i in range(6)), encoding="utf-8")
+    out = tmp_path / f"out{suffix}"
+    if existing:
+        out.write_bytes(b"the previous good output")
+    server.clear_faults()
+    server.inject("delay", seconds=0.0)  # the first chunk is embedded (and written)...
+    server.inject_status(400, message="no")  # ...the second fails: not retried
+    result = _embed_small_chunks(server.base_url, src, out)
+    assert result.exit_code == 1, result.output
+    assert "error:" in result.stderr
+    if existing:
+        assert out.read_bytes() == b"the previous good output"
+    else:
+        assert not out.exists()  # no rows of zeros standing in for texts never embedded
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["in.txt"] + ([out.name] if existing else [])
+    )  # and no temporary file left behind
+    # the same command, the server healthy again: OUTPUT is replaced, complete
+    server.clear_faults()
+    result = _embed_small_chunks(server.base_url, src, out)
+    assert result.exit_code == 0, result.output
+    want = np.stack([expected_embedding(f"line {i}") for i in range(6)])
+    if suffix == ".npy":
+        got = np.load(out)
+    else:
+        got = np.array([orjson.loads(line)["embedding"] for line in out.read_bytes().splitlines()])
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", out.name]
+
+
+def test_embed_interrupted_run_leaves_the_output_as_it_was(tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"line {i}\n" for i in range(6)), encoding="utf-8")
+    out = tmp_path / "out.npy"
+    out.write_bytes(b"the previous good output")
+    with EmbeddingServer() as srv:
+        srv.inject("delay", seconds=0.0)
+        srv.inject("delay", seconds=5.0)  # the second chunk waits: Ctrl-C meanwhile
+        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            result = _embed_small_chunks(srv.base_url, src, out)
+        finally:
+            timer.join()
+    assert result.exit_code == 1  # click: "Aborted!"
+    assert out.read_bytes() == b"the previous good output"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npy"]
+
+
+@pytest.mark.parametrize("query", [False, True])
+def test_embed_bad_record_is_named_by_file_and_line_before_any_request(
+    server: EmbeddingServer, tmp_path: Path, query: bool
+) -> None:
+    src = tmp_path / "in.txt"
+    # records 0-4 on lines 1-5, a blank line 6, the overlong text on line 7 (record 5,
+    # at position 1 of the third chunk of 2)
+    lines = [f"line {i}" for i in range(5)] + ["", "z" * 300_000, "after"]
+    src.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    out = tmp_path / "out.npy"
+    server.reset_counters()
+    result = _embed_small_chunks(server.base_url, src, out, *(["--query"] if query else []))
+    assert result.exit_code == 1, result.output
+    error = result.stderr.strip().splitlines()[-1]
+    assert error.startswith(f"error: {src}:7: the text is 300,"), error
+    assert "above max_text_chars=262,144" in error
+    assert "index" not in error  # no position inside a streaming chunk
+    assert server.requests == 0  # found while counting, before anything was sent
+    assert not out.exists()
+
+
+def test_embed_notes_skipped_blank_records(server: EmbeddingServer, tmp_path: Path) -> None:
+    src = tmp_path / "in.jsonl"
+    src.write_text('{"text":"a","id":1}\n{"text":"   ","id":2}\n{"text":"b","id":3}\n')
+    out = tmp_path / "out.jsonl"
+    result = run("embed", "--base-url", server.base_url, str(src), str(out))
+    assert result.exit_code == 0, result.output
+    assert "skipped 1 blank record (line 2)" in result.stderr
+    assert "embedded 2 texts" in result.stderr
+    assert [orjson.loads(line)["id"] for line in out.read_bytes().splitlines()] == [1, 3]
+    # plain text: blank lines between records, before the first and at the end
+    src = tmp_path / "in.txt"
+    src.write_text("\n \na\n\t\nb\r\n\n\n\n", encoding="utf-8")
+    result = run("embed", "--base-url", server.base_url, str(src), str(tmp_path / "o.npy"))
+    assert result.exit_code == 0, result.output
+    assert "skipped 6 blank records (lines 1, 2, 4, 6, 7, ...)" in result.stderr
+    assert np.load(tmp_path / "o.npy").shape == (2, 1024)
+    # none blank: no notice
+    src.write_text("a\nb", encoding="utf-8")
+    result = run("embed", "--base-url", server.base_url, str(src), str(tmp_path / "o.npy"))
+    assert result.exit_code == 0, result.output
+    assert "blank record" not in result.stderr
 
 
 # --------------------------------------------------------------------------- serve

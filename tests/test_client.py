@@ -398,12 +398,17 @@ def test_openai_sdk_shares_the_pool(srv: EmbeddingServer) -> None:
     sdk = client.openai_client()
     assert sdk.max_retries == 0
     key = client.config.pool_key
-    assert sdk._client is pool.get_sync_client(key)
+    assert isinstance(sdk._client, pool.SDKHTTPClient)  # sends through the shared client
+    shared = pool.get_sync_client(key)
     before = q.pool_stats()[client.config.endpoint]["connections_opened"]
     for _ in range(5):
         sdk.embeddings.create(input=["sdk text"], model="m")
     opened = q.pool_stats()[client.config.endpoint]["connections_opened"] - before
     assert opened == srv.connections_opened <= 1
+    assert pool.get_sync_client(key) is shared
+    sdk.close()  # closes nothing shared
+    assert not shared.is_closed
+    assert len(client.embed_query("pool still open")) == 1024
     via_sdk = q.EmbeddingClient(client.config, use_sdk=True)
     np.testing.assert_array_equal(
         via_sdk.embed_documents_array(["s1", "s2"]), expected(["s1", "s2"])
@@ -522,3 +527,64 @@ def test_server_error_from_a_pool_worker_reaches_the_parent(srv: EmbeddingServer
 def _embed_in_worker(base_url: str) -> list[list[float]]:
     client = q.EmbeddingClient(base_url=base_url, retry=q.RetryConfig(max_attempts=1))
     return client.embed_documents(["needs a key"])
+
+
+def test_kept_sdk_object_survives_close_all_and_fork(srv: EmbeddingServer) -> None:
+    """An ``openai_client()`` kept by the user keeps working after ``close_all()`` and in
+    a forked child, where it uses the child's own sockets (it used to send on the
+    parent's socket: "Invalid HTTP request received" on the server)."""
+    client = q.EmbeddingClient(base_url=srv.base_url, limits=q.Limits(max_connections=1))
+    sdk = client.openai_client()
+    assert len(sdk.embeddings.create(input=["p"], model="m").data) == 1
+    q.close_all()
+    assert len(sdk.embeddings.create(input=["after close_all"], model="m").data) == 1
+    before = srv.connections_opened
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - child process
+        ok = 0
+        try:
+            for i in range(50):
+                ok += len(sdk.embeddings.create(input=[f"child {i}"], model="m").data)
+        finally:
+            os._exit(0 if ok == 50 else 1)
+    for i in range(50):
+        assert len(sdk.embeddings.create(input=[f"parent {i}"], model="m").data) == 1
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert srv.connections_opened == before + 1  # the child's own connection
+    assert srv.requests >= 102
+
+
+def test_kept_sdk_object_falls_back_from_h2c(srv: EmbeddingServer) -> None:
+    """``http2=True`` on http:// against an HTTP/1.1-only server: the SDK object switches
+    the endpoint to HTTP/1.1 itself (before, every SDK call failed until the library's
+    own path happened to switch it)."""
+    client = q.EmbeddingClient(base_url=srv.base_url, http2=True)
+    sdk = client.openai_client()
+    for i in range(3):
+        assert len(sdk.embeddings.create(input=[f"h2c {i}"], model="m").data) == 1
+    via_sdk = q.EmbeddingClient(base_url=srv.base_url, http2=True, use_sdk=True)
+    np.testing.assert_array_equal(via_sdk.embed_documents_array(["s1"]), expected(["s1"]))
+
+
+def test_one_async_sdk_object_on_many_event_loops(srv: EmbeddingServer) -> None:
+    client = q.AsyncEmbeddingClient(base_url=srv.base_url)
+
+    async def call(text: str) -> int:
+        return len((await client.openai_client().embeddings.create(input=[text], model="m")).data)
+
+    sdks = set()
+    for i in range(3):
+        assert asyncio.run(call(f"loop {i}")) == 1
+        sdks.add(id(client.openai_client()))
+    assert len(sdks) == 1
+
+
+@pytest.mark.parametrize("fault", ["malformed", "wrong_count"])
+def test_sdk_path_unreadable_body_is_a_response_error(srv: EmbeddingServer, fault: str) -> None:
+    client = q.EmbeddingClient(
+        base_url=srv.base_url, use_sdk=True, retry=q.RetryConfig(max_attempts=1)
+    )
+    srv.inject(fault)
+    with pytest.raises(q.ResponseError):
+        client.embed_documents(["only one"])

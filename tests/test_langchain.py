@@ -114,6 +114,23 @@ def test_invalid_text_raises_input_error_before_sending(srv: EmbeddingServer) ->
     assert srv.requests == 0
 
 
+def test_iterables_accepted_and_non_collections_rejected(srv: EmbeddingServer) -> None:
+    """A generator is embedded like a list (it has no len(): it used to raise a bare
+    TypeError); None or a number is an InputError naming the type; nothing is sent."""
+    emb = QwenPooledEmbeddings(base_url=srv.base_url)
+    for bad, words in ((None, "got None"), (5, "got int")):
+        with pytest.raises(q.InputError, match=words):
+            emb.embed_documents(bad)  # type: ignore[arg-type]
+        with pytest.raises(q.InputError, match=words):
+            asyncio.run(emb.aembed_documents(bad))  # type: ignore[arg-type]
+    assert srv.requests == 0
+    texts = ["first text", "second text"]
+    want = emb.embed_documents(texts)
+    assert emb.embed_documents(t for t in texts) == want  # type: ignore[arg-type]
+    assert asyncio.run(emb.aembed_documents(iter(texts))) == want  # type: ignore[arg-type]
+    assert emb.embed_documents(t for t in []) == []  # type: ignore[arg-type]
+
+
 def test_dimensions_and_model_copy_update(srv: EmbeddingServer) -> None:
     emb = QwenPooledEmbeddings(base_url=srv.base_url)
     assert len(emb.embed_query("x")) == 1024

@@ -86,8 +86,11 @@ def test_http_library_matches_openai_major() -> None:
 
     http_client = pool.get_sync_client(client.config.pool_key)
     assert type(http_client).__module__.split(".")[0] == _http.HTTP_LIBRARY
-    # the SDK accepts it as its http_client (openai 3.x accepts only httpx2 clients)
-    assert client.openai_client()._client is http_client
+    # the SDK accepts the pool's SDK-facing client (a subclass of the same library's
+    # Client: openai 3.x accepts only httpx2 clients)
+    sdk_http = client.openai_client()._client
+    assert isinstance(sdk_http, pool.SDKHTTPClient)
+    assert isinstance(sdk_http, type(http_client))
 
 
 def test_only_http_module_imports_the_http_library() -> None:

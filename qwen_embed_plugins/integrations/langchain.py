@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
 from typing import Any, NamedTuple, Self
 
@@ -35,6 +35,7 @@ from ..config import (
     Timeouts,
 )
 from ..errors import ConfigError
+from ..protocol import validate_texts
 
 __all__ = ["QwenPooledEmbeddings"]
 
@@ -100,6 +101,17 @@ class _Handles:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Handles:
         return _Handles()
+
+
+def _as_texts(texts: Any) -> Any:
+    """LangChain passes lists; also take any iterable (a generator is read once), and
+    reject what is not a collection of texts with ``InputError`` (not a bare
+    ``TypeError`` from ``len()``)."""
+    if isinstance(texts, Sized):
+        return texts  # lists, tuples; str/sets/mappings are rejected by the client
+    if isinstance(texts, Iterable):
+        return list(texts)
+    return validate_texts(texts, max_chars=None)  # raises InputError naming the type
 
 
 class QwenPooledEmbeddings(BaseModel, Embeddings):
@@ -482,6 +494,7 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
             InputError: a text is not a non-empty ``str`` (``.index`` names it).
             QwenEmbedError: the server or the network failed after retries.
         """
+        texts = _as_texts(texts)
         if isinstance(texts, list) and not texts:
             return []
         client = self._clients().sync
@@ -512,6 +525,7 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
         Raises:
             InputError, QwenEmbedError: as ``embed_documents``.
         """
+        texts = _as_texts(texts)
         if isinstance(texts, list) and not texts:
             return []
         client = self._clients().async_
