@@ -517,7 +517,7 @@ def _build() -> click.Group:
         import contextlib
         import dataclasses
 
-        from .bench import Target, load_texts, local_target, run_bench
+        from .bench import BENCH_SCHEMA, Target, load_texts, local_target, run_bench
         from .errors import QwenEmbedError
 
         if base_url and (rtt_ms is not None or no_tls):
@@ -567,6 +567,15 @@ def _build() -> click.Group:
                         naive_trust="bundle" if naive_trust == "bundle" else "ca",
                     )
             except QwenEmbedError as exc:
+                if as_json:  # machines still get a JSON document on stdout
+                    _print_json(
+                        {
+                            "schema": BENCH_SCHEMA,
+                            "ok": False,
+                            "error": str(exc),
+                            "error_type": type(exc).__name__,
+                        }
+                    )
                 _fail(str(exc))
         _report(
             result.to_dict(),

@@ -386,7 +386,7 @@ class _ClientBase:
             )
         if isinstance(exc, httpx.ReadTimeout):
             return ReadTimeout(
-                f"{label} sent no response within {t.read} s (Timeouts.read)", url=label
+                f"{label} sent nothing for {t.read} s (Timeouts.read)", url=label
             )
         if isinstance(exc, httpx.WriteTimeout):
             return WriteTimeout(

@@ -497,7 +497,11 @@ async def aclose_all() -> None:
 def pool_stats() -> dict[str, dict[str, Any]]:
     """Per endpoint label: ``sync_clients``, ``async_clients`` (open now),
     ``connections_opened``, ``requests``, ``in_flight``, ``stale_retries``, ``retries``,
-    ``texts`` (counts since start or ``reset_metrics()``)."""
+    ``texts`` (counts since start or ``reset_metrics()``).
+
+    A row is an endpoint (scheme, host, port, path), as in the metrics: clients of one URL
+    with different transport settings (limits, timeouts, key) have pools of their own,
+    and their row adds them up (``sync_clients`` 2, say)."""
     with _lock:
         entries = list(_entries.values())
     out: dict[str, dict[str, Any]] = {}

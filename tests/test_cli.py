@@ -174,6 +174,14 @@ def test_bench_unreachable_server_exits_1() -> None:
     result = run("bench", "--base-url", f"http://127.0.0.1:{port}/v1", "--requests", "1")
     assert result.exit_code == 1
     assert "error:" in result.output
+    # --json: still one JSON document on stdout, saying what failed
+    result = run("bench", "--base-url", f"http://127.0.0.1:{port}/v1", "--requests", "1", "--json")
+    assert result.exit_code == 1
+    data = orjson.loads(result.stdout)
+    assert data["schema"] == "qwen-embed-bench/1"
+    assert data["ok"] is False
+    assert data["error_type"] == "ConnectError"
+    assert str(port) in data["error"]
 
 
 # --------------------------------------------------------------------------- check
