@@ -184,12 +184,16 @@ def _numbered_lines(fh: Any, path: Path) -> Iterator[tuple[int, str]]:
         number += 1
 
 
-def iter_texts(path: str | Path) -> Iterator[tuple[int, str, Any]]:
+def iter_texts(
+    path: str | Path, *, on_blank: Callable[[int], None] | None = None
+) -> Iterator[tuple[int, str, Any]]:
     """Stream ``(record_number, text, id)`` from a text file, skipping blank records.
 
     ``.jsonl`` / ``.ndjson`` files hold one JSON object per line with a ``"text"`` field
     (an ``"id"`` field, if present, is passed through; otherwise ``id`` is ``None``);
     any other file holds one text per line. ``record_number`` counts lines from 0.
+    ``on_blank(record_number)`` is called for each blank (empty or whitespace-only)
+    record skipped.
 
     Raises:
         ValueError: a JSONL line is not an object with a string ``"text"``, or a line is
@@ -201,6 +205,8 @@ def iter_texts(path: str | Path) -> Iterator[tuple[int, str, Any]]:
     with path.open("r", encoding="utf-8") as fh:
         for number, line in _numbered_lines(fh, path):
             if not line.strip():
+                if on_blank is not None:
+                    on_blank(number)
                 continue
             if jsonl:
                 try:
@@ -213,6 +219,8 @@ def iter_texts(path: str | Path) -> Iterator[tuple[int, str, Any]]:
                     )
                 text = obj["text"]
                 if not text.strip():
+                    if on_blank is not None:
+                        on_blank(number)
                     continue
                 yield number, text, obj.get("id")
             else:

@@ -866,38 +866,20 @@ def _scan_records(path: str, prepare: Callable[[int, str], str]) -> tuple[int, i
     and the first (up to ``_BLANK_LINES_SHOWN``) of their 1-based line numbers."""
     from .bench import iter_texts
 
-    total = blank = 0
-    shown: list[int] = []
+    blank: list[int] = []  # 1-based lines of the blank records (the first few)
+    blanks = 0
 
-    def skipped(start: int, stop: int) -> None:  # 0-based lines start..stop-1 were blank
-        nonlocal blank
-        if stop > start:
-            blank += stop - start
-            shown.extend(range(start + 1, min(stop, start + _BLANK_LINES_SHOWN) + 1))
-            del shown[_BLANK_LINES_SHOWN:]
+    def skipped(number: int) -> None:
+        nonlocal blanks
+        blanks += 1
+        if len(blank) < _BLANK_LINES_SHOWN:
+            blank.append(number + 1)
 
-    following = 0  # the line after the last record
-    for number, text, _ in iter_texts(path):
+    total = 0
+    for number, text, _ in iter_texts(path, on_blank=skipped):
         prepare(number, text)
-        skipped(following, number)
-        following = number + 1
         total += 1
-    skipped(following, _count_lines(path))
-    return total, blank, shown
-
-
-def _count_lines(path: str) -> int:
-    """Lines of a UTF-8 file as text mode reads them (``\\n``, ``\\r\\n`` or ``\\r`` end
-    a line), counted in binary: UTF-8 never puts these bytes inside a character."""
-    lines = 0
-    last = b""
-    with open(path, "rb") as fh:
-        while block := fh.read(1 << 20):
-            lines += block.count(b"\n") + block.count(b"\r") - block.count(b"\r\n")
-            if last == b"\r" and block.startswith(b"\n"):
-                lines -= 1  # a \r\n split between two blocks was counted twice
-            last = block[-1:]
-    return lines + (1 if last not in (b"", b"\n", b"\r") else 0)
+    return total, blanks, blank
 
 
 def _blank_notice(count: int, lines: list[int]) -> str:

@@ -385,9 +385,7 @@ class _ClientBase:
                 url=label,
             )
         if isinstance(exc, httpx.ReadTimeout):
-            return ReadTimeout(
-                f"{label} sent nothing for {t.read} s (Timeouts.read)", url=label
-            )
+            return ReadTimeout(f"{label} sent nothing for {t.read} s (Timeouts.read)", url=label)
         if isinstance(exc, httpx.WriteTimeout):
             return WriteTimeout(
                 f"sending to {label} took longer than {t.write} s (Timeouts.write)", url=label

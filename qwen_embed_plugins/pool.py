@@ -162,9 +162,14 @@ def _ssl_context(verify: bool | str, *, http2: bool, cleartext: bool) -> ssl.SSL
         return ctx
 
 
+def _timeout(key: TransportKey) -> Any:
+    """The ``httpx.Timeout`` of ``key``'s ``Timeouts`` (seconds)."""
+    t = key.timeout
+    return httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
+
+
 def _client_kwargs(entry: _Entry) -> dict[str, Any]:
     key = entry.key
-    t = key.timeout
     cleartext = key.base_url.startswith("http://")
     headers = {"User-Agent": _USER_AGENT}
     if key.api_key is not None:
@@ -176,7 +181,7 @@ def _client_kwargs(entry: _Entry) -> dict[str, Any]:
             max_keepalive_connections=key.limits.keepalive_connections,
             keepalive_expiry=key.limits.keepalive_expiry,
         ),
-        "timeout": httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+        "timeout": _timeout(key),
         "http2": key.http2 and (not cleartext or h2c),
         # Prior-knowledge h2c on cleartext only when asked; see ``h2c_fallback``.
         "http1": not h2c,
@@ -378,11 +383,6 @@ class _NoTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
 # Errors that mean "no HTTP exchange happened" on a cleartext HTTP/2 attempt: the server
 # does not speak h2c (prior knowledge) and dropped the connection.
 _H2C_FAILURES = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
-
-
-def _timeout(key: TransportKey) -> Any:
-    t = key.timeout
-    return httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
 
 
 class SDKHTTPClient(httpx.Client):
