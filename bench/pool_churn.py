@@ -54,14 +54,15 @@ def run(base_url: str, model: str, rounds: int, threads: int, texts: int) -> dic
     words = corpus()
     # short texts (the first 80 characters of each passage): the pool, not the model, is
     # what is measured
-    chunks = [[words[(t * texts + i) % len(words)][:80] for i in range(texts)]
-              for t in range(threads)]
+    chunks = [
+        [words[(t * texts + i) % len(words)][:80] for i in range(texts)] for t in range(threads)
+    ]
     limit = q.Limits().max_connections
     label = q.EmbeddingConfig(base_url=base_url).endpoint
     gated = _GATED
     rows: dict[str, list[dict[str, int]]] = {"gated": [], "ungated": []}
     for r in range(rounds):
-        for mode in (("gated", "ungated") if r % 2 == 0 else ("ungated", "gated")):
+        for mode in ("gated", "ungated") if r % 2 == 0 else ("ungated", "gated"):
             pool._sync_transport = gated if mode == "gated" else _ungated  # type: ignore[assignment]
             try:
                 q.close_all()
@@ -74,8 +75,10 @@ def run(base_url: str, model: str, rounds: int, threads: int, texts: int) -> dic
                     list(ex.map(lambda c, t: c.embed_documents(t), clients, chunks))
                 after = q.pool_stats()[label]
                 rows[mode].append(
-                    {k: int(after[k]) - int(before.get(k, 0))
-                     for k in ("connections_opened", "requests", "retries")}
+                    {
+                        k: int(after[k]) - int(before.get(k, 0))
+                        for k in ("connections_opened", "requests", "retries")
+                    }
                 )
             finally:
                 pool._sync_transport = gated  # type: ignore[assignment]
@@ -122,10 +125,25 @@ def main() -> None:
             b.terminate()
     result.update(command=command_line(), environment=environment(), load=args.load)
     table = markdown_table(
-        ["transport", "rounds", f"rounds with > {result['limit']} connections opened",
-         "most opened in a round", "retries", "requests per round"],
-        [[mode, s["rounds"], s["rounds_over_limit"], s["max_connections_opened"],
-          s["retries"], s["requests_per_round"]] for mode, s in result["summary"].items()],
+        [
+            "transport",
+            "rounds",
+            f"rounds with > {result['limit']} connections opened",
+            "most opened in a round",
+            "retries",
+            "requests per round",
+        ],
+        [
+            [
+                mode,
+                s["rounds"],
+                s["rounds_over_limit"],
+                s["max_connections_opened"],
+                s["retries"],
+                s["requests_per_round"],
+            ]
+            for mode, s in result["summary"].items()
+        ],
     )
     print(table)
     print("saved", save("pool_churn", result, args.out))

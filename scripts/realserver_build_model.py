@@ -76,8 +76,7 @@ QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
 FIRST_ADDED_ID = 151643
 EOS = "<|endoftext|>"
 QUERY_PROMPT = (
-    "Instruct: Given a web search query, retrieve relevant passages that answer the query\n"
-    "Query:"
+    "Instruct: Given a web search query, retrieve relevant passages that answer the query\nQuery:"
 )
 HIDDEN = 64
 MAX_SEQ_LENGTH = 8192
@@ -101,8 +100,11 @@ SAMPLES = (
 
 def bytes_to_unicode() -> dict[int, str]:
     """GPT-2's reversible byte -> printable unicode map (as used by ByteLevel)."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
+    bs = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1))
+    )
     cs = bs[:]
     n = 0
     for b in range(256):
@@ -164,45 +166,65 @@ def build_tokenizer(ranks: dict[bytes, int]):  # -> tokenizers.Tokenizer
 
     vocab, merges = vocab_and_merges(ranks)
     assert len(vocab) == FIRST_ADDED_ID, len(vocab)
-    tok = Tokenizer(models.BPE(
-        vocab=vocab, merges=merges, dropout=None, unk_token=None,
-        continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False,
-        byte_fallback=False))
+    tok = Tokenizer(
+        models.BPE(
+            vocab=vocab,
+            merges=merges,
+            dropout=None,
+            unk_token=None,
+            continuing_subword_prefix="",
+            end_of_word_suffix="",
+            fuse_unk=False,
+            byte_fallback=False,
+        )
+    )
     tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False,
-                                     use_regex=False)
-    tok.add_special_tokens([
-        AddedToken(t, special=special, normalized=False, single_word=False,
-                   lstrip=False, rstrip=False)
-        for t, special in QWEN3_ADDED_TOKENS
-    ])
+    tok.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+        ]
+    )
+    tok.decoder = decoders.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False)
+    tok.add_special_tokens(
+        [
+            AddedToken(
+                t, special=special, normalized=False, single_word=False, lstrip=False, rstrip=False
+            )
+            for t, special in QWEN3_ADDED_TOKENS
+        ]
+    )
     for i, (t, _) in enumerate(QWEN3_ADDED_TOKENS):
         assert tok.token_to_id(t) == FIRST_ADDED_ID + i, (t, tok.token_to_id(t))
-    tok.post_processor = processors.Sequence([
-        processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
-        processors.TemplateProcessing(
-            single=f"$A:0 {EOS}:0",
-            pair=f"$A:0 {EOS}:0 $B:1 {EOS}:1",
-            special_tokens=[(EOS, FIRST_ADDED_ID)],
-        ),
-    ])
+    tok.post_processor = processors.Sequence(
+        [
+            processors.ByteLevel(add_prefix_space=False, trim_offsets=False, use_regex=False),
+            processors.TemplateProcessing(
+                single=f"$A:0 {EOS}:0",
+                pair=f"$A:0 {EOS}:0 $B:1 {EOS}:1",
+                special_tokens=[(EOS, FIRST_ADDED_ID)],
+            ),
+        ]
+    )
     return tok, vocab, merges
 
 
-def write_tokenizer_files(out: Path, tok, vocab: dict[str, int],
-                          merges: list[tuple[str, str]]) -> None:
+def write_tokenizer_files(
+    out: Path, tok, vocab: dict[str, int], merges: list[tuple[str, str]]
+) -> None:
     tok.save(str(out / "tokenizer.json"), pretty=False)
     (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
     (out / "merges.txt").write_text(
-        "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8")
+        "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges), encoding="utf-8"
+    )
     added = {
         str(FIRST_ADDED_ID + i): {
-            "content": t, "lstrip": False, "normalized": False, "rstrip": False,
-            "single_word": False, "special": special,
+            "content": t,
+            "lstrip": False,
+            "normalized": False,
+            "rstrip": False,
+            "single_word": False,
+            "special": special,
         }
         for i, (t, special) in enumerate(QWEN3_ADDED_TOKENS)
     }
@@ -224,13 +246,28 @@ def write_tokenizer_files(out: Path, tok, vocab: dict[str, int],
         "unk_token": None,
     }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
-    (out / "special_tokens_map.json").write_text(json.dumps({
-        "additional_special_tokens": config["additional_special_tokens"],
-        "eos_token": {"content": "<|im_end|>", "lstrip": False, "normalized": False,
-                      "rstrip": False, "single_word": False},
-        "pad_token": {"content": EOS, "lstrip": False, "normalized": False,
-                      "rstrip": False, "single_word": False},
-    }, indent=2))
+    (out / "special_tokens_map.json").write_text(
+        json.dumps(
+            {
+                "additional_special_tokens": config["additional_special_tokens"],
+                "eos_token": {
+                    "content": "<|im_end|>",
+                    "lstrip": False,
+                    "normalized": False,
+                    "rstrip": False,
+                    "single_word": False,
+                },
+                "pad_token": {
+                    "content": EOS,
+                    "lstrip": False,
+                    "normalized": False,
+                    "rstrip": False,
+                    "single_word": False,
+                },
+            },
+            indent=2,
+        )
+    )
 
 
 def write_model_files(out: Path) -> str:
@@ -271,36 +308,66 @@ def write_model_files(out: Path) -> str:
 
 
 def write_sentence_transformers_files(out: Path) -> None:
-    (out / "modules.json").write_text(json.dumps([
-        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-        {"idx": 1, "name": "1", "path": "1_Pooling",
-         "type": "sentence_transformers.models.Pooling"},
-        {"idx": 2, "name": "2", "path": "2_Normalize",
-         "type": "sentence_transformers.models.Normalize"},
-    ], indent=2))
-    (out / "sentence_bert_config.json").write_text(json.dumps(
-        {"max_seq_length": MAX_SEQ_LENGTH, "do_lower_case": False}, indent=2))
+    (out / "modules.json").write_text(
+        json.dumps(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                },
+            ],
+            indent=2,
+        )
+    )
+    (out / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": MAX_SEQ_LENGTH, "do_lower_case": False}, indent=2)
+    )
     (out / "1_Pooling").mkdir(exist_ok=True)
-    (out / "1_Pooling" / "config.json").write_text(json.dumps({
-        "word_embedding_dimension": HIDDEN,
-        "pooling_mode_cls_token": False,
-        "pooling_mode_mean_tokens": False,
-        "pooling_mode_max_tokens": False,
-        "pooling_mode_mean_sqrt_len_tokens": False,
-        "pooling_mode_weightedmean_tokens": False,
-        "pooling_mode_lasttoken": True,
-        "include_prompt": True,
-    }, indent=2))
+    (out / "1_Pooling" / "config.json").write_text(
+        json.dumps(
+            {
+                "word_embedding_dimension": HIDDEN,
+                "pooling_mode_cls_token": False,
+                "pooling_mode_mean_tokens": False,
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_mean_sqrt_len_tokens": False,
+                "pooling_mode_weightedmean_tokens": False,
+                "pooling_mode_lasttoken": True,
+                "include_prompt": True,
+            },
+            indent=2,
+        )
+    )
     (out / "2_Normalize").mkdir(exist_ok=True)
-    (out / "config_sentence_transformers.json").write_text(json.dumps({
-        "prompts": {"query": QUERY_PROMPT, "document": ""},
-        "default_prompt_name": None,
-        "similarity_fn_name": "cosine",
-    }, indent=2))
+    (out / "config_sentence_transformers.json").write_text(
+        json.dumps(
+            {
+                "prompts": {"query": QUERY_PROMPT, "document": ""},
+                "default_prompt_name": None,
+                "similarity_fn_name": "cosine",
+            },
+            indent=2,
+        )
+    )
     (out / "README.md").write_text(
         "Tiny random-weight model in Qwen3-Embedding's architecture and layout, built by\n"
         "qwen-embed-plugins' scripts/realserver_build_model.py for end-to-end tests.\n"
-        "Real Qwen vocabulary; meaningless vectors. Not for any other use.\n")
+        "Real Qwen vocabulary; meaningless vectors. Not for any other use.\n"
+    )
 
 
 def verify_tokenizer(out: Path, ranks_path: Path) -> int:
@@ -351,8 +418,11 @@ def verify_sentence_transformers(out: Path) -> dict:
     assert diff <= 1e-5, f"left-padded batch differs from single encodes by {diff}"
     q = model.encode(["what is python"], prompt_name="query", convert_to_numpy=True)
     assert float(np.abs(q[0] - emb[0]).max()) > 1e-3
-    return {"dim": HIDDEN, "pad_vs_single_max_abs_diff": diff,
-            "probe": [round(float(x), 6) for x in emb[0][:4]]}
+    return {
+        "dim": HIDDEN,
+        "pad_vs_single_max_abs_diff": diff,
+        "probe": [round(float(x), 6) for x in emb[0][:4]],
+    }
 
 
 def main() -> None:
@@ -375,8 +445,16 @@ def main() -> None:
 
     n_tokens = verify_tokenizer(out, ranks_path)
     st = verify_sentence_transformers(out)
-    print(json.dumps({"safetensors_sha256": sha, "tokens_checked_vs_tiktoken": n_tokens,
-                      "merges": len(merges), **st}))
+    print(
+        json.dumps(
+            {
+                "safetensors_sha256": sha,
+                "tokens_checked_vs_tiktoken": n_tokens,
+                "merges": len(merges),
+                **st,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -60,18 +60,26 @@ def main() -> None:
     for job in jobs:
         key = job["model"]
         if key not in models:
-            models[key] = SentenceTransformer(paths.get(key, key), device="cpu",
-                                              local_files_only=True)
+            models[key] = SentenceTransformer(
+                paths.get(key, key), device="cpu", local_files_only=True
+            )
         kwargs = {}
         if job.get("prompt_name"):
             kwargs["prompt_name"] = job["prompt_name"]
         vectors = models[key].encode(
-            list(job["texts"]), batch_size=args.batch_size, convert_to_numpy=True,
-            show_progress_bar=False, **kwargs)
+            list(job["texts"]),
+            batch_size=args.batch_size,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+            **kwargs,
+        )
         vectors = np.asarray(vectors, dtype=np.float32)
         np.save(args.out / f"{job['name']}.npy", vectors)
-        summary["jobs"][job["name"]] = {"model": key, "shape": list(vectors.shape),
-                                        "prompt_name": job.get("prompt_name")}
+        summary["jobs"][job["name"]] = {
+            "model": key,
+            "shape": list(vectors.shape),
+            "prompt_name": job.get("prompt_name"),
+        }
     (args.out / "reference.json").write_text(json.dumps(summary, indent=1))
 
 

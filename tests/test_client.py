@@ -486,20 +486,29 @@ def test_every_error_survives_pickling_with_its_attributes() -> None:
     from qwen_embed_plugins import errors
 
     classes = [
-        obj for _, obj in inspect.getmembers(errors, inspect.isclass)
+        obj
+        for _, obj in inspect.getmembers(errors, inspect.isclass)
         if issubclass(obj, q.QwenEmbedError)
     ]
     assert len(classes) >= 20
     for cls in classes:
         params = {  # the keyword arguments of every __init__ along the MRO (**kwargs chains)
-            name for klass in cls.__mro__ if "__init__" in vars(klass)
+            name
+            for klass in cls.__mro__
+            if "__init__" in vars(klass)
             for name in inspect.signature(vars(klass)["__init__"]).parameters
         }
         kwargs = {
             name: value
             for name, value in {
-                "status": 503, "url": "http://127.0.0.1:1/v1", "index": 7, "retry_in": 1.5,
-                "retry_after": 2.0, "request_id": "req-1", "server_message": "busy", "limit": 10,
+                "status": 503,
+                "url": "http://127.0.0.1:1/v1",
+                "index": 7,
+                "retry_in": 1.5,
+                "retry_after": 2.0,
+                "request_id": "req-1",
+                "server_message": "busy",
+                "limit": 10,
             }.items()
             if name in params
         }

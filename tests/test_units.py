@@ -187,9 +187,7 @@ def test_decode_checks_inf_tiny_and_which_bad_row_is_named() -> None:
     inf[3] = np.inf
     zero = np.zeros(8, dtype=np.float32)
     huge = np.full(8, 3e38, dtype=np.float32)  # squares overflow float32, not float64
-    arr, sq = protocol.decode_checked(
-        orjson.loads(_payload([_unit(0), tiny, huge])), [5, 6, 7]
-    )
+    arr, sq = protocol.decode_checked(orjson.loads(_payload([_unit(0), tiny, huge])), [5, 6, 7])
     assert sq[1] > 0.0
     fixed, changed = protocol.normalize_rows(arr, squared_norms=sq)
     assert changed

@@ -110,8 +110,9 @@ class RealServer:
 
 def _http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, method=method,
-                                 headers={"content-type": "application/json"})
+    req = urllib.request.Request(
+        url, data=data, method=method, headers={"content-type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=60) as resp:
             return resp.status, resp.read()
@@ -122,11 +123,17 @@ def _http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[in
 def _script(*args: str, timeout: float) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(SCRIPT), *args],
-        capture_output=True, text=True, timeout=timeout, cwd=str(ROOT), check=False)
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=str(ROOT),
+        check=False,
+    )
 
 
-def _fail(what: str, proc: subprocess.CompletedProcess[str] | None = None,
-          kind: str = "infinity") -> None:
+def _fail(
+    what: str, proc: subprocess.CompletedProcess[str] | None = None, kind: str = "infinity"
+) -> None:
     detail = ""
     if proc is not None:
         detail = f"\n--- exit {proc.returncode}; stderr tail ---\n{proc.stderr[-6000:]}"
@@ -152,8 +159,12 @@ def session_server() -> Callable[..., Iterator[RealServer]]:
 
 
 def session_server_lifecycle(
-    kind: str, url_env: str, start_args: tuple[str, ...], figures: dict[str, Any],
-    options: dict[str, Any] | None = None, setup_timeout: float = SETUP_TIMEOUT_S,
+    kind: str,
+    url_env: str,
+    start_args: tuple[str, ...],
+    figures: dict[str, Any],
+    options: dict[str, Any] | None = None,
+    setup_timeout: float = SETUP_TIMEOUT_S,
 ) -> Iterator[RealServer]:
     """Yield the ``kind`` server: the one at ``$url_env`` if set (left running), else one
     started by ``scripts/realserver.py --server KIND start --port 0 START_ARGS`` and
@@ -174,15 +185,17 @@ def session_server_lifecycle(
         if problem:
             _fail(f"{url_env}={url}: {problem}", kind=kind)
         port = int(re.search(r":(\d+)$", root).group(1)) if re.search(r":(\d+)$", root) else 80
-        yield RealServer(url, root, port, None, None, started_here=False, kind=kind,
-                         options=options)
+        yield RealServer(
+            url, root, port, None, None, started_here=False, kind=kind, options=options
+        )
         return
 
     t0 = time.monotonic()
     server_args = ("--server", kind)
     try:
-        proc = _script(*server_args, "start", "--port", "0", "--json", *start_args,
-                       timeout=setup_timeout)
+        proc = _script(
+            *server_args, "start", "--port", "0", "--json", *start_args, timeout=setup_timeout
+        )
     except subprocess.TimeoutExpired:
         proc = None
     if proc is None:
@@ -194,15 +207,23 @@ def session_server_lifecycle(
     except (ValueError, IndexError):
         state = None
     if not isinstance(state, dict):
-        _fail(f"unexpected output from scripts/realserver.py start: {proc.stdout!r}", proc,
-              kind=kind)
+        _fail(
+            f"unexpected output from scripts/realserver.py start: {proc.stdout!r}", proc, kind=kind
+        )
     figures["server start (s, health wait only)"] = state.get("start_seconds")
     figures["server setup+start (s, as seen by the fixture)"] = round(time.monotonic() - t0, 1)
     if state.get("install_seconds"):
         figures["venv install (s)"] = round(state["install_seconds"], 1)
-    server = RealServer(state["base_url"], state["root_url"], int(state["port"]),
-                        int(state["pid"]), state.get("log"), started_here=True, kind=kind,
-                        options=options)
+    server = RealServer(
+        state["base_url"],
+        state["root_url"],
+        int(state["port"]),
+        int(state["pid"]),
+        state.get("log"),
+        started_here=True,
+        kind=kind,
+        options=options,
+    )
     try:
         yield server
     finally:
@@ -242,8 +263,11 @@ QWEN_DOCS: tuple[str, ...] = (
     "It's we'll they'd I'M YOU'RE don't",
     "<|endoftext|> inside a document",
     _LONG,
-    *(f"Document number {i} talks about topic {i % 7} in {('short', 'longer')[i % 2]} words."
-      + " More text." * (i % 5) for i in range(60)),
+    *(
+        f"Document number {i} talks about topic {i % 7} in {('short', 'longer')[i % 2]} words."
+        + " More text." * (i % 5)
+        for i in range(60)
+    ),
     "hello world",  # duplicate: deduplicated by the client, still at both indexes
     "Café naïve résumé — déjà vu",
 )
@@ -265,36 +289,56 @@ MINILM_DOCS: tuple[str, ...] = (
 # must come first among >= 200 real distractor paragraphs from Python's own reference
 # documentation (pydoc_data.topics, shipped with CPython).
 RETRIEVAL_PAIRS: tuple[tuple[str, str], ...] = (
-    ("Where is the biggest coral reef on Earth located?",
-     "The Great Barrier Reef, off the coast of Queensland in Australia, is the world's "
-     "largest coral reef system, made up of nearly three thousand individual reefs."),
-    ("What makes sourdough taste sour and how is the starter kept alive?",
-     "Sourdough bread is leavened by a starter of wild yeast and lactic acid bacteria, "
-     "which gives the loaf its tangy flavour; the starter is fed flour and water daily."),
-    ("How do plants turn light into food?",
-     "Photosynthesis in green plants converts sunlight, water and carbon dioxide into "
-     "glucose and oxygen inside the chloroplasts of leaf cells."),
-    ("Why is a marathon 42 kilometres long?",
-     "The marathon distance of 42.195 km was fixed at the 1908 London Olympics so that "
-     "the race could start at Windsor Castle and finish in front of the royal box."),
-    ("How does immunization protect people against disease?",
-     "Vaccines train the immune system by exposing it to a harmless piece or weakened "
-     "form of a pathogen, so that memory cells respond quickly to a real infection."),
-    ("Who first reached the summit of the tallest mountain in the world?",
-     "Mount Everest, on the border between Nepal and Tibet, rises 8,849 metres above sea "
-     "level and was first climbed by Edmund Hillary and Tenzing Norgay in 1953."),
-    ("Steps for replacing a punctured car wheel",
-     "To change a flat tyre, loosen the wheel nuts, raise the car with a jack, swap in "
-     "the spare wheel, then tighten the nuts in a star pattern."),
-    ("How do bees tell each other where to find nectar?",
-     "Honey bees communicate the direction and distance of flowers to their hive mates "
-     "with the waggle dance, a figure-of-eight movement performed on the comb."),
-    ("When did the uprising that toppled the French king start?",
-     "The French Revolution began in 1789 with the storming of the Bastille, overthrew "
-     "the monarchy and led to the execution of King Louis XVI in 1793."),
-    ("What do banks look at to judge whether I will pay back a loan?",
-     "A credit score summarises how reliably a person has repaid loans and credit cards; "
-     "lenders use it to decide whether to lend and at what interest rate."),
+    (
+        "Where is the biggest coral reef on Earth located?",
+        "The Great Barrier Reef, off the coast of Queensland in Australia, is the world's "
+        "largest coral reef system, made up of nearly three thousand individual reefs.",
+    ),
+    (
+        "What makes sourdough taste sour and how is the starter kept alive?",
+        "Sourdough bread is leavened by a starter of wild yeast and lactic acid bacteria, "
+        "which gives the loaf its tangy flavour; the starter is fed flour and water daily.",
+    ),
+    (
+        "How do plants turn light into food?",
+        "Photosynthesis in green plants converts sunlight, water and carbon dioxide into "
+        "glucose and oxygen inside the chloroplasts of leaf cells.",
+    ),
+    (
+        "Why is a marathon 42 kilometres long?",
+        "The marathon distance of 42.195 km was fixed at the 1908 London Olympics so that "
+        "the race could start at Windsor Castle and finish in front of the royal box.",
+    ),
+    (
+        "How does immunization protect people against disease?",
+        "Vaccines train the immune system by exposing it to a harmless piece or weakened "
+        "form of a pathogen, so that memory cells respond quickly to a real infection.",
+    ),
+    (
+        "Who first reached the summit of the tallest mountain in the world?",
+        "Mount Everest, on the border between Nepal and Tibet, rises 8,849 metres above sea "
+        "level and was first climbed by Edmund Hillary and Tenzing Norgay in 1953.",
+    ),
+    (
+        "Steps for replacing a punctured car wheel",
+        "To change a flat tyre, loosen the wheel nuts, raise the car with a jack, swap in "
+        "the spare wheel, then tighten the nuts in a star pattern.",
+    ),
+    (
+        "How do bees tell each other where to find nectar?",
+        "Honey bees communicate the direction and distance of flowers to their hive mates "
+        "with the waggle dance, a figure-of-eight movement performed on the comb.",
+    ),
+    (
+        "When did the uprising that toppled the French king start?",
+        "The French Revolution began in 1789 with the storming of the Bastille, overthrew "
+        "the monarchy and led to the execution of King Louis XVI in 1793.",
+    ),
+    (
+        "What do banks look at to judge whether I will pay back a loan?",
+        "A credit score summarises how reliably a person has repaid loans and credit cards; "
+        "lenders use it to decide whether to lend and at what interest rate.",
+    ),
 )
 
 
@@ -334,26 +378,30 @@ def reference(realserver: RealServer, corpus: dict[str, Any]) -> dict[str, np.nd
     Keys: ``qwen_docs`` (``encode(docs)``), ``qwen_queries``
     (``encode(queries, prompt_name="query")``), ``minilm_docs``, ``minilm_queries``.
     """
-    jobs = {"jobs": [
-        {"name": "qwen_docs", "model": "qwen", "texts": corpus["qwen_docs"]},
-        {"name": "qwen_queries", "model": "qwen", "texts": corpus["qwen_queries"],
-         "prompt_name": "query"},
-        {"name": "minilm_docs", "model": "minilm", "texts": corpus["minilm_docs"]},
-    ]}
+    jobs = {
+        "jobs": [
+            {"name": "qwen_docs", "model": "qwen", "texts": corpus["qwen_docs"]},
+            {
+                "name": "qwen_queries",
+                "model": "qwen",
+                "texts": corpus["qwen_queries"],
+                "prompt_name": "query",
+            },
+            {"name": "minilm_docs", "model": "minilm", "texts": corpus["minilm_docs"]},
+        ]
+    }
     with tempfile.TemporaryDirectory(prefix="qwen-embed-ref-") as tmp:
         path = Path(tmp) / "jobs.json"
         path.write_text(json.dumps(jobs, ensure_ascii=False), encoding="utf-8")
         try:
-            proc = _script("reference", "--input", str(path), "--out", tmp,
-                           timeout=SETUP_TIMEOUT_S)
+            proc = _script("reference", "--input", str(path), "--out", tmp, timeout=SETUP_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc = None
         if proc is None:
             _fail("scripts/realserver.py reference timed out")
         if proc.returncode != 0:
             _fail("scripts/realserver.py reference failed", proc)
-        return {job["name"]: np.load(Path(tmp) / f"{job['name']}.npy")
-                for job in jobs["jobs"]}
+        return {job["name"]: np.load(Path(tmp) / f"{job['name']}.npy") for job in jobs["jobs"]}
 
 
 # --------------------------------------------------------------------------- sockets

@@ -73,8 +73,9 @@ def qwen_config(realserver: Any, **kw: Any) -> q.EmbeddingConfig:
 
 
 def minilm_config(realserver: Any, **kw: Any) -> q.EmbeddingConfig:
-    return q.EmbeddingConfig(base_url=realserver.base_url, model=MINILM,
-                             query_instruction=None, **kw)
+    return q.EmbeddingConfig(
+        base_url=realserver.base_url, model=MINILM, query_instruction=None, **kw
+    )
 
 
 # --------------------------------------------------------------------------- premises
@@ -92,11 +93,12 @@ def test_server_is_up_with_both_models(realserver: Any) -> None:
 def test_infinity_slices_dimensions_without_renormalising(realserver: Any) -> None:
     """The premise of the client's renormalisation: the raw server answer is NOT unit."""
     status, full = realserver.post_embeddings(
-        {"model": QWEN, "input": ["hello world"], "encoding_format": "float"})
+        {"model": QWEN, "input": ["hello world"], "encoding_format": "float"}
+    )
     assert status == 200
     status, cut = realserver.post_embeddings(
-        {"model": QWEN, "input": ["hello world"], "encoding_format": "float",
-         "dimensions": 32})
+        {"model": QWEN, "input": ["hello world"], "encoding_format": "float", "dimensions": 32}
+    )
     assert status == 200
     v_full = np.asarray(full["data"][0]["embedding"], dtype=np.float32)
     v_cut = np.asarray(cut["data"][0]["embedding"], dtype=np.float32)
@@ -111,8 +113,8 @@ def test_infinity_strips_surrounding_whitespace(realserver: Any) -> None:
     """Infinity strips leading/trailing whitespace from each input (pydantic
     ``strip_whitespace=True``): documented, and the reason the parity texts have none."""
     status, a = realserver.post_embeddings(
-        {"model": QWEN, "input": ["hello world", "  hello world \n"],
-         "encoding_format": "float"})
+        {"model": QWEN, "input": ["hello world", "  hello world \n"], "encoding_format": "float"}
+    )
     assert status == 200
     assert a["data"][0]["embedding"] == a["data"][1]["embedding"]
 
@@ -122,8 +124,11 @@ def test_infinity_strips_surrounding_whitespace(realserver: Any) -> None:
 
 @pytest.mark.parametrize("use_sdk", [False, True], ids=["codec", "sdk"])
 def test_parity_documents_and_queries_sync(
-    realserver: Any, reference: dict[str, np.ndarray], corpus: dict[str, Any],
-    figures: dict[str, Any], use_sdk: bool,
+    realserver: Any,
+    reference: dict[str, np.ndarray],
+    corpus: dict[str, Any],
+    figures: dict[str, Any],
+    use_sdk: bool,
 ) -> None:
     client = q.EmbeddingClient(qwen_config(realserver, use_sdk=use_sdk))
     docs = client.embed_documents(corpus["qwen_docs"])
@@ -134,8 +139,11 @@ def test_parity_documents_and_queries_sync(
     d_queries = max_abs(queries, reference["qwen_queries"])
     many = client.embed_queries(corpus["qwen_queries"])
     d_many = max_abs(many, reference["qwen_queries"])
-    record_parity(figures, f"tiny Qwen3 EmbeddingClient[{'sdk' if use_sdk else 'codec'}] "
-                  "docs/query", max(d_docs, d_queries, d_many))
+    record_parity(
+        figures,
+        f"tiny Qwen3 EmbeddingClient[{'sdk' if use_sdk else 'codec'}] docs/query",
+        max(d_docs, d_queries, d_many),
+    )
     assert d_docs <= TOLERANCE
     assert d_queries <= TOLERANCE
     assert d_many <= TOLERANCE
@@ -144,7 +152,9 @@ def test_parity_documents_and_queries_sync(
 
 
 async def test_parity_documents_and_queries_async(
-    realserver: Any, reference: dict[str, np.ndarray], corpus: dict[str, Any],
+    realserver: Any,
+    reference: dict[str, np.ndarray],
+    corpus: dict[str, Any],
     figures: dict[str, Any],
 ) -> None:
     client = q.AsyncEmbeddingClient(qwen_config(realserver))
@@ -152,14 +162,15 @@ async def test_parity_documents_and_queries_async(
     queries = await asyncio.gather(*(client.embed_query(t) for t in corpus["qwen_queries"]))
     d_docs = max_abs(docs, reference["qwen_docs"])
     d_queries = max_abs(queries, reference["qwen_queries"])
-    record_parity(figures, "tiny Qwen3 AsyncEmbeddingClient docs/query",
-                  max(d_docs, d_queries))
+    record_parity(figures, "tiny Qwen3 AsyncEmbeddingClient docs/query", max(d_docs, d_queries))
     assert d_docs <= TOLERANCE
     assert d_queries <= TOLERANCE
 
 
 def test_parity_minilm(
-    realserver: Any, reference: dict[str, np.ndarray], corpus: dict[str, Any],
+    realserver: Any,
+    reference: dict[str, np.ndarray],
+    corpus: dict[str, Any],
     figures: dict[str, Any],
 ) -> None:
     client = q.EmbeddingClient(minilm_config(realserver))
@@ -167,8 +178,9 @@ def test_parity_minilm(
     assert docs.shape == (len(corpus["minilm_docs"]), MINILM_DIM)
     d_docs = max_abs(docs, reference["minilm_docs"])
     # query_instruction=None: a query is sent raw, so it equals the document vector
-    d_query = max_abs(client.embed_query_array(corpus["minilm_docs"][0]),
-                      reference["minilm_docs"][0])
+    d_query = max_abs(
+        client.embed_query_array(corpus["minilm_docs"][0]), reference["minilm_docs"][0]
+    )
     record_parity(figures, "MiniLM EmbeddingClient docs/query", max(d_docs, d_query))
     assert d_docs <= TOLERANCE
     assert d_query <= TOLERANCE
@@ -182,14 +194,24 @@ def test_parity_minilm(
 
 @pytest.mark.parametrize("model", [QWEN, MINILM])
 def test_base64_and_float_identical(
-    realserver: Any, corpus: dict[str, Any], model: str,
+    realserver: Any,
+    corpus: dict[str, Any],
+    model: str,
 ) -> None:
     texts = corpus["qwen_docs"][:20]
     instruction = q.DEFAULT_QUERY_TASK if model == QWEN else None
-    b64 = q.EmbeddingClient(base_url=realserver.base_url, model=model,
-                            encoding_format="base64", query_instruction=instruction)
-    flt = q.EmbeddingClient(base_url=realserver.base_url, model=model,
-                            encoding_format="float", query_instruction=instruction)
+    b64 = q.EmbeddingClient(
+        base_url=realserver.base_url,
+        model=model,
+        encoding_format="base64",
+        query_instruction=instruction,
+    )
+    flt = q.EmbeddingClient(
+        base_url=realserver.base_url,
+        model=model,
+        encoding_format="float",
+        query_instruction=instruction,
+    )
     a = b64.embed_documents_array(texts)
     b = flt.embed_documents_array(texts)
     assert a.dtype == np.float32
@@ -197,9 +219,11 @@ def test_base64_and_float_identical(
     np.testing.assert_array_equal(a, b)
     # and on the wire: Infinity's base64 is little-endian float32, bit-identical
     _, raw_b = realserver.post_embeddings(
-        {"model": model, "input": texts[:3], "encoding_format": "base64"})
+        {"model": model, "input": texts[:3], "encoding_format": "base64"}
+    )
     _, raw_f = realserver.post_embeddings(
-        {"model": model, "input": texts[:3], "encoding_format": "float"})
+        {"model": model, "input": texts[:3], "encoding_format": "float"}
+    )
     for rb, rf in zip(raw_b["data"], raw_f["data"], strict=True):
         decoded = np.frombuffer(base64.b64decode(rb["embedding"]), dtype="<f4")
         np.testing.assert_array_equal(decoded, np.asarray(rf["embedding"], dtype=np.float32))
@@ -207,8 +231,11 @@ def test_base64_and_float_identical(
 
 @pytest.mark.parametrize("dims", [32, 48])
 def test_dimensions_come_back_unit_length(
-    realserver: Any, reference: dict[str, np.ndarray], corpus: dict[str, Any],
-    figures: dict[str, Any], dims: int,
+    realserver: Any,
+    reference: dict[str, np.ndarray],
+    corpus: dict[str, Any],
+    figures: dict[str, Any],
+    dims: int,
 ) -> None:
     client = q.EmbeddingClient(qwen_config(realserver, dimensions=dims))
     got = client.embed_documents_array(corpus["qwen_docs"])
@@ -252,13 +279,14 @@ def test_idle_past_server_keepalive_default_limits(realserver: Any, tcp_count: A
 
 
 def test_idle_past_server_keepalive_long_client_expiry(
-    realserver: Any, tcp_count: Any, figures: dict[str, Any],
+    realserver: Any,
+    tcp_count: Any,
+    figures: dict[str, Any],
 ) -> None:
     """A client keeping idle sockets longer (30 s) than the server (5 s) — the classic
     "Server disconnected without sending a response" set-up — still gets no error: the
     closed socket is either detected and replaced, or the request is resent once."""
-    client = q.EmbeddingClient(qwen_config(
-        realserver, limits=q.Limits(keepalive_expiry=30.0)))
+    client = q.EmbeddingClient(qwen_config(realserver, limits=q.Limits(keepalive_expiry=30.0)))
     client.embed_documents(["before the pause"])
     before = endpoint_row(realserver.base_url)
     time.sleep(SERVER_KEEPALIVE_S + 1.0)
@@ -277,8 +305,9 @@ def test_idle_past_server_keepalive_long_client_expiry(
 async def test_idle_past_server_keepalive_async(realserver: Any, tcp_count: Any) -> None:
     """The same on the async pool, with the default and a too-long keep-alive expiry."""
     for expiry in (4.0, 30.0):
-        client = q.AsyncEmbeddingClient(qwen_config(
-            realserver, limits=q.Limits(keepalive_expiry=expiry)))
+        client = q.AsyncEmbeddingClient(
+            qwen_config(realserver, limits=q.Limits(keepalive_expiry=expiry))
+        )
         await client.embed_documents(["before the pause"])
         before = endpoint_row(realserver.base_url)
         await asyncio.sleep(SERVER_KEEPALIVE_S + 1.0)
@@ -293,7 +322,8 @@ async def test_idle_past_server_keepalive_async(realserver: Any, tcp_count: Any)
 
 
 def test_fastapi_422_becomes_bad_request_with_server_message(
-    realserver: Any, figures: dict[str, Any],
+    realserver: Any,
+    figures: dict[str, Any],
 ) -> None:
     """Infinity caps each input at 122,880 characters (8192 * 15) by validation: a
     longer text passes the client's own 262,144-character check and gets FastAPI's 422
@@ -303,8 +333,7 @@ def test_fastapi_422_becomes_bad_request_with_server_message(
     with pytest.raises(q.BadRequestError) as info:
         client.embed_documents(["ok", "word " * 26_000])
     exc = info.value
-    figures["Infinity 422 (text > 122880 chars) ->"] = (
-        f"{type(exc).__name__}: {exc.message[:120]}")
+    figures["Infinity 422 (text > 122880 chars) ->"] = f"{type(exc).__name__}: {exc.message[:120]}"
     assert exc.status == 422
     assert "at most 122880 characters" in exc.message
     assert "at most 122880 characters" in str(exc)
@@ -321,7 +350,8 @@ def test_unknown_model_400_with_server_message(realserver: Any, flavour: str) ->
         call = lambda: q.EmbeddingClient(cfg).embed_documents(["hello"])  # noqa: E731
     else:
         call = lambda: asyncio.run(  # noqa: E731
-            q.AsyncEmbeddingClient(cfg).embed_documents(["hello"]))
+            q.AsyncEmbeddingClient(cfg).embed_documents(["hello"])
+        )
     before = endpoint_row(realserver.base_url)
     with pytest.raises(q.BadRequestError) as info:
         call()
@@ -350,12 +380,15 @@ def _peak_sampler(count: Callable[[], int]) -> tuple[threading.Event, list[int]]
     return stop, peak
 
 
-TEXTS_5000 = [f"text {i}: a sentence about item {i * 7919 % 5000} for the pool test"
-              for i in range(5000)]
+TEXTS_5000 = [
+    f"text {i}: a sentence about item {i * 7919 % 5000} for the pool test" for i in range(5000)
+]
 
 
 def test_20_clients_5000_texts_threads_stay_within_pool_limit(
-    realserver: Any, tcp_count: Any, figures: dict[str, Any],
+    realserver: Any,
+    tcp_count: Any,
+    figures: dict[str, Any],
 ) -> None:
     cfg = qwen_config(realserver)  # default Limits: max_connections=20
     limit = cfg.limits.max_connections
@@ -376,7 +409,8 @@ def test_20_clients_5000_texts_threads_stay_within_pool_limit(
     d = delta(before, endpoint_row(realserver.base_url))
     figures["20 sync clients x 250 texts (threads)"] = (
         f"{seconds:.1f} s, connections_opened {d['connections_opened']} (limit {limit}), "
-        f"peak ESTABLISHED {peak[0]}, requests {d['requests']}")
+        f"peak ESTABLISHED {peak[0]}, requests {d['requests']}"
+    )
     assert all(r.shape == (250, QWEN_DIM) for r in results)
     assert 1 <= d["connections_opened"] <= limit
     assert peak[0] <= limit
@@ -385,11 +419,14 @@ def test_20_clients_5000_texts_threads_stay_within_pool_limit(
 
 
 async def test_20_async_clients_5000_texts_stay_within_small_pool_limit(
-    realserver: Any, tcp_count: Any, figures: dict[str, Any],
+    realserver: Any,
+    tcp_count: Any,
+    figures: dict[str, Any],
 ) -> None:
     limit = 6
-    cfg = qwen_config(realserver, limits=q.Limits(max_connections=limit,
-                                                  max_keepalive_connections=limit))
+    cfg = qwen_config(
+        realserver, limits=q.Limits(max_connections=limit, max_keepalive_connections=limit)
+    )
     clients = [q.AsyncEmbeddingClient(cfg) for _ in range(20)]
     chunks = [TEXTS_5000[i::20] for i in range(20)]
     before = endpoint_row(realserver.base_url)
@@ -397,14 +434,16 @@ async def test_20_async_clients_5000_texts_stay_within_small_pool_limit(
     t0 = time.monotonic()
     try:
         results = await asyncio.gather(
-            *(c.embed_documents_array(t) for c, t in zip(clients, chunks, strict=True)))
+            *(c.embed_documents_array(t) for c, t in zip(clients, chunks, strict=True))
+        )
     finally:
         stop.set()
     seconds = time.monotonic() - t0
     d = delta(before, endpoint_row(realserver.base_url))
     figures["20 async clients x 250 texts (one loop)"] = (
         f"{seconds:.1f} s, connections_opened {d['connections_opened']} (limit {limit}), "
-        f"peak ESTABLISHED {peak[0]}")
+        f"peak ESTABLISHED {peak[0]}"
+    )
     assert all(r.shape == (250, QWEN_DIM) for r in results)
     assert 1 <= d["connections_opened"] <= limit
     assert peak[0] <= limit
@@ -432,13 +471,16 @@ def llama_index_embedding(realserver: Any, model: str = QWEN, **kw: Any) -> Any:
 
 
 def test_parity_langchain(
-    realserver: Any, reference: dict[str, np.ndarray], corpus: dict[str, Any],
+    realserver: Any,
+    reference: dict[str, np.ndarray],
+    corpus: dict[str, Any],
     figures: dict[str, Any],
 ) -> None:
     emb = langchain_embeddings(realserver)
     d_docs = max_abs(emb.embed_documents(corpus["qwen_docs"]), reference["qwen_docs"])
-    d_query = max_abs([emb.embed_query(t) for t in corpus["qwen_queries"]],
-                      reference["qwen_queries"])
+    d_query = max_abs(
+        [emb.embed_query(t) for t in corpus["qwen_queries"]], reference["qwen_queries"]
+    )
 
     async def both() -> tuple[Any, Any]:
         docs = await emb.aembed_documents(corpus["qwen_docs"])
@@ -448,26 +490,30 @@ def test_parity_langchain(
     adocs, aqueries = asyncio.run(both())
     d_adocs = max_abs(adocs, reference["qwen_docs"])
     d_aquery = max_abs(aqueries, reference["qwen_queries"])
-    record_parity(figures, "tiny Qwen3 LangChain embed_documents/embed_query (+async)",
-                  max(d_docs, d_query, d_adocs, d_aquery))
+    record_parity(
+        figures,
+        "tiny Qwen3 LangChain embed_documents/embed_query (+async)",
+        max(d_docs, d_query, d_adocs, d_aquery),
+    )
     assert max(d_docs, d_query, d_adocs, d_aquery) <= TOLERANCE
 
 
 def test_parity_llama_index(
-    realserver: Any, reference: dict[str, np.ndarray], corpus: dict[str, Any],
+    realserver: Any,
+    reference: dict[str, np.ndarray],
+    corpus: dict[str, Any],
     figures: dict[str, Any],
 ) -> None:
     emb = llama_index_embedding(realserver)
-    d_docs = max_abs(emb.get_text_embedding_batch(corpus["qwen_docs"]),
-                     reference["qwen_docs"])
+    d_docs = max_abs(emb.get_text_embedding_batch(corpus["qwen_docs"]), reference["qwen_docs"])
     d_one = max_abs(emb.get_text_embedding(corpus["qwen_docs"][1]), reference["qwen_docs"][1])
-    d_query = max_abs([emb.get_query_embedding(t) for t in corpus["qwen_queries"]],
-                      reference["qwen_queries"])
+    d_query = max_abs(
+        [emb.get_query_embedding(t) for t in corpus["qwen_queries"]], reference["qwen_queries"]
+    )
 
     async def both() -> tuple[Any, Any]:
         docs = await emb.aget_text_embedding_batch(corpus["qwen_docs"])
-        qs = await asyncio.gather(*(emb.aget_query_embedding(t)
-                                    for t in corpus["qwen_queries"]))
+        qs = await asyncio.gather(*(emb.aget_query_embedding(t) for t in corpus["qwen_queries"]))
         return docs, qs
 
     adocs, aqueries = asyncio.run(both())
@@ -492,7 +538,9 @@ def _retrieval_corpus(corpus: dict[str, Any]) -> tuple[list[str], list[str], lis
 
 
 def test_retrieval_langchain_in_memory_vector_store(
-    realserver: Any, corpus: dict[str, Any], figures: dict[str, Any],
+    realserver: Any,
+    corpus: dict[str, Any],
+    figures: dict[str, Any],
 ) -> None:
     from langchain_core.vectorstores import InMemoryVectorStore
 
@@ -500,7 +548,8 @@ def test_retrieval_langchain_in_memory_vector_store(
     assert len(passages) >= 210
     emb = langchain_embeddings(realserver, MINILM)
     store = InMemoryVectorStore.from_texts(
-        passages, embedding=emb, ids=[f"p{i}" for i in range(len(passages))])
+        passages, embedding=emb, ids=[f"p{i}" for i in range(len(passages))]
+    )
     retriever = store.as_retriever(search_kwargs={"k": 3})
     hits = 0
     for query, answer in zip(queries, answers, strict=True):
@@ -514,13 +563,16 @@ def test_retrieval_langchain_in_memory_vector_store(
     async_hits = asyncio.run(ahits())
     figures["retrieval hit rate @1, LangChain InMemoryVectorStore (MiniLM)"] = (
         f"{hits}/{len(queries)} sync, {async_hits}/{len(queries)} async, "
-        f"among {len(passages)} passages")
+        f"among {len(passages)} passages"
+    )
     assert hits == len(queries)
     assert async_hits == len(queries)
 
 
 def test_retrieval_llama_index_vector_store_index(
-    realserver: Any, corpus: dict[str, Any], figures: dict[str, Any],
+    realserver: Any,
+    corpus: dict[str, Any],
+    figures: dict[str, Any],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import llama_index.core
@@ -536,7 +588,8 @@ def test_retrieval_llama_index_vector_store_index(
     Settings.embed_model = llama_index_embedding(realserver, MINILM)
     try:
         index = VectorStoreIndex.from_documents(
-            [Document(text=p, id_=f"p{i}") for i, p in enumerate(passages)])
+            [Document(text=p, id_=f"p{i}") for i, p in enumerate(passages)]
+        )
         retriever = index.as_retriever(similarity_top_k=3)
         hits = 0
         for query, answer in zip(queries, answers, strict=True):
@@ -545,21 +598,23 @@ def test_retrieval_llama_index_vector_store_index(
 
         async def ahits() -> int:
             found = await asyncio.gather(*(retriever.aretrieve(qq) for qq in queries))
-            return sum(f[0].node.ref_doc_id == f"p{a}"
-                       for f, a in zip(found, answers, strict=True))
+            return sum(f[0].node.ref_doc_id == f"p{a}" for f, a in zip(found, answers, strict=True))
 
         async_hits = asyncio.run(ahits())
     finally:
         Settings._embed_model = previous
     figures["retrieval hit rate @1, LlamaIndex VectorStoreIndex (MiniLM)"] = (
         f"{hits}/{len(queries)} sync, {async_hits}/{len(queries)} async, "
-        f"among {len(passages)} passages")
+        f"among {len(passages)} passages"
+    )
     assert hits == len(queries)
     assert async_hits == len(queries)
 
 
 def test_20_langchain_instances_5000_texts_within_pool_limit(
-    realserver: Any, tcp_count: Any, figures: dict[str, Any],
+    realserver: Any,
+    tcp_count: Any,
+    figures: dict[str, Any],
 ) -> None:
     """20 LangChain instances for one endpoint share one pool: 5,000 texts from 20 threads,
     then 5,000 through ``aembed_documents`` on one event loop, each phase within the
@@ -575,8 +630,11 @@ def test_20_langchain_instances_5000_texts_within_pool_limit(
             return list(ex.map(lambda e, t: e.embed_documents(t), instances, chunks))
 
     async def async_phase() -> list[Any]:
-        return list(await asyncio.gather(
-            *(e.aembed_documents(t) for e, t in zip(instances, chunks, strict=True))))
+        return list(
+            await asyncio.gather(
+                *(e.aembed_documents(t) for e, t in zip(instances, chunks, strict=True))
+            )
+        )
 
     report = []
     for name, phase in (("sync", sync_phase), ("async", lambda: asyncio.run(async_phase()))):
@@ -590,8 +648,9 @@ def test_20_langchain_instances_5000_texts_within_pool_limit(
         finally:
             stop.set()
         d = delta(before, endpoint_row(realserver.base_url))
-        report.append(f"{name}: connections_opened {d['connections_opened']}, "
-                      f"peak ESTABLISHED {peak[0]}")
+        report.append(
+            f"{name}: connections_opened {d['connections_opened']}, peak ESTABLISHED {peak[0]}"
+        )
         assert all(len(r) == 250 for r in results)
         assert d["texts"] == 5000
         assert 1 <= d["connections_opened"] <= limit, (name, d, peak[0])
@@ -600,19 +659,25 @@ def test_20_langchain_instances_5000_texts_within_pool_limit(
 
 
 def test_20_llama_index_instances_5000_texts_within_pool_limit(
-    realserver: Any, tcp_count: Any, figures: dict[str, Any],
+    realserver: Any,
+    tcp_count: Any,
+    figures: dict[str, Any],
 ) -> None:
     limit = 6
-    instances = [llama_index_embedding(
-        realserver, limits=q.Limits(max_connections=limit, max_keepalive_connections=limit))
-        for _ in range(20)]
+    instances = [
+        llama_index_embedding(
+            realserver, limits=q.Limits(max_connections=limit, max_keepalive_connections=limit)
+        )
+        for _ in range(20)
+    ]
     chunks = [TEXTS_5000[i::20] for i in range(20)]
     before = endpoint_row(realserver.base_url)
     stop, peak = _peak_sampler(lambda: tcp_count(realserver.port))
 
     async def run_async() -> list[Any]:
         return await asyncio.gather(
-            *(e.aget_text_embedding_batch(t) for e, t in zip(instances, chunks, strict=True)))
+            *(e.aget_text_embedding_batch(t) for e, t in zip(instances, chunks, strict=True))
+        )
 
     try:
         results = asyncio.run(run_async())
@@ -620,9 +685,8 @@ def test_20_llama_index_instances_5000_texts_within_pool_limit(
         stop.set()
     d = delta(before, endpoint_row(realserver.base_url))
     figures["20 LlamaIndex instances x 250 texts, async (LlamaIndex fires all batches)"] = (
-        f"connections_opened {d['connections_opened']} (limit {limit}), "
-        f"peak ESTABLISHED {peak[0]}")
+        f"connections_opened {d['connections_opened']} (limit {limit}), peak ESTABLISHED {peak[0]}"
+    )
     assert all(len(r) == 250 for r in results)
     assert 1 <= d["connections_opened"] <= limit
     assert peak[0] <= limit
-

@@ -82,5 +82,10 @@ def realserver(session_server: Callable[..., Iterator[Any]]) -> Iterator[Any]:
     matryoshka = matryoshka_enabled()
     FIGURES["matryoshka override (--hf-overrides is_matryoshka)"] = matryoshka
     yield from session_server(
-        "vllm", "QWEN_EMBED_VLLM_URL", ("--matryoshka",) if matryoshka else (), FIGURES,
-        options={"matryoshka": matryoshka}, setup_timeout=SETUP_TIMEOUT_S)
+        "vllm",
+        "QWEN_EMBED_VLLM_URL",
+        ("--matryoshka",) if matryoshka else (),
+        FIGURES,
+        options={"matryoshka": matryoshka},
+        setup_timeout=SETUP_TIMEOUT_S,
+    )

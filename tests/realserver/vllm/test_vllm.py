@@ -61,7 +61,8 @@ def test_vllm_serves_one_model(realserver: Any) -> None:
 
 
 def test_vllm_dimensions_premise(
-    realserver: Any, figures: dict[str, Any],
+    realserver: Any,
+    figures: dict[str, Any],
 ) -> None:
     """Without ``--hf-overrides '{"is_matryoshka": true}'`` vLLM refuses ``dimensions`` with
     a 400 whose message the client recognises (it then slices and renormalises itself);
@@ -82,7 +83,8 @@ def test_vllm_dimensions_premise(
         diff = float(np.abs(v_cut - renormalised).max())
         figures["dimensions=32 with matryoshka override"] = (
             f"200; norm of the server's vector {norm:.6f}; "
-            f"max |server - renormalised slice| {diff:.3g}")
+            f"max |server - renormalised slice| {diff:.3g}"
+        )
         # unlike Infinity, vLLM renormalises the slice itself
         assert abs(norm - 1.0) < 1e-5
         assert diff <= base.TOLERANCE
@@ -107,14 +109,16 @@ def test_vllm_dimensions_premise(
 def test_vllm_keeps_surrounding_whitespace(realserver: Any) -> None:
     """Unlike Infinity, vLLM embeds the text as sent: surrounding whitespace counts."""
     status, a = realserver.post_embeddings(
-        {"model": QWEN, "input": ["hello world", "  hello world \n"],
-         "encoding_format": "float"})
+        {"model": QWEN, "input": ["hello world", "  hello world \n"], "encoding_format": "float"}
+    )
     assert status == 200
     assert a["data"][0]["embedding"] != a["data"][1]["embedding"]
 
 
 def test_base64_and_float_identical(
-    realserver: Any, corpus: dict[str, Any], figures: dict[str, Any],
+    realserver: Any,
+    corpus: dict[str, Any],
+    figures: dict[str, Any],
 ) -> None:
     """The Infinity test, for the one model vLLM serves, after one warm-up request.
 
@@ -135,7 +139,8 @@ def test_base64_and_float_identical(
 
 def test_vllm_usage_counts_tokens_with_the_appended_eos(realserver: Any) -> None:
     status, body = realserver.post_embeddings(
-        {"model": QWEN, "input": ["hello world"], "encoding_format": "float"})
+        {"model": QWEN, "input": ["hello world"], "encoding_format": "float"}
+    )
     assert status == 200
     # "hello" " world" + <|endoftext|> appended by the tokenizer's post-processor
     assert body["usage"]["prompt_tokens"] == 3
@@ -145,7 +150,8 @@ def test_vllm_usage_counts_tokens_with_the_appended_eos(realserver: Any) -> None
 
 
 def test_vllm_context_length_400_becomes_context_length_error(
-    realserver: Any, figures: dict[str, Any],
+    realserver: Any,
+    figures: dict[str, Any],
 ) -> None:
     """A text over ``--max-model-len`` tokens (but under the client's own character cap)
     gets vLLM's 400 naming the context length: ``ContextLengthError``, not retried."""
@@ -159,8 +165,7 @@ def test_vllm_context_length_400_becomes_context_length_error(
     with pytest.raises(q.ContextLengthError) as info:
         client.embed_documents(["ok", long_text])
     exc = info.value
-    figures["vLLM 400 (text > max-model-len) ->"] = (
-        f"{type(exc).__name__}: {exc.message[:160]}")
+    figures["vLLM 400 (text > max-model-len) ->"] = f"{type(exc).__name__}: {exc.message[:160]}"
     assert exc.status == 400
     assert str(MAX_MODEL_LEN) in exc.message
     assert exc.message == raw_message
@@ -177,7 +182,8 @@ def test_vllm_unknown_model_404_becomes_not_found(realserver: Any, flavour: str)
         call = lambda: q.EmbeddingClient(cfg).embed_documents(["hello"])  # noqa: E731
     else:
         call = lambda: asyncio.run(  # noqa: E731
-            q.AsyncEmbeddingClient(cfg).embed_documents(["hello"]))
+            q.AsyncEmbeddingClient(cfg).embed_documents(["hello"])
+        )
     before = endpoint_row(realserver.base_url)
     with pytest.raises(q.NotFoundError) as info:
         call()
@@ -208,15 +214,20 @@ test_dimensions_come_back_unit_length = base.test_dimensions_come_back_unit_leng
 test_dimensions_async = base.test_dimensions_async
 test_idle_past_server_keepalive_default_limits = base.test_idle_past_server_keepalive_default_limits
 test_idle_past_server_keepalive_long_client_expiry = (
-    base.test_idle_past_server_keepalive_long_client_expiry)
+    base.test_idle_past_server_keepalive_long_client_expiry
+)
 test_idle_past_server_keepalive_async = base.test_idle_past_server_keepalive_async
 test_20_clients_5000_texts_threads_stay_within_pool_limit = (
-    base.test_20_clients_5000_texts_threads_stay_within_pool_limit)
+    base.test_20_clients_5000_texts_threads_stay_within_pool_limit
+)
 test_20_async_clients_5000_texts_stay_within_small_pool_limit = (
-    base.test_20_async_clients_5000_texts_stay_within_small_pool_limit)
+    base.test_20_async_clients_5000_texts_stay_within_small_pool_limit
+)
 test_parity_langchain = base.test_parity_langchain
 test_parity_llama_index = base.test_parity_llama_index
 test_20_langchain_instances_5000_texts_within_pool_limit = (
-    base.test_20_langchain_instances_5000_texts_within_pool_limit)
+    base.test_20_langchain_instances_5000_texts_within_pool_limit
+)
 test_20_llama_index_instances_5000_texts_within_pool_limit = (
-    base.test_20_llama_index_instances_5000_texts_within_pool_limit)
+    base.test_20_llama_index_instances_5000_texts_within_pool_limit
+)
