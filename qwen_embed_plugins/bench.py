@@ -335,7 +335,7 @@ def discover_models(
     """Model ids listed by ``GET {base_url}/models`` (empty if the server has none).
 
     Raises:
-        QwenEmbedError (``TransportError`` or ``ServerError``): the request failed.
+        QwenEmbedError (``TransportError`` or ``HTTPStatusError``): the request failed.
     """
     with httpx.Client(verify=_ssl_context(verify), timeout=timeout) as client:
         try:

@@ -41,7 +41,7 @@ from .errors import (
     ReadTimeout,
     RemoteProtocolError,
     ResponseError,
-    ServerError,
+    HTTPStatusError,
     TransportError,
     WriteTimeout,
     error_from_response,
@@ -416,7 +416,7 @@ class _ClientBase:
             return NetworkError(f"connection to {label} broke: {text}", url=label)
         return TransportError(f"request to {label} failed: {text}", url=label)
 
-    def _status_error(self, status: int, body: bytes, headers: Any) -> ServerError:
+    def _status_error(self, status: int, body: bytes, headers: Any) -> HTTPStatusError:
         error = error_from_response(
             status,
             body,
@@ -465,7 +465,7 @@ class _ClientBase:
         return error
 
     def _response_body(self, response: Any) -> bytes:
-        """The body of a 2xx response; an error status raises the mapped ``ServerError``."""
+        """The body of a 2xx response; an error status raises the mapped ``HTTPStatusError``."""
         status: int = response.status_code
         if status >= 400:
             raise self._status_error(status, response.content, response.headers)
@@ -545,7 +545,7 @@ class EmbeddingClient(_ClientBase):
 
         Raises:
             InputError: invalid input (names the index); nothing is sent.
-            ServerError, TransportError, ResponseError, CircuitOpenError: see ``errors``.
+            HTTPStatusError, TransportError, ResponseError, CircuitOpenError: see ``errors``.
         """
         result: list[list[float]] = self.embed_documents_array(texts, progress=progress).tolist()
         return result

@@ -12,12 +12,12 @@ The tree::
     │   ├── ConnectError            TCP / TLS connection could not be made
     │   ├── NetworkError            the connection broke while sending or reading
     │   │   └── RemoteProtocolError the server closed without a (complete) response
-    │   └── Timeout                 (also builtins.TimeoutError)
+    │   └── TimeoutException        (also builtins.TimeoutError)
     │       ├── ConnectTimeout
     │       ├── ReadTimeout
     │       ├── WriteTimeout
     │       └── PoolTimeout         no pooled connection became free in time
-    └── ServerError                 an HTTP error status; ``.status``, ``.message``,
+    └── HTTPStatusError             an HTTP error status; ``.status``, ``.message``,
         │                           ``.request_id``, ``.url``, ``.retry_after``
         ├── BadRequestError         400 / 413 / 422
         │   ├── ContextLengthError  a text is longer than the model's context
@@ -25,7 +25,8 @@ The tree::
         ├── AuthenticationError     401 / 403
         ├── NotFoundError           404 (wrong path or model name)
         ├── RateLimitError          429
-        └── OverloadedError         503 (SGLang "request queue is full", Ollama busy)
+        └── ServerError             5xx: the server failed
+            └── OverloadedError     503 (SGLang "request queue is full", Ollama busy)
 
 Error bodies are parsed in every shape the supported servers use: flat SGLang
 (``{"object": "error", "message": ...}``), nested OpenAI / vLLM / DashScope
@@ -65,8 +66,9 @@ __all__ = [
     "ReadTimeout",
     "RemoteProtocolError",
     "ResponseError",
+    "HTTPStatusError",
     "ServerError",
-    "Timeout",
+    "TimeoutException",
     "TransportError",
     "WriteTimeout",
     "endpoint_label",
@@ -87,7 +89,7 @@ class QwenEmbedError(Exception):
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Exception's default pickling calls ``cls(*args)``, which fails for subclasses
-        # with keyword-only arguments (``ServerError(status=...)``): a pool worker's
+        # with keyword-only arguments (``HTTPStatusError(status=...)``): a pool worker's
         # error then never reaches the parent and ``Pool.map`` waits forever.
         return _rebuild_error, (type(self), self.args, dict(self.__dict__))
 
@@ -173,27 +175,27 @@ class RemoteProtocolError(NetworkError):
     """
 
 
-class Timeout(TransportError, builtins.TimeoutError):
+class TimeoutException(TransportError, builtins.TimeoutError):
     """A timeout expired; subclasses say which one (see ``Timeouts`` in the config)."""
 
 
-class ConnectTimeout(Timeout):
+class ConnectTimeout(TimeoutException):
     """Connecting (TCP + TLS) took longer than ``Timeouts.connect`` seconds."""
 
 
-class ReadTimeout(Timeout):
+class ReadTimeout(TimeoutException):
     """The server sent nothing for ``Timeouts.read`` seconds."""
 
 
-class WriteTimeout(Timeout):
+class WriteTimeout(TimeoutException):
     """Sending the request body took longer than ``Timeouts.write`` seconds."""
 
 
-class PoolTimeout(Timeout):
+class PoolTimeout(TimeoutException):
     """No pooled connection became free within ``Timeouts.pool`` seconds."""
 
 
-class ServerError(QwenEmbedError):
+class HTTPStatusError(QwenEmbedError):
     """The server answered with an HTTP error status.
 
     Attributes:
@@ -222,7 +224,7 @@ class ServerError(QwenEmbedError):
         self.retry_after = retry_after
 
 
-class BadRequestError(ServerError):
+class BadRequestError(HTTPStatusError):
     """400, 413 or 422: the server rejected the request itself; never retried.
 
     Attributes:
@@ -250,16 +252,23 @@ class BatchTooLargeError(BadRequestError):
         self.limit = limit
 
 
-class AuthenticationError(ServerError):
+class AuthenticationError(HTTPStatusError):
     """401 or 403: missing or wrong API key."""
 
 
-class NotFoundError(ServerError):
+class NotFoundError(HTTPStatusError):
     """404: wrong base URL path or unknown model name."""
 
 
-class RateLimitError(ServerError):
+class RateLimitError(HTTPStatusError):
     """429: too many requests; retried with backoff, honouring ``Retry-After``."""
+
+
+class ServerError(HTTPStatusError):
+    """5xx: the server failed (500, 502, 504, ...); retried with backoff. A 500 that
+    bisection pins to one input is that input's error (``.index``)."""
+
+    index: int | None = None
 
 
 class OverloadedError(ServerError):
@@ -383,8 +392,8 @@ def error_from_response(
     headers: Mapping[str, str] | None = None,
     retry_after: float | None = None,
     secret: str | None = None,
-) -> ServerError:
-    """Build the right ``ServerError`` subclass for an HTTP error response.
+) -> HTTPStatusError:
+    """Build the right ``HTTPStatusError`` subclass for an HTTP error response.
 
     Args:
         status: HTTP status code (>= 400).
@@ -440,4 +449,6 @@ def error_from_response(
         return RateLimitError(text, **kwargs)
     if status == 503:
         return OverloadedError(text, **kwargs)
-    return ServerError(text, **kwargs)
+    if status >= 500:
+        return ServerError(text, **kwargs)
+    return HTTPStatusError(text, **kwargs)

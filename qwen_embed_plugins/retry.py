@@ -36,8 +36,8 @@ from .errors import (
     CircuitOpenError,
     NetworkError,
     QwenEmbedError,
-    ServerError,
-    Timeout,
+    HTTPStatusError,
+    TimeoutException,
     TransportError,
 )
 
@@ -94,9 +94,9 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
 
 def retry_reason(exc: BaseException) -> str | None:
     """Why ``exc`` is worth retrying (a short label for metrics), or ``None`` if not."""
-    if isinstance(exc, ServerError):
+    if isinstance(exc, HTTPStatusError):
         return f"status_{exc.status}" if exc.status in RETRYABLE_STATUS else None
-    if isinstance(exc, Timeout):
+    if isinstance(exc, TimeoutException):
         return type(exc).__name__.lower()
     if isinstance(exc, NetworkError):
         return "disconnected"
@@ -144,7 +144,7 @@ class RetryState:
             # once, at once, on a fresh connection (embeddings are idempotent).
             self.stale_resent = True
             return 0.0
-        server_wait = exc.retry_after if isinstance(exc, ServerError) else None
+        server_wait = exc.retry_after if isinstance(exc, HTTPStatusError) else None
         if server_wait is not None:
             delay = min(server_wait, self.policy.retry_after_max)
         else:

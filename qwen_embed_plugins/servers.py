@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from .config import SERVER_NAMES, known_model_dims
-from .errors import ConfigError, OverloadedError, RateLimitError, ServerError
+from .errors import ConfigError, OverloadedError, RateLimitError, HTTPStatusError
 
 __all__ = [
     "PROFILES",
@@ -495,7 +495,7 @@ def _replace(profile: ServerProfile, **changes: Any) -> ServerProfile:
 _OVERLOAD_WORDS: Final = re.compile(r"overload|busy|queue is full|capacity", re.I)
 
 
-def refine_error(profile: ServerProfile, error: ServerError) -> ServerError:
+def refine_error(profile: ServerProfile, error: HTTPStatusError) -> HTTPStatusError:
     """Map a server's overload answer to ``OverloadedError`` whatever its status (TEI and
     Infinity answer 429 when their queue is full: not a rate limit)."""
     if (

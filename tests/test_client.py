@@ -521,7 +521,7 @@ def test_every_error_survives_pickling_with_its_attributes() -> None:
 
 def test_server_error_from_a_pool_worker_reaches_the_parent(srv: EmbeddingServer) -> None:
     """A 401 raised in a multiprocessing worker arrives as AuthenticationError (before,
-    ServerError could not be unpickled and Pool.map waited forever)."""
+    HTTPStatusError could not be unpickled and Pool.map waited forever)."""
     import multiprocessing
 
     srv.inject_status(401, count=1)

@@ -25,7 +25,7 @@ from qwen_embed_plugins.errors import (
     ContextLengthError,
     OverloadedError,
     RateLimitError,
-    ServerError,
+    HTTPStatusError,
 )
 from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings
 from qwen_embed_plugins.integrations.llama_index import QwenPooledEmbedding
@@ -156,7 +156,7 @@ def test_overload_error_mapped_with_server_message(srv: EmbeddingServer) -> None
     client = q.EmbeddingClient(base_url=srv.base_url, retry=NO_RETRY)
     client.embed_documents(["warm-up"])  # detection done
     srv.inject("status", status=status)
-    with pytest.raises(ServerError) as info:
+    with pytest.raises(HTTPStatusError) as info:
         client.embed_documents(["overloaded"])
     assert type(info.value) is kind
     assert info.value.status == status
@@ -182,7 +182,7 @@ def test_bad_request_keeps_server_message(srv: EmbeddingServer) -> None:
     client.embed_documents(["warm-up"])
     too_long = "x" * 140_000
     if srv.dialect == "llamacpp":  # a 500 there ("increase the physical batch size")
-        with pytest.raises(ServerError) as info:
+        with pytest.raises(HTTPStatusError) as info:
             client.embed_documents([too_long])
         assert info.value.status == 500
         assert "physical batch size" in info.value.message

@@ -327,8 +327,8 @@ def test_scrub_removes_secret() -> None:
 
 
 def test_exception_tree() -> None:
-    assert issubclass(q.ReadTimeout, q.Timeout)
-    assert issubclass(q.Timeout, TimeoutError)
+    assert issubclass(q.ReadTimeout, q.TimeoutException)
+    assert issubclass(q.TimeoutException, TimeoutError)
     assert issubclass(q.InputError, ValueError)
     assert issubclass(q.RemoteProtocolError, q.NetworkError)
     assert issubclass(q.ContextLengthError, q.BadRequestError)
@@ -361,7 +361,7 @@ def test_backoff_full_jitter_capped() -> None:
             assert 0.0 <= retry.backoff_delay(attempt, policy, rng) <= cap
 
 
-def _server_error(status: int, retry_after: float | None = None) -> q.ServerError:
+def _server_error(status: int, retry_after: float | None = None) -> q.HTTPStatusError:
     return errors.error_from_response(status, b"{}", url="http://h/v1", retry_after=retry_after)
 
 

@@ -221,7 +221,7 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
     ``api_key=None`` if that variable is unset. ``copy.deepcopy`` keeps the key.
 
     Raises (from the embed methods): ``InputError`` (a text is not a non-empty
-    ``str``; nothing is sent), ``ServerError`` and subclasses, ``TransportError``,
+    ``str``; nothing is sent), ``HTTPStatusError`` and subclasses, ``TransportError``,
     ``ResponseError``, ``CircuitOpenError``; all are ``QwenEmbedError``.
     """
 

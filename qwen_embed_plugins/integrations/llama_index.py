@@ -159,7 +159,7 @@ class QwenPooledEmbedding(BaseEmbedding):
             the message names the field. Wrong types raise pydantic's
             ``ValidationError``; both are ``ValueError``.
         InputError: a text is empty, whitespace-only or not a ``str`` (names the index).
-        ServerError, TransportError, ResponseError, CircuitOpenError: see
+        HTTPStatusError, TransportError, ResponseError, CircuitOpenError: see
             ``qwen_embed_plugins.errors``.
     """
 
