@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
-from .client import AsyncEmbeddingClient, EmbeddingClient
+from .client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingList, EmbeddingResult
 from .config import (
     DEFAULT_MODEL,
     DEFAULT_QUERY_TASK,
@@ -33,6 +33,7 @@ from .errors import (
     ConnectError,
     ConnectTimeout,
     ContextLengthError,
+    HTTPStatusError,
     InputError,
     NetworkError,
     NotFoundError,
@@ -43,7 +44,6 @@ from .errors import (
     ReadTimeout,
     RemoteProtocolError,
     ResponseError,
-    HTTPStatusError,
     ServerError,
     TimeoutException,
     TransportError,
@@ -77,6 +77,9 @@ __all__ = [
     "ContextLengthError",
     "EmbeddingClient",
     "EmbeddingConfig",
+    "EmbeddingList",
+    "EmbeddingResult",
+    "HTTPStatusError",
     "InputError",
     "Limits",
     "NetworkError",
@@ -93,7 +96,6 @@ __all__ = [
     "ResponseError",
     "RetryConfig",
     "Secret",
-    "HTTPStatusError",
     "ServerError",
     "TimeoutException",
     "Timeouts",

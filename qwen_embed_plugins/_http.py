@@ -1,24 +1,31 @@
-"""The one module that imports the HTTP library.
+"""The one module that chooses the HTTP library.
 
 openai 2.x is built on ``httpx``; openai 3.x on ``httpx2``, an API-identical fork whose
 client types are the only ones openai 3.x accepts as ``http_client=``. This module picks
 the library that matches the installed openai major version (the same rule as
 ``langchain_openai/_compat.py``) and re-exports it as ``httpx``. Every other module gets
 the HTTP library from here and nowhere else.
+
+The openai major version is read from the installed distribution's metadata, so
+importing this module does not import ``openai`` itself (~1.7 s of CPU on a 2-core
+machine; only the SDK path needs it).
 """
 
 from __future__ import annotations
 
 import re
+from importlib import metadata
 from typing import TYPE_CHECKING
-
-import openai
 
 __all__ = ["HTTP_LIBRARY", "OPENAI_MAJOR", "httpx"]
 
 
 def _openai_major() -> int:
-    match = re.match(r"\D*(\d+)", str(getattr(openai, "__version__", "")))
+    try:
+        version = metadata.version("openai")
+    except metadata.PackageNotFoundError:
+        return 2
+    match = re.match(r"\D*(\d+)", version)
     return int(match.group(1)) if match else 2
 
 

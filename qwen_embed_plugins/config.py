@@ -11,7 +11,10 @@ Units: every duration is in seconds, every size in texts or connections, as name
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import os
+import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import urlsplit
@@ -21,6 +24,7 @@ from .errors import ConfigError, endpoint_label
 __all__ = [
     "DEFAULT_MODEL",
     "DEFAULT_QUERY_TASK",
+    "ENV_SETTINGS",
     "NOT_GIVEN",
     "QWEN3_EMBEDDING_DIMS",
     "SERVER_NAMES",
@@ -28,10 +32,16 @@ __all__ = [
     "EncodingFormat",
     "Limits",
     "NotGiven",
+    "OnError",
+    "PoolKey",
     "RetryConfig",
     "Secret",
     "Timeouts",
     "TransportKey",
+    "env_setting",
+    "environment_proxy",
+    "insecure_key_target",
+    "is_loopback",
 ]
 
 DEFAULT_QUERY_TASK: Final = (
@@ -187,24 +197,40 @@ class Timeouts(_Replaceable):
             busy GPU can take tens of seconds).
         write: sending the request body (default 30.0 s).
         pool: waiting for a free pooled connection (default 60.0 s).
+        total: one HTTP exchange in all, from the first connection attempt to the last
+            response byte (default 120.0 s). Bounds a response that trickles in just
+            fast enough to beat ``read`` (a slow-drip body); the call's own deadline
+            (``RetryConfig``) bounds it further.
     """
 
     connect: float | None = 5.0
     read: float | None = 60.0
     write: float | None = 30.0
     pool: float | None = 60.0
+    total: float | None = 120.0
 
     def __post_init__(self) -> None:
-        for name in ("connect", "read", "write", "pool"):
+        for name in ("connect", "read", "write", "pool", "total"):
             _check_range("Timeouts", name, getattr(self, name), 0.001, 86400.0, allow_none=True)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Limits(_Replaceable):
-    """Connection pool limits of one endpoint, shared by every client of the process.
+    """Connection pool limits of one endpoint (of each replica, with several).
+
+    A pool is shared by every client and adapter with equal transport settings. The
+    sync pool is one per process (all threads); an async connection belongs to one
+    event loop, so each running loop has its own async pool.
 
     Attributes:
-        max_connections: most TCP connections open at once (default 20 connections).
+        max_connections: most TCP connections open at once per pool (default 20
+            connections): process-wide for the sync pool, per event loop for async ones.
+        max_connections_per_process: most requests in flight to the endpoint from the
+            whole process at once, over every pool (the sync one and every event
+            loop's), or ``None`` for no process-wide cap (default). Over HTTP/1.1 one
+            request holds one connection, so this also caps connections in use at once;
+            a request beyond it waits (at most ``Timeouts.pool`` s, then
+            ``PoolTimeout``).
         max_keepalive_connections: most idle connections kept for reuse (default
             ``None`` = ``max_connections``).
         keepalive_expiry: seconds an idle connection is kept (default 4.0 s). Keep it
@@ -217,9 +243,18 @@ class Limits(_Replaceable):
     max_connections: int = 20
     max_keepalive_connections: int | None = None
     keepalive_expiry: float = 4.0
+    max_connections_per_process: int | None = None
 
     def __post_init__(self) -> None:
         _check_int("Limits", "max_connections", self.max_connections, 1, 10_000)
+        if self.max_connections_per_process is not None:
+            _check_int(
+                "Limits",
+                "max_connections_per_process",
+                self.max_connections_per_process,
+                1,
+                100_000,
+            )
         if self.max_keepalive_connections is not None:
             _check_int(
                 "Limits",
@@ -244,28 +279,43 @@ class Limits(_Replaceable):
 class RetryConfig(_Replaceable):
     """The one retry layer's policy (the openai SDK's own retries are always off).
 
+    Two budgets. An *outage* (connection refused or timed out, 502/503/504, 429) is
+    retried with capped exponential backoff until the call's deadline, so a server
+    restart or a rate-limit window shorter than the deadline costs time, not the run.
+    Other retryable failures (500, a connection dropped after the request was sent, a
+    read timeout) get at most ``max_attempts`` attempts.
+
     Attributes:
-        max_attempts: attempts per request, the first included (default 4; 1 = never
-            retry).
+        max_attempts: attempts per request for failures that are not outages, the
+            first included (default 4; 1 = never retry them).
         backoff_initial: the first backoff cap in seconds (default 0.25 s); the cap
             doubles each attempt and the wait is drawn uniformly in [0, cap] (full jitter).
         backoff_max: the largest backoff cap in seconds (default 8.0 s).
         retry_after_max: the longest ``Retry-After`` honoured, in seconds (default 30 s);
             a longer one is cut to this.
-        deadline: seconds one embedding call may spend on retries in all (default
-            120 s; ``None`` = no deadline).
-        circuit_failure_threshold: consecutive failed requests to an endpoint that open
-            its circuit breaker (default 8; 0 disables the breaker).
-        circuit_cooldown: seconds the breaker stays open before a probe (default 10 s).
+        deadline: seconds one bulk call (``embed_documents``, a batch) may take in all,
+            retries and waits included (default 300 s; ``None`` = no deadline).
+        query_deadline: the same for ``embed_query`` and other single-query calls,
+            which are interactive (default 15 s; ``None`` = no deadline).
+        circuit_failure_threshold: consecutive health failures (connect errors,
+            timeouts, 502/503/504) that open the endpoint's (or replica's) circuit
+            breaker (default 8; 0 disables the breaker).
+        circuit_cooldown: seconds the breaker stays open before a probe (default 10 s);
+            with several replicas, how long a failing replica is ejected.
+        circuit_open_after: the breaker opens (new calls fail fast) only when the
+            failures have also lasted this long (default 10 s): a restart shorter than
+            this never fails a call that the deadline would have carried through.
     """
 
     max_attempts: int = 4
     backoff_initial: float = 0.25
     backoff_max: float = 8.0
     retry_after_max: float = 30.0
-    deadline: float | None = 120.0
+    deadline: float | None = 300.0
+    query_deadline: float | None = 15.0
     circuit_failure_threshold: int = 8
     circuit_cooldown: float = 10.0
+    circuit_open_after: float = 10.0
 
     def __post_init__(self) -> None:
         _check_int("RetryConfig", "max_attempts", self.max_attempts, 1, 100)
@@ -277,40 +327,56 @@ class RetryConfig(_Replaceable):
             "RetryConfig", "retry_after_max", self.retry_after_max, 0.0, 3600.0, allow_none=False
         )
         _check_range("RetryConfig", "deadline", self.deadline, 0.001, 86400.0, allow_none=True)
+        _check_range(
+            "RetryConfig", "query_deadline", self.query_deadline, 0.001, 86400.0, allow_none=True
+        )
         _check_int(
             "RetryConfig", "circuit_failure_threshold", self.circuit_failure_threshold, 0, 1_000_000
         )
         _check_range(
             "RetryConfig", "circuit_cooldown", self.circuit_cooldown, 0.0, 3600.0, allow_none=False
         )
+        _check_range(
+            "RetryConfig",
+            "circuit_open_after",
+            self.circuit_open_after,
+            0.0,
+            86400.0,
+            allow_none=False,
+        )
 
 
 @dataclass(frozen=True, slots=True)
-class TransportKey:
-    """The transport part of a config: the key of the process-wide pool.
+class PoolKey:
+    """The transport part of a config for one server (replica): the key of its
+    process-wide pool.
 
-    Two configs with equal ``TransportKey`` share connections. Its ``repr`` never shows
-    the API key.
+    Two configs with equal ``PoolKey`` share connections. It holds no credential (the
+    API key and the timeouts travel with each request), so clients of many tenants of
+    one server share one pool.
     """
 
     base_url: str
-    api_key: Secret | None
-    timeout: Timeouts
     limits: Limits
     http2: bool
     verify: bool | str
+    proxy: str | None
 
     @property
     def label(self) -> str:
-        """The endpoint as shown in stats, logs and metrics (no credentials)."""
+        """The replica as shown in stats, logs and metrics (no credentials)."""
         return endpoint_label(self.base_url)
 
 
-def _normalise_base_url(value: object) -> str:
+TransportKey = PoolKey
+"""Former name of ``PoolKey``."""
+
+
+def _normalise_one_url(value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(
-            "base_url is required: pass base_url='http://host:port/v1' or set "
-            f"{ENV_BASE_URL}; there is deliberately no default endpoint"
+            "base_url is required: pass base_url='http://host:port/v1' (or a list of "
+            f"replica URLs) or set {ENV_BASE_URL}; there is deliberately no default endpoint"
         )
     url = value.strip().rstrip("/")
     try:
@@ -330,6 +396,18 @@ def _normalise_base_url(value: object) -> str:
     if url.endswith("/embeddings"):
         url = url[: -len("/embeddings")]
     return url
+
+
+def _normalise_base_url(value: object) -> str | tuple[str, ...]:
+    """One URL, or the sorted, de-duplicated tuple of several replica URLs."""
+    if isinstance(value, str) and "," in value:
+        value = [part for part in value.split(",") if part.strip()]
+    if isinstance(value, list | tuple):
+        urls = sorted({_normalise_one_url(v) for v in value})
+        if not urls:
+            raise ConfigError("base_url: the list of replica URLs is empty")
+        return urls[0] if len(urls) == 1 else tuple(urls)
+    return _normalise_one_url(value)
 
 
 def _checked_api_key(value: str) -> Secret | None:
@@ -355,79 +433,174 @@ def known_model_dims(model: str) -> int | None:
     return None
 
 
+# --------------------------------------------------------------------------- environment
+
+
+def _env_bool(raw: str) -> bool:
+    return raw.strip().lower() in ("1", "true", "yes", "on")
+
+
+def _env_concurrency(raw: str) -> int | str:
+    raw = raw.strip().lower()
+    return raw if raw == "auto" else int(raw)
+
+
+ENV_SETTINGS: Final[dict[str, tuple[str, Any]]] = {
+    "base_url": (ENV_BASE_URL, str),
+    "api_key": (ENV_API_KEY, str),
+    "model": (ENV_MODEL, str),
+    "dimensions": ("QWEN_EMBED_DIMENSIONS", int),
+    "batch_size": ("QWEN_EMBED_BATCH_SIZE", int),
+    "max_batch_tokens": ("QWEN_EMBED_MAX_BATCH_TOKENS", int),
+    "max_concurrency": ("QWEN_EMBED_MAX_CONCURRENCY", _env_concurrency),
+    "http2": ("QWEN_EMBED_HTTP2", _env_bool),
+    "server": ("QWEN_EMBED_SERVER", lambda raw: raw.strip().lower()),
+    "proxy": ("QWEN_EMBED_PROXY", str),
+}
+"""The settings read from the environment, with their variable and parser. The one
+resolver (``env_setting``) serves ``EmbeddingConfig`` and both framework adapters."""
+
+
+def env_setting(name: str, default: Any = None, environ: Mapping[str, str] | None = None) -> Any:
+    """The value of setting ``name`` from its ``QWEN_EMBED_*`` variable, else ``default``.
+
+    ``QWEN_EMBED_BASE_URL`` may hold a comma-separated list of replica URLs.
+
+    Raises:
+        ConfigError: the variable holds a value that does not parse (the message names
+            the variable, never the API key's value).
+    """
+    env = os.environ if environ is None else environ
+    variable, parse = ENV_SETTINGS[name]
+    raw = env.get(variable)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return parse(raw)
+    except ValueError as exc:
+        shown = "(hidden)" if name == "api_key" else repr(raw)
+        raise ConfigError(f"{variable} has an invalid value {shown}: {exc}") from None
+
+
+# --------------------------------------------------------------------------- the config
+
+OnError = Literal["raise", "skip"]
+"""What a call does with an input the server cannot embed: ``"raise"`` its error, or
+``"skip"`` it (``None`` in its slot, the error reported with its index)."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EmbeddingConfig(_Replaceable):
     """Everything a client needs to embed through one endpoint.
 
-    Keyword-only; frozen and hashable. ``base_url`` and ``api_key`` fall back to the
-    environment (``QWEN_EMBED_BASE_URL``, ``QWEN_EMBED_API_KEY``); ``model`` to
-    ``QWEN_EMBED_MODEL`` then ``Qwen/Qwen3-Embedding-0.6B``.
+    Keyword-only; frozen and hashable. A setting that is not given is read from its
+    ``QWEN_EMBED_*`` environment variable (``ENV_SETTINGS``: ``QWEN_EMBED_BASE_URL``,
+    ``QWEN_EMBED_API_KEY``, ``QWEN_EMBED_MODEL``, ``QWEN_EMBED_DIMENSIONS``,
+    ``QWEN_EMBED_BATCH_SIZE``, ``QWEN_EMBED_MAX_BATCH_TOKENS``,
+    ``QWEN_EMBED_MAX_CONCURRENCY``, ``QWEN_EMBED_HTTP2``, ``QWEN_EMBED_SERVER``,
+    ``QWEN_EMBED_PROXY``), then takes its default.
 
     Attributes:
         base_url: the OpenAI-compatible API root, e.g. ``http://gpu-box:30000/v1``
-            (requests go to ``{base_url}/embeddings``). Required; never defaults to a
-            public API.
+            (requests go to ``{base_url}/embeddings``), or a list of replica URLs (each
+            batch goes to the replica with the fewest requests in flight). Required;
+            never defaults to a public API. A list is stored sorted (equal lists in any
+            order share pools).
         api_key: bearer token (``str`` or ``Secret``), ``None`` for servers without
             auth. Hidden from ``repr``, logs, errors and pickles.
-        model: the model name sent in every request.
+        model: the model name sent in every request (default
+            ``Qwen/Qwen3-Embedding-0.6B``).
         dimensions: MRL output size in dimensions (``None`` = the model's full size).
             For Qwen3-Embedding: 32..1024 (0.6B), ..2560 (4B), ..4096 (8B). Sent to the
-            server when it supports it; otherwise vectors are sliced client-side and
-            L2-renormalised.
+            server when it supports it (never when it equals the model's full size);
+            otherwise vectors are sliced client-side and L2-renormalised.
         query_instruction: the retrieval task put before queries as
             ``Instruct: {task}\\nQuery:{text}``; documents are sent raw. ``None``
             disables it (for non-Qwen models).
         batch_size: texts per request (default 32; 1..2048). Lowered automatically to
             a server's stated limit.
-        max_concurrency: requests in flight at once per call (default 4).
+        max_batch_tokens: most (estimated) tokens per request (default ``None``: the
+            server's known cap, else learned from its refusal). Tokens are estimated
+            without a tokenizer (UTF-8 bytes / 4).
+        max_concurrency: requests in flight at once per call (default 4), or
+            ``"auto"``: an adaptive limit per endpoint, found from measured latency and
+            overload answers (429/503).
         encoding_format: ``"auto"`` (base64, falling back to float once per endpoint if
-            refused), ``"base64"`` or ``"float"``.
+            refused or broken), ``"base64"`` or ``"float"``.
         normalize: L2-renormalise vectors whose norm is not 1 (e.g. after a server
             slices MRL dimensions without renormalising). Default ``True``.
         max_text_chars: longest accepted text in characters (default 262,144; ``None``
             = no limit). Longer texts raise ``InputError`` before anything is sent.
-        timeout: a ``Timeouts`` (seconds), or one number for all four.
+        append_eos: append ``<|endoftext|>`` to every text client-side. Qwen3-Embedding
+            pools the last token, which must be that token; servers that tokenise
+            without it (some llama.cpp builds) give degraded vectors. ``None`` (default)
+            = check once on llama.cpp endpoints and warn.
+        max_response_bytes: largest response body accepted, in bytes, counted both as
+            received and decompressed (default ``None``: derived per request from the
+            texts sent and the vector size, well above the largest legal answer).
+        timeout: a ``Timeouts`` (seconds), or one number for connect, read, write and
+            pool.
         limits: the endpoint's pool ``Limits`` (connections, keep-alive seconds).
         http2: negotiate HTTP/2 (ALPN over TLS; prior-knowledge h2c over ``http://``,
             falling back to HTTP/1.1 when the server does not speak it).
-        verify: TLS verification: ``True`` (system CAs via certifi), ``False``, or the
-            path of a CA bundle (PEM).
+        verify: TLS verification: ``True`` (CAs from certifi), ``False``, or the path of
+            a CA bundle (PEM).
+        proxy: an HTTP proxy URL for this endpoint (``http://host:port``), ``None`` for
+            none; not given: from ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` and
+            ``NO_PROXY`` when ``trust_env``, as httpx does. Loopback hosts are never
+            proxied.
+        trust_env: read proxies from the environment (default ``True``).
+        insecure_key: what to do when an API key is about to go over plain ``http://``
+            to a host that is not loopback: ``"warn"`` (default: one WARNING per
+            endpoint), ``"error"`` (``ConfigError``) or ``"allow"``.
         retry: the ``RetryConfig``.
+        hedge: send a second copy of a slow ``embed_query`` request after the
+            endpoint's observed 95th-percentile latency and keep the first answer
+            (extra load capped at 5% of requests). Default ``False``.
         use_sdk: send embedding requests through the ``openai`` SDK (on the same pool)
             instead of the built-in codec. Slower; for comparison and SDK-only features.
-        server: the server behind ``base_url``: ``"auto"`` (default: detected once per
-            endpoint and process, see ``qwen_embed_plugins.servers``) or one of
-            ``SERVER_NAMES`` (``"sglang"``, ``"vllm"``, ``"tei"``, ``"infinity"``,
-            ``"ollama"``, ``"llamacpp"``, ``"dashscope"``, ``"siliconflow"``, or
-            ``"openai"`` for a generic server); naming it skips detection. Env
-            ``QWEN_EMBED_SERVER``.
+        server: the server behind ``base_url``: ``"auto"`` (default: identified from its
+            answers, see ``qwen_embed_plugins.servers``) or one of ``SERVER_NAMES``;
+            naming it sets its known limits at once.
     """
 
-    base_url: str | None = None
+    base_url: str | tuple[str, ...] | list[str] | None = None
     api_key: str | Secret | NotGiven | None = NOT_GIVEN
     model: str | None = None
-    dimensions: int | None = None
+    dimensions: int | NotGiven | None = NOT_GIVEN
     query_instruction: str | None = DEFAULT_QUERY_TASK
-    batch_size: int = 32
-    max_concurrency: int = 4
+    batch_size: int | NotGiven = NOT_GIVEN
+    max_batch_tokens: int | NotGiven | None = NOT_GIVEN
+    max_concurrency: int | str | NotGiven = NOT_GIVEN
     encoding_format: EncodingFormat = "auto"
     normalize: bool = True
     max_text_chars: int | None = 262_144
+    append_eos: bool | None = None
+    max_response_bytes: int | None = None
     timeout: Timeouts | float | None = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
-    http2: bool = False
+    http2: bool | NotGiven = NOT_GIVEN
     verify: bool | str = True
+    proxy: str | NotGiven | None = NOT_GIVEN
+    trust_env: bool = True
+    insecure_key: Literal["warn", "error", "allow"] = "warn"
     retry: RetryConfig = field(default_factory=RetryConfig)
+    hedge: bool = False
     use_sdk: bool = False
-    server: str = "auto"
+    server: str | NotGiven = NOT_GIVEN
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
-        base_url = self.base_url if self.base_url is not None else os.environ.get(ENV_BASE_URL)
+
+        def given(name: str, default: Any) -> Any:
+            value = getattr(self, name)
+            return env_setting(name, default) if isinstance(value, NotGiven) else value
+
+        base_url = self.base_url if self.base_url is not None else env_setting("base_url")
         set_(self, "base_url", _normalise_base_url(base_url))
         api_key = self.api_key
         if isinstance(api_key, NotGiven):
-            api_key = os.environ.get(ENV_API_KEY) or None
+            api_key = env_setting("api_key")
         if isinstance(api_key, Secret):
             api_key = api_key.get_secret_value()
         if isinstance(api_key, str):
@@ -435,10 +608,23 @@ class EmbeddingConfig(_Replaceable):
         elif api_key is not None:
             raise ConfigError("api_key must be a str, a Secret or None")
         set_(self, "api_key", api_key)
-        model = self.model or os.environ.get(ENV_MODEL) or DEFAULT_MODEL
+        model = self.model or env_setting("model") or DEFAULT_MODEL
         if not isinstance(model, str):
             raise ConfigError(f"model must be a str, got {type(model).__name__}")
         set_(self, "model", model)
+        for name, default in (
+            ("dimensions", None),
+            ("batch_size", 32),
+            ("max_batch_tokens", None),
+            ("max_concurrency", 4),
+            ("http2", False),
+            ("server", "auto"),
+        ):
+            set_(self, name, given(name, default))
+        proxy = self.proxy
+        if isinstance(proxy, NotGiven):
+            proxy = env_setting("proxy", NOT_GIVEN)
+        set_(self, "proxy", proxy)
         timeout = self.timeout
         if timeout is None or (isinstance(timeout, int | float) and not isinstance(timeout, bool)):
             timeout = Timeouts(connect=timeout, read=timeout, write=timeout, pool=timeout)
@@ -450,7 +636,10 @@ class EmbeddingConfig(_Replaceable):
         if not isinstance(self.retry, RetryConfig):
             raise ConfigError("retry must be a RetryConfig")
         _check_int("EmbeddingConfig", "batch_size", self.batch_size, 1, 2048)
-        _check_int("EmbeddingConfig", "max_concurrency", self.max_concurrency, 1, 1024)
+        if self.max_batch_tokens is not None:
+            _check_int("EmbeddingConfig", "max_batch_tokens", self.max_batch_tokens, 1, 1 << 30)
+        if self.max_concurrency != "auto":
+            _check_int("EmbeddingConfig", "max_concurrency", self.max_concurrency, 1, 1024)
         if self.encoding_format not in ("auto", "base64", "float"):
             raise ConfigError(
                 "EmbeddingConfig.encoding_format must be 'auto', 'base64' or 'float', "
@@ -458,6 +647,10 @@ class EmbeddingConfig(_Replaceable):
             )
         if self.max_text_chars is not None:
             _check_int("EmbeddingConfig", "max_text_chars", self.max_text_chars, 1, 1 << 31)
+        if self.max_response_bytes is not None:
+            _check_int(
+                "EmbeddingConfig", "max_response_bytes", self.max_response_bytes, 1024, 1 << 40
+            )
         if self.dimensions is not None:
             full = known_model_dims(model)
             low, high = (QWEN3_MIN_DIMENSIONS, full) if full else (1, 65_536)
@@ -482,33 +675,74 @@ class EmbeddingConfig(_Replaceable):
             raise ConfigError("verify must be True, False or a CA bundle path")
         if isinstance(self.verify, str) and not os.path.exists(self.verify):
             raise ConfigError(f"verify: CA bundle file not found: {self.verify}")
+        if self.insecure_key not in ("warn", "error", "allow"):
+            raise ConfigError("insecure_key must be 'warn', 'error' or 'allow'")
+        if (
+            proxy is not None
+            and not isinstance(proxy, NotGiven)
+            and (not isinstance(proxy, str) or urlsplit(proxy).scheme not in ("http", "https"))
+        ):
+            raise ConfigError(
+                f"proxy must be an http:// or https:// proxy URL or None, got "
+                f"{endpoint_label(str(proxy))!r}"
+            )
+        if self.api_key is not None and self.insecure_key == "error":
+            for url in self.replicas:
+                if insecure_key_target(url):
+                    raise ConfigError(
+                        f"the API key would be sent over plain HTTP to {endpoint_label(url)}, "
+                        "which is not a loopback address (insecure_key='error'); use https://"
+                    )
 
     # --------------------------------------------------------------- derived views
 
     @property
-    def pool_key(self) -> TransportKey:
-        """The transport settings that select the shared pool."""
-        assert isinstance(self.base_url, str)
-        assert isinstance(self.timeout, Timeouts)
-        assert not isinstance(self.api_key, str | NotGiven)
-        return TransportKey(
-            base_url=self.base_url,
-            api_key=self.api_key,
-            timeout=self.timeout,
+    def replicas(self) -> tuple[str, ...]:
+        """The base URL of every replica (one for a single server), sorted."""
+        base = self.base_url
+        assert base is not None
+        return (base,) if isinstance(base, str) else tuple(base)
+
+    def proxy_for(self, url: str) -> str | None:
+        """The proxy URL to reach replica ``url`` through (``None``: connect directly)."""
+        if is_loopback(url):
+            return None
+        proxy = self.proxy
+        if not isinstance(proxy, NotGiven):
+            return proxy
+        return environment_proxy(url) if self.trust_env else None
+
+    def pool_key_for(self, url: str) -> PoolKey:
+        """The pool key of replica ``url`` (see ``PoolKey``)."""
+        return PoolKey(
+            base_url=url,
             limits=self.limits,
-            http2=self.http2,
+            http2=bool(self.http2),
             verify=self.verify,
+            proxy=self.proxy_for(url),
         )
 
     @property
+    def pool_key(self) -> PoolKey:
+        """The pool key of the first (or only) replica."""
+        return self.pool_key_for(self.replicas[0])
+
+    @property
     def embeddings_url(self) -> str:
-        """``{base_url}/embeddings``."""
-        return f"{self.base_url}/embeddings"
+        """``{base_url}/embeddings`` of the first (or only) replica."""
+        return f"{self.replicas[0]}/embeddings"
 
     @property
     def endpoint(self) -> str:
-        """The endpoint label for messages and metrics (no credentials)."""
-        return endpoint_label(str(self.base_url))
+        """The endpoint label for messages and metrics (no credentials); replicas are
+        comma-separated."""
+        return ",".join(endpoint_label(url) for url in self.replicas)
+
+    @property
+    def timeouts(self) -> Timeouts:
+        """``timeout`` as a ``Timeouts``."""
+        assert isinstance(self.timeout, Timeouts)
+        return self.timeout
 
     def api_key_value(self) -> str | None:
         """The API key as a plain string, or ``None``."""
@@ -516,35 +750,60 @@ class EmbeddingConfig(_Replaceable):
 
     @classmethod
     def from_env(cls, **overrides: Any) -> EmbeddingConfig:
-        """A config from ``QWEN_EMBED_*`` environment variables, with ``overrides``.
-
-        Reads ``QWEN_EMBED_BASE_URL``, ``QWEN_EMBED_API_KEY``, ``QWEN_EMBED_MODEL``,
-        ``QWEN_EMBED_DIMENSIONS``, ``QWEN_EMBED_BATCH_SIZE``,
-        ``QWEN_EMBED_MAX_CONCURRENCY``, ``QWEN_EMBED_HTTP2`` (``1``/``true``) and
-        ``QWEN_EMBED_SERVER``.
+        """A config from ``QWEN_EMBED_*`` environment variables, with ``overrides``
+        (the same as ``EmbeddingConfig(**overrides)``: every setting not given is read
+        from the environment).
 
         Raises:
             ConfigError: a variable holds a value out of range.
         """
-        values: dict[str, Any] = {}
-        for name, conv in (
-            ("dimensions", int),
-            ("batch_size", int),
-            ("max_concurrency", int),
-        ):
-            raw = os.environ.get(f"QWEN_EMBED_{name.upper()}")
-            if raw:
-                try:
-                    values[name] = conv(raw)
-                except ValueError as exc:
-                    raise ConfigError(
-                        f"QWEN_EMBED_{name.upper()} must be an integer, got {raw!r}"
-                    ) from exc
-        http2 = os.environ.get("QWEN_EMBED_HTTP2")
-        if http2:
-            values["http2"] = http2.strip().lower() in ("1", "true", "yes", "on")
-        server = os.environ.get("QWEN_EMBED_SERVER")
-        if server:
-            values["server"] = server.strip().lower()
-        values.update(overrides)
-        return cls(**values)
+        return cls(**overrides)
+
+
+# --------------------------------------------------------------------------- network facts
+
+
+def _host(url: str) -> str:
+    try:
+        return (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return ""
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url``'s host is a loopback address (``localhost``, 127.0.0.0/8, ::1)."""
+    host = _host(url)
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def insecure_key_target(url: str) -> bool:
+    """Whether a key sent to ``url`` would cross a network in clear text (``http://`` to
+    a host that is not loopback)."""
+    return url.startswith("http://") and not is_loopback(url)
+
+
+def environment_proxy(url: str) -> str | None:
+    """The proxy the environment gives for ``url`` (``HTTP_PROXY``, ``HTTPS_PROXY``,
+    ``ALL_PROXY``, lower-case too; ``NO_PROXY`` honoured), as httpx and requests read
+    them; ``None`` for none. Loopback hosts are never proxied."""
+    if is_loopback(url):
+        return None
+    proxies = urllib.request.getproxies_environment()
+    scheme = urlsplit(url).scheme
+    proxy = proxies.get(scheme) or proxies.get("all")
+    if not proxy:
+        return None
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port is not None:
+        netloc = f"{netloc}:{parts.port}"
+    if urllib.request.proxy_bypass_environment(netloc, proxies):
+        return None
+    if "://" not in proxy:
+        proxy = f"http://{proxy}"
+    return proxy

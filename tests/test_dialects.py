@@ -54,11 +54,21 @@ OVERLOAD = {
 NO_RETRY = q.RetryConfig(max_attempts=1, circuit_failure_threshold=0)
 
 
-def batches_ok(srv: EmbeddingServer, limit: int | None) -> list[int]:
+# Servers recognised only from their answers (no /models probe before the first request):
+# their batch limit is learned from the first refusal instead of applied up front.
+LEARNED_LIMIT = {"tei", "siliconflow"}
+# Answers indistinguishable from a generic OpenAI-compatible server's (same behaviour).
+SEEN_AS = {"ollama": "openai"}
+
+
+def batches_ok(srv: EmbeddingServer, limit: int | None, refusals: int = 0) -> list[int]:
+    responses = srv.stats()["responses"]
+    refused = sum(n for status, n in responses.items() if status != "200")
+    assert refused <= refusals, responses
     sizes = [len(batch) for batch in srv.received]
     if limit is not None:
-        assert max(sizes) <= limit, sizes
-    assert set(srv.stats()["responses"]) == {"200"}, srv.stats()["responses"]
+        ok = sizes[refused:] if refused else sizes
+        assert max(ok) <= limit, sizes
     return sizes
 
 
@@ -89,7 +99,7 @@ def probes(key: Any) -> list[str]:
     """Requests other than embeddings sent through the sync pool of ``key`` (an
     ordinary httpx request hook on the shared client, not a mock)."""
     seen: list[str] = []
-    client = pool.get_sync_client(key)
+    client = pool.sync_transport(key).client
     client.event_hooks["request"].append(
         lambda request: (
             seen.append(f"{request.method} {request.url.path}")
@@ -107,11 +117,13 @@ def test_sync_client_vectors_limits_detection(srv: EmbeddingServer) -> None:
     client = q.EmbeddingClient(base_url=srv.base_url, batch_size=100, max_concurrency=2)
     vectors = client.embed_documents(TEXTS)
     close(vectors, expected_embeddings(TEXTS))
-    sizes = batches_ok(srv, LIMITS.get(srv.dialect))
+    learned = srv.dialect in LEARNED_LIMIT
+    sizes = batches_ok(srv, LIMITS.get(srv.dialect), refusals=2 if learned else 0)
     limit = min(100, LIMITS.get(srv.dialect, 100))
-    assert len(sizes) == math.ceil(len(TEXTS) / limit)  # the limit applied up front
+    if not learned:
+        assert len(sizes) == math.ceil(len(TEXTS) / limit)  # the limit applied up front
     assert client.server is not None
-    assert client.server.profile.name == srv.dialect
+    assert client.server.profile.name == SEEN_AS.get(srv.dialect, srv.dialect)
     query = client.embed_query(QUERY)
     close(query, expected_embedding(q.format_query(QUERY, q.DEFAULT_QUERY_TASK)))
     unit(vectors)
@@ -121,9 +133,9 @@ async def test_async_client_vectors_limits(srv: EmbeddingServer) -> None:
     client = q.AsyncEmbeddingClient(base_url=srv.base_url, batch_size=100, max_concurrency=3)
     vectors = await client.embed_documents(TEXTS[::-1])
     close(vectors, expected_embeddings(TEXTS[::-1]))
-    batches_ok(srv, LIMITS.get(srv.dialect))
+    batches_ok(srv, LIMITS.get(srv.dialect), refusals=3 if srv.dialect in LEARNED_LIMIT else 0)
     assert client.server is not None
-    assert client.server.profile.name == srv.dialect
+    assert client.server.profile.name == SEEN_AS.get(srv.dialect, srv.dialect)
     query = await client.embed_query_array(QUERY)
     close(query, expected_embedding(q.format_query(QUERY, q.DEFAULT_QUERY_TASK)))
 
@@ -238,18 +250,21 @@ async def test_llama_index_adapter_async(srv: EmbeddingServer) -> None:
 # --------------------------------------------------------------------------- detection
 
 
-def test_detection_costs_one_probe_per_endpoint() -> None:
+def test_detection_costs_no_request() -> None:
+    """The server is identified from its first answer: no probe before (or after) it."""
     with EmbeddingServer(dialect="vllm") as srv:
         client = q.EmbeddingClient(base_url=srv.base_url)
         seen = probes(client.config.pool_key)
+        assert client.server is None  # nothing sent yet
         for _ in range(3):
             q.EmbeddingClient(base_url=srv.base_url).embed_documents(["a", "b"])
         QwenPooledEmbeddings(base_url=srv.base_url).embed_query("c")
-        assert seen == ["GET /v1/models"]
-        found = servers.cached_detection(client.config.pool_key)
+        assert seen == []
+        assert srv.requests == 4
+        found = client.server
         assert found is not None
         assert found.profile.name == "vllm"
-        assert "owned_by 'vllm'" in found.source
+        assert "embd-" in found.source
 
 
 def test_server_setting_skips_detection_and_applies_profile() -> None:

@@ -213,8 +213,8 @@ def test_fields_map_onto_the_core_config(monkeypatch: pytest.MonkeyPatch) -> Non
         embed_batch_size=7,
         max_concurrency=3,
         encoding_format="float",
-        timeout=Timeouts(read=12.5),
-        limits=Limits(max_connections=5),
+        read_timeout=12.5,
+        max_connections=5,
         http2=True,
     )
     cfg = model.config
@@ -228,6 +228,10 @@ def test_fields_map_onto_the_core_config(monkeypatch: pytest.MonkeyPatch) -> Non
     assert (cfg.batch_size, cfg.max_concurrency, cfg.encoding_format) == (7, 3, "float")
     assert cfg.timeout == Timeouts(read=12.5)
     assert cfg.limits == Limits(max_connections=5)
+    # the same flat settings, the same names, as the LangChain adapter; model= and
+    # batch_size= are accepted for LlamaIndex's model_name / embed_batch_size
+    same = QwenPooledEmbedding(model="Qwen/Qwen3-Embedding-4B", batch_size=7)
+    assert (same.model_name, same.embed_batch_size) == ("Qwen/Qwen3-Embedding-4B", 7)
     assert cfg.http2 is True
     # assignment rebuilds the config, and a bad value is refused and rolled back
     model.embed_batch_size = 11
@@ -251,7 +255,7 @@ def test_invalid_settings() -> None:
     with pytest.raises(ConfigError, match="dimensions"):
         QwenPooledEmbedding(base_url="http://127.0.0.1:9/v1", dimensions=4096)
     with pytest.raises(ValidationError, match="embed_batch_size") as refused:
-        QwenPooledEmbedding(base_url="http://127.0.0.1:9/v1", api_key=SECRET, batch_size=8)  # type: ignore[call-arg]
+        QwenPooledEmbedding(base_url="http://127.0.0.1:9/v1", api_key=SECRET, batch_size=0)
     assert SECRET[-6:] not in str(refused.value)  # inputs are not echoed
     with pytest.raises(ValidationError, match="no_such_field"):
         QwenPooledEmbedding(base_url="http://127.0.0.1:9/v1", no_such_field=1)  # type: ignore[call-arg]
@@ -266,8 +270,9 @@ def test_to_dict_round_trip_never_holds_the_key(monkeypatch: pytest.MonkeyPatch)
         query_instruction="Given a question, retrieve passages that answer it",
         embed_batch_size=7,
         max_concurrency=3,
-        timeout=Timeouts(read=12.5),
-        limits=Limits(max_connections=5, keepalive_expiry=2.0),
+        read_timeout=12.5,
+        max_connections=5,
+        keepalive_expiry=2.0,
         verify=False,
         encoding_format="float",
     )
@@ -510,7 +515,7 @@ def test_async_fan_out_is_bounded_vs_openai_like(srv: EmbeddingServer) -> None:
         f"peak_in_flight={stock_stats['max_in_flight']} requests={stock_stats['requests']}"
     )
     assert ours_stats["requests"] == 63
-    assert ours_stats["connections_opened"] <= ours.limits.max_connections
+    assert ours_stats["connections_opened"] <= ours.max_connections
     assert ours_stats["connections_opened"] <= ours.max_concurrency
     assert ours_stats["max_in_flight"] <= ours.max_concurrency
     assert stock_stats["requests"] >= 63  # its own retries may add some

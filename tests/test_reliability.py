@@ -134,15 +134,23 @@ def test_bad_vectors_raise_naming_the_index(srv: EmbeddingServer, kind: str, wor
     assert srv.requests == 1  # deterministic: not retried
 
 
-def test_overloaded_gives_up_after_max_attempts(srv: EmbeddingServer) -> None:
+def test_overload_is_an_outage_retried_until_the_deadline(srv: EmbeddingServer) -> None:
+    """503 "queue full" is retried past max_attempts (an outage costs time, not the
+    call), and only the call's deadline ends it."""
     srv.inject_overloaded(count=10)
-    client = q.EmbeddingClient(
-        base_url=srv.base_url,
-        retry=q.RetryConfig(max_attempts=3, backoff_initial=0.01, circuit_failure_threshold=0),
+    fast = q.RetryConfig(max_attempts=3, backoff_initial=0.01, backoff_max=0.02)
+    client = q.EmbeddingClient(base_url=srv.base_url, retry=fast)
+    assert len(client.embed_query("busy")) == srv.dim
+    assert srv.requests == 11  # ten refusals, then the answer
+    srv.reset_counters()
+    srv.inject_overloaded(count=10_000)
+    short = q.EmbeddingClient(
+        base_url=srv.base_url, retry=fast.replace(query_deadline=0.3, circuit_failure_threshold=0)
     )
     with pytest.raises(q.OverloadedError, match="request queue is full"):
-        client.embed_query("busy")
-    assert srv.requests == 3
+        short.embed_query("still busy")
+    assert srv.requests > 3  # max_attempts does not bound an outage
+    srv.clear_faults()
 
 
 def test_circuit_breaker_fails_fast_on_dead_endpoint() -> None:
@@ -153,16 +161,23 @@ def test_circuit_breaker_fails_fast_on_dead_endpoint() -> None:
     client = q.EmbeddingClient(
         base_url=url,
         retry=q.RetryConfig(
-            max_attempts=2, backoff_initial=0.01, circuit_failure_threshold=4, circuit_cooldown=30.0
+            backoff_initial=0.01,
+            backoff_max=0.02,
+            query_deadline=0.5,
+            circuit_failure_threshold=4,
+            circuit_cooldown=30.0,
+            circuit_open_after=0.0,
         ),
     )
-    for _ in range(2):
-        with pytest.raises(q.ConnectError, match="cannot connect"):
-            client.embed_query("down")
-    started = time.monotonic()
-    with pytest.raises(q.CircuitOpenError, match="circuit open"):
+    # the first call retries the refused connection until its deadline...
+    with pytest.raises(q.ConnectError, match="cannot connect"):
         client.embed_query("down")
-    assert time.monotonic() - started < 0.1
+    # ...then a new call fails at once, naming the last failure (also its cause)
+    with pytest.raises(q.CircuitOpenError, match="circuit open") as info:
+        client.embed_query("down")
+    assert "cannot connect" in str(info.value)
+    assert isinstance(info.value.__cause__, q.ConnectError)
+    assert isinstance(info.value.last_error, q.ConnectError)
 
 
 def test_batch_too_large_is_split_and_remembered() -> None:
@@ -248,7 +263,7 @@ def test_http2_over_tls_is_negotiated() -> None:
         texts = SOAK_TEXTS[:64]
         try:
             arr = client.embed_documents_array(texts)
-            shared = pool.get_sync_client(client.config.pool_key)
+            shared = pool.sync_transport(client.config.pool_key).client
             version = shared.get(srv.url + "/health").http_version
         finally:
             q.close_all()  # let the server shut down without waiting for our connections

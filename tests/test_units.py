@@ -424,14 +424,36 @@ def test_driver_gives_up_and_never_retries_400() -> None:
         retry.call_with_retry(bad, policy=RetryConfig(), sleep=lambda s: None)
     assert calls[0] == 1
 
+    def broken() -> None:
+        calls[0] += 1
+        raise _server_error(500)
+
+    calls[0] = 0
+    with pytest.raises(q.ServerError):
+        retry.call_with_retry(broken, policy=RetryConfig(max_attempts=3), sleep=lambda s: None)
+    assert calls[0] == 3  # not an outage: max_attempts applies
+
+
+def test_outage_is_retried_until_the_deadline_not_max_attempts() -> None:
+    now = [0.0]
+    calls = [0]
+
+    def sleep(s: float) -> None:
+        now[0] += s
+
     def busy() -> None:
         calls[0] += 1
         raise _server_error(503)
 
-    calls[0] = 0
+    policy = RetryConfig(max_attempts=3, deadline=60.0, backoff_initial=1.0, backoff_max=4.0)
     with pytest.raises(q.OverloadedError):
-        retry.call_with_retry(busy, policy=RetryConfig(max_attempts=3), sleep=lambda s: None)
-    assert calls[0] == 3
+        retry.call_with_retry(busy, policy=policy, sleep=sleep, clock=lambda: now[0])
+    assert calls[0] > 3  # an outage: the deadline applies, not max_attempts
+    assert now[0] <= 60.0
+    calls[0] = 0
+    with pytest.raises(q.OverloadedError):  # max_attempts=1: retries off, outages included
+        retry.call_with_retry(busy, policy=RetryConfig(max_attempts=1), sleep=sleep)
+    assert calls[0] == 1
 
 
 def test_deadline_stops_retries() -> None:

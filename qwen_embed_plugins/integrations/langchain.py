@@ -11,40 +11,24 @@ Needs the ``langchain`` extra: ``pip install 'qwen-embed-plugins[langchain]'``.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import os
 from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
-from typing import Any, NamedTuple, Self
+from typing import Any, Literal, NamedTuple, Self
 
 from langchain_core.embeddings import Embeddings
-from langchain_core.utils import from_env, secret_from_env
+from langchain_core.utils import secret_from_env
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
 
 from ..client import AsyncEmbeddingClient, EmbeddingClient
-from ..config import (
-    DEFAULT_MODEL,
-    ENV_API_KEY,
-    ENV_BASE_URL,
-    ENV_MODEL,
-    EmbeddingConfig,
-    EncodingFormat,
-    Limits,
-    RetryConfig,
-    Timeouts,
-)
+from ..config import ENV_API_KEY, EmbeddingConfig, EncodingFormat
 from ..errors import ConfigError
 from ..protocol import validate_texts
+from ._common import DESCRIPTIONS, build_config, setting
 
 __all__ = ["QwenPooledEmbeddings"]
 
-_CORE_DEFAULTS: dict[str, Any] = {
-    f.name: f.default for f in dataclasses.fields(EmbeddingConfig) if f.init
-}
-_TIMEOUTS = Timeouts()
-_LIMITS = Limits()
-_RETRY = RetryConfig()
 
 _TQDM_MISSING = (
     "show_progress=True needs tqdm: pip install 'qwen-embed-plugins[langchain]' "
@@ -227,101 +211,80 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
 
     # ------------------------------------------------------------------ endpoint
 
-    base_url: str | None = Field(default_factory=from_env(ENV_BASE_URL, default=None))
-    """The OpenAI-compatible API root, e.g. ``http://gpu-box:30000/v1``; requests go to
-    ``{base_url}/embeddings``. Read from ``QWEN_EMBED_BASE_URL`` when not given;
-    required (there is no default endpoint)."""
+    base_url: str | list[str] | None = setting("base_url")
 
-    api_key: SecretStr | None = Field(default_factory=secret_from_env(ENV_API_KEY, default=None))
-    """Bearer token, read from ``QWEN_EMBED_API_KEY`` when not given; ``None`` for
-    servers without auth. Masked in ``repr``, dumps and errors; never pickled (an
-    unpickled instance re-reads ``QWEN_EMBED_API_KEY``)."""
+    api_key: SecretStr | None = Field(
+        default_factory=secret_from_env(ENV_API_KEY, default=None),
+        description=DESCRIPTIONS["api_key"],
+    )
 
-    model: str = Field(default_factory=from_env(ENV_MODEL, default=DEFAULT_MODEL))
-    """Model name sent in every request (default ``Qwen/Qwen3-Embedding-0.6B``, or
-    ``QWEN_EMBED_MODEL``)."""
+    model: str = setting("model")
 
     # ------------------------------------------------------------------ embedding
 
-    dimensions: int | None = _CORE_DEFAULTS["dimensions"]
-    """MRL output size in dimensions (``None`` = the model's full size). For
-    Qwen3-Embedding: 32..1024 (0.6B), ..2560 (4B), ..4096 (8B). Sent to the server when
-    it supports it, else vectors are sliced client-side and L2-renormalised."""
+    dimensions: int | None = setting("dimensions")
 
-    query_instruction: str | None = _CORE_DEFAULTS["query_instruction"]
-    """Retrieval task text put before queries as ``Instruct: {task}\\nQuery:{text}``
-    (default: "Given a web search query, retrieve relevant passages that answer the
-    query"). Documents are sent raw. ``None`` sends queries raw (non-Qwen models)."""
+    query_instruction: str | None = setting("query_instruction")
 
-    batch_size: int = _CORE_DEFAULTS["batch_size"]
-    """Texts per request (default 32; 1..2048). Lowered automatically to a server's
-    stated limit."""
+    batch_size: int = setting("batch_size")
 
-    max_concurrency: int = _CORE_DEFAULTS["max_concurrency"]
-    """Requests (batches) in flight at once per call, in texts / ``batch_size`` units
-    (default 4; 1..1024). All calls together never exceed ``max_connections``."""
+    max_batch_tokens: int | None = setting("max_batch_tokens")
 
-    encoding_format: EncodingFormat = _CORE_DEFAULTS["encoding_format"]
-    """Wire format of vectors: ``"auto"`` (base64 float32, falling back to JSON floats
-    once per endpoint if the server refuses), ``"base64"`` or ``"float"``."""
+    max_concurrency: int | Literal["auto"] = setting("max_concurrency")
 
-    normalize: bool = _CORE_DEFAULTS["normalize"]
-    """L2-renormalise vectors whose norm is not 1 (default ``True``)."""
+    encoding_format: EncodingFormat = setting("encoding_format")
 
-    max_text_chars: int | None = _CORE_DEFAULTS["max_text_chars"]
-    """Longest accepted text in characters (default 262,144; ``None`` = no limit).
-    Longer texts raise ``InputError`` before anything is sent."""
+    normalize: bool = setting("normalize")
 
-    # ------------------------------------------------------------------ timeouts
+    max_text_chars: int | None = setting("max_text_chars")
 
-    connect_timeout: float | None = _TIMEOUTS.connect
-    """Seconds to open a TCP (+TLS) connection (default 5.0 s; ``None`` = no limit)."""
+    append_eos: bool | None = setting("append_eos")
 
-    read_timeout: float | None = _TIMEOUTS.read
-    """Seconds to wait for response bytes (default 60.0 s; ``None`` = no limit)."""
+    # ------------------------------------------------------------------ timeouts and retries
 
-    write_timeout: float | None = _TIMEOUTS.write
-    """Seconds to send a request body (default 30.0 s; ``None`` = no limit)."""
+    connect_timeout: float | None = setting("connect_timeout")
 
-    pool_timeout: float | None = _TIMEOUTS.pool
-    """Seconds to wait for a free pooled connection (default 60.0 s; ``None`` = no
-    limit)."""
+    read_timeout: float | None = setting("read_timeout")
 
-    max_retries: int = _RETRY.max_attempts - 1
-    """Retries per request after the first attempt (default 3) on connection errors,
-    408, 429, 500, 502, 503 and 504, with capped exponential backoff and jitter."""
+    write_timeout: float | None = setting("write_timeout")
 
-    # ------------------------------------------------------------------ pool limits
+    pool_timeout: float | None = setting("pool_timeout")
 
-    max_connections: int = _LIMITS.max_connections
-    """Most TCP connections open to the endpoint at once, for the whole process
-    (default 20 connections): the pool is shared by every instance with the same
-    transport settings."""
+    total_timeout: float | None = setting("total_timeout")
 
-    max_keepalive_connections: int | None = _LIMITS.max_keepalive_connections
-    """Most idle connections kept for reuse (default ``None`` = ``max_connections``)."""
+    max_retries: int = setting("max_retries")
 
-    keepalive_expiry: float = _LIMITS.keepalive_expiry
-    """Seconds an idle connection is kept (default 4.0 s). Keep it below the server's
-    idle timeout (5 s for uvicorn-based servers and llama.cpp)."""
+    deadline: float | None = setting("deadline")
 
-    http2: bool = _CORE_DEFAULTS["http2"]
-    """Negotiate HTTP/2: ALPN over TLS; prior-knowledge h2c for ``http://``, falling
-    back to HTTP/1.1 (default ``False``)."""
+    query_deadline: float | None = setting("query_deadline")
 
-    verify: bool | str = _CORE_DEFAULTS["verify"]
-    """TLS verification: ``True`` (system CAs via certifi), ``False``, or the path of a
-    CA bundle file (PEM)."""
+    # ------------------------------------------------------------------ pool
 
-    use_sdk: bool = _CORE_DEFAULTS["use_sdk"]
-    """Send requests through the ``openai`` SDK on the same pool instead of the
-    built-in codec (slower, ~3 ms CPU per request more; default ``False``)."""
+    max_connections: int = setting("max_connections")
 
-    server: str = _CORE_DEFAULTS["server"]
-    """The server behind ``base_url``: ``"auto"`` (default: detected once per endpoint
-    and process) or ``"sglang"``, ``"vllm"``, ``"tei"``, ``"infinity"``, ``"ollama"``,
-    ``"llamacpp"``, ``"dashscope"``, ``"siliconflow"``, ``"openai"`` (generic). Sets
-    batch limits, wire format and ``dimensions`` handling (see docs/servers.md)."""
+    max_keepalive_connections: int | None = setting("max_keepalive_connections")
+
+    keepalive_expiry: float = setting("keepalive_expiry")
+
+    max_connections_per_process: int | None = setting("max_connections_per_process")
+
+    # ------------------------------------------------------------------ transport
+
+    http2: bool = setting("http2")
+
+    verify: bool | str = setting("verify")
+
+    proxy: str | None = setting("proxy")
+
+    trust_env: bool = setting("trust_env")
+
+    insecure_key: Literal["warn", "error", "allow"] = setting("insecure_key")
+
+    hedge: bool = setting("hedge")
+
+    use_sdk: bool = setting("use_sdk")
+
+    server: str = setting("server")
 
     # ------------------------------------------------------------------ UI
 
@@ -368,34 +331,7 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
 
     def _build_config(self) -> EmbeddingConfig:
         key = self.api_key.get_secret_value() if self.api_key is not None else None
-        return EmbeddingConfig(
-            base_url=self.base_url,
-            api_key=key or None,
-            model=self.model,
-            dimensions=self.dimensions,
-            query_instruction=self.query_instruction,
-            batch_size=self.batch_size,
-            max_concurrency=self.max_concurrency,
-            encoding_format=self.encoding_format,
-            normalize=self.normalize,
-            max_text_chars=self.max_text_chars,
-            timeout=Timeouts(
-                connect=self.connect_timeout,
-                read=self.read_timeout,
-                write=self.write_timeout,
-                pool=self.pool_timeout,
-            ),
-            limits=Limits(
-                max_connections=self.max_connections,
-                max_keepalive_connections=self.max_keepalive_connections,
-                keepalive_expiry=self.keepalive_expiry,
-            ),
-            http2=self.http2,
-            verify=self.verify,
-            retry=_RETRY.replace(max_attempts=self.max_retries + 1),
-            use_sdk=self.use_sdk,
-            server=self.server,
-        )
+        return build_config(self.__dict__, api_key=key or None)
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Assigning a field checks the new settings at once (rolled back if invalid), as

@@ -52,18 +52,9 @@ from llama_index.core.bridge.pydantic import (
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 
 from ..client import AsyncEmbeddingClient, EmbeddingClient
-from ..config import (
-    DEFAULT_MODEL,
-    DEFAULT_QUERY_TASK,
-    ENV_API_KEY,
-    ENV_BASE_URL,
-    ENV_MODEL,
-    EmbeddingConfig,
-    Limits,
-    RetryConfig,
-    Timeouts,
-)
+from ..config import DEFAULT_MODEL, ENV_API_KEY, EmbeddingConfig, env_setting
 from ..errors import ConfigError
+from ._common import DESCRIPTIONS, build_config, env_default, setting
 
 __all__ = ["QwenPooledEmbedding"]
 
@@ -84,20 +75,8 @@ _CONFIG_FIELDS = (
     "base_url",
     "api_key",
     "model_name",
-    "dimensions",
-    "query_instruction",
     "embed_batch_size",
-    "max_concurrency",
-    "encoding_format",
-    "normalize",
-    "max_text_chars",
-    "timeout",
-    "limits",
-    "http2",
-    "verify",
-    "retry",
-    "use_sdk",
-    "server",
+    *(name for name in DESCRIPTIONS if name not in ("base_url", "api_key", "model", "batch_size")),
 )
 
 # The mark ``dispatcher.span`` leaves on a function it has wrapped.
@@ -105,8 +84,8 @@ _SPAN_MARK: str = getattr(
     _instrumentation, "DISPATCHER_SPAN_DECORATED_ATTR", "__dispatcher_span_decorated__"
 )
 
-# Names users bring from other embedders, with the field to use instead.
-_RENAMED = {
+# Names the LangChain adapter (and other embedders) use, accepted for the same field.
+_ALIASES = {
     "batch_size": "embed_batch_size",
     "model": "model_name",
     "api_base": "base_url",
@@ -166,95 +145,48 @@ class QwenPooledEmbedding(BaseEmbedding):
     # A validation error must not echo the inputs: they may hold the API key.
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
-    base_url: str | None = Field(
-        default=None,
-        description=(
-            "The OpenAI-compatible API root, e.g. 'http://gpu-box:30000/v1' (requests go "
-            f"to '{{base_url}}/embeddings'). Default: env {ENV_BASE_URL}. Required."
-        ),
-    )
+    base_url: str | list[str] | None = setting("base_url")
     api_key: SecretStr | str | None = Field(
-        default=None,
-        exclude=True,
-        description=(
-            f"Bearer token; None for servers without auth. Default: env {ENV_API_KEY}. "
-            "Never serialised or pickled."
-        ),
+        default=None, exclude=True, description=DESCRIPTIONS["api_key"]
     )
     model_name: str = Field(
-        default=DEFAULT_MODEL,
-        description=f"Model name sent in every request. Default: env {ENV_MODEL}, "
-        f"then {DEFAULT_MODEL!r}.",
+        default_factory=env_default("model"),
+        description=DESCRIPTIONS["model"] + " Also accepted as model=.",
     )
     embed_batch_size: int = Field(
-        default=32,
+        default_factory=env_default("batch_size"),
         gt=0,
         le=2048,
-        description="Texts per request (1..2048; default 32). Lowered automatically to a "
-        "limit the server states.",
+        description=DESCRIPTIONS["batch_size"] + " Also accepted as batch_size=.",
     )
-    dimensions: int | None = Field(
-        default=None,
-        description="MRL output size in dimensions (None = the model's full size; "
-        "Qwen3-Embedding: 32..1024 for 0.6B, ..2560 for 4B, ..4096 for 8B).",
-    )
-    query_instruction: str | None = Field(
-        default=DEFAULT_QUERY_TASK,
-        description="Task put before queries as 'Instruct: {task}\\nQuery:{text}'; "
-        "documents are sent raw. None disables it (non-Qwen models).",
-    )
-    max_concurrency: int = Field(
-        default=4,
-        description="Requests in flight at once per batch call (1..1024; default 4).",
-    )
-    encoding_format: Literal["auto", "base64", "float"] = Field(
-        default="auto",
-        description="'auto' (base64, falling back to float once per endpoint if "
-        "refused), 'base64' or 'float'.",
-    )
-    normalize: bool = Field(
-        default=True,
-        description="L2-renormalise vectors whose norm is not 1.",
-    )
-    max_text_chars: int | None = Field(
-        default=262_144,
-        description="Longest accepted text in characters (None = no limit); longer "
-        "texts raise InputError before anything is sent.",
-    )
-    timeout: Timeouts | float | None = Field(
-        default_factory=Timeouts,
-        description="Timeouts in seconds: a Timeouts(connect=5, read=60, write=30, "
-        "pool=60), one number for all four, or None for none.",
-    )
-    limits: Limits = Field(
-        default_factory=Limits,
-        description="Pool limits shared by the endpoint: Limits(max_connections=20 "
-        "connections, max_keepalive_connections=None (= max_connections), "
-        "keepalive_expiry=4.0 s).",
-    )
-    http2: bool = Field(
-        default=False,
-        description="Negotiate HTTP/2 (ALPN over TLS; h2c over http://, falling back to HTTP/1.1).",
-    )
-    verify: bool | str = Field(
-        default=True,
-        description="TLS verification: True (system CAs), False, or a CA bundle path.",
-    )
-    retry: RetryConfig = Field(
-        default_factory=RetryConfig,
-        description="The one retry layer's policy (attempts, backoff in seconds, circuit breaker).",
-    )
-    use_sdk: bool = Field(
-        default=False,
-        description="Send requests through the openai SDK on the same pool (slower; "
-        "for comparison).",
-    )
-    server: str = Field(
-        default="auto",
-        description="The server behind base_url: 'auto' (detected once per endpoint and "
-        "process) or 'sglang', 'vllm', 'tei', 'infinity', 'ollama', 'llamacpp', "
-        "'dashscope', 'siliconflow', 'openai' (generic).",
-    )
+    dimensions: int | None = setting("dimensions")
+    query_instruction: str | None = setting("query_instruction")
+    max_batch_tokens: int | None = setting("max_batch_tokens")
+    max_concurrency: int | Literal["auto"] = setting("max_concurrency")
+    encoding_format: Literal["auto", "base64", "float"] = setting("encoding_format")
+    normalize: bool = setting("normalize")
+    max_text_chars: int | None = setting("max_text_chars")
+    append_eos: bool | None = setting("append_eos")
+    connect_timeout: float | None = setting("connect_timeout")
+    read_timeout: float | None = setting("read_timeout")
+    write_timeout: float | None = setting("write_timeout")
+    pool_timeout: float | None = setting("pool_timeout")
+    total_timeout: float | None = setting("total_timeout")
+    max_retries: int = setting("max_retries")
+    deadline: float | None = setting("deadline")
+    query_deadline: float | None = setting("query_deadline")
+    max_connections: int = setting("max_connections")
+    max_keepalive_connections: int | None = setting("max_keepalive_connections")
+    keepalive_expiry: float = setting("keepalive_expiry")
+    max_connections_per_process: int | None = setting("max_connections_per_process")
+    http2: bool = setting("http2")
+    verify: bool | str = setting("verify")
+    proxy: str | None = setting("proxy")
+    trust_env: bool = setting("trust_env")
+    insecure_key: Literal["warn", "error", "allow"] = setting("insecure_key")
+    hedge: bool = setting("hedge")
+    use_sdk: bool = setting("use_sdk")
+    server: str = setting("server")
 
     _config: EmbeddingConfig | None = PrivateAttr(default=None)
     _config_key: tuple[Any, ...] | None = PrivateAttr(default=None)
@@ -273,18 +205,18 @@ class QwenPooledEmbedding(BaseEmbedding):
     def _from_environment(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        for old, new in _RENAMED.items():
-            if old in data:
-                raise ConfigError(f"QwenPooledEmbedding has no field {old!r}; use {new!r} instead")
         data = dict(data)
-        if data.get("base_url") is None:
-            data["base_url"] = os.environ.get(ENV_BASE_URL) or None
+        for alias, name in _ALIASES.items():
+            if alias in data:
+                if name in data:
+                    raise ConfigError(f"pass either {alias!r} or {name!r}, not both")
+                data[name] = data.pop(alias)
         if "api_key" not in data:
-            data["api_key"] = os.environ.get(ENV_API_KEY) or None
+            data["api_key"] = env_setting("api_key")
         if isinstance(data["api_key"], str):  # kept as a SecretStr: masked in repr
             data["api_key"] = SecretStr(data["api_key"]) if data["api_key"] else None
         if not data.get("model_name"):
-            data["model_name"] = os.environ.get(ENV_MODEL) or DEFAULT_MODEL
+            data["model_name"] = env_setting("model") or DEFAULT_MODEL
         return data
 
     @classmethod
@@ -295,25 +227,10 @@ class QwenPooledEmbedding(BaseEmbedding):
     # ------------------------------------------------------------------ config
 
     def _build_config(self) -> EmbeddingConfig:
-        return EmbeddingConfig(
-            base_url=self.base_url,
-            api_key=self._key_value(),
-            model=self.model_name,
-            dimensions=self.dimensions,
-            query_instruction=self.query_instruction,
-            batch_size=self.embed_batch_size,
-            max_concurrency=self.max_concurrency,
-            encoding_format=self.encoding_format,
-            normalize=self.normalize,
-            max_text_chars=self.max_text_chars,
-            timeout=self.timeout,
-            limits=self.limits,
-            http2=self.http2,
-            verify=self.verify,
-            retry=self.retry,
-            use_sdk=self.use_sdk,
-            server=self.server,
-        )
+        values = dict(self.__dict__)
+        values["model"] = self.model_name
+        values["batch_size"] = self.embed_batch_size
+        return build_config(values, api_key=self._key_value())
 
     def _key_value(self) -> str | None:
         key = self.api_key
@@ -322,7 +239,8 @@ class QwenPooledEmbedding(BaseEmbedding):
     def _apply(self, config: EmbeddingConfig) -> None:
         # Record the resolved values (env fallback, normalised URL) so to_dict() is
         # self-contained; write __dict__ directly to skip __setattr__'s rebuild.
-        self.__dict__["base_url"] = config.base_url
+        base = config.base_url
+        self.__dict__["base_url"] = list(base) if isinstance(base, tuple) else base
         self.__dict__["model_name"] = config.model
         self._config = config
         self._config_key = self._fingerprint()

@@ -1,0 +1,1046 @@
+"""The I/O-free call engine: every decision of an embedding call, written once.
+
+An embedding call is planned (``protocol.plan_batches``), then each batch runs as a
+*flow*: a generator that yields operations — ``Send`` (perform this HTTP exchange on
+this replica) and ``Sleep`` (wait this long) — and receives their results. The sync
+client runs flows with blocking I/O (``run_sync``), the async client with awaits
+(``run_async``); nothing else differs between them (as httpx's ``BaseClient`` and
+tenacity's ``BaseRetrying.iter`` share their logic).
+
+A batch flow decides:
+
+- which replica gets the request (``balance``), and resends a failed request at once on
+  another replica;
+- retries (``retry``: outages until the call's deadline, other failures
+  ``max_attempts`` times, stale keep-alive and refused HTTP/2 streams at once);
+- adaptations learned per replica: base64 -> float (on a refusal, or a 5xx a float
+  retry does not reproduce), client-side ``dimensions``, a batch or token limit stated
+  in a refusal, a missing ``/v1`` prefix (Infinity), h2c -> HTTP/1.1;
+- bisection: a batch that fails in a way one input can cause (500, a connection
+  dropped after the request was sent, a 400 that names no input) is split and the
+  halves resent until the failing input(s) are isolated; every other text is embedded,
+  and the error names the caller's index. A batch whose every half succeeds failed for
+  its size: the replica's batch limit is learned;
+- what reaches the caller: ``on_error="raise"`` raises the first bad input's error
+  (the lowest index), ``"skip"`` leaves ``None`` in its slot and reports the error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from collections.abc import Callable, Generator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from . import pool, servers
+from .balance import Endpoint, Replica, ReplicaState, endpoint_for
+from .config import EmbeddingConfig, OnError, insecure_key_target, known_model_dims
+from .errors import (
+    BadRequestError,
+    BatchTooLargeError,
+    ConfigError,
+    ContextLengthError,
+    ErrorContext,
+    HTTPStatusError,
+    NetworkError,
+    NotFoundError,
+    QwenEmbedError,
+    ResponseError,
+    ServerError,
+    TransportError,
+    error_from_response,
+    scrub,
+)
+from .protocol import (
+    FloatArray,
+    bad_rows,
+    decode_rows,
+    encode_request,
+    estimate_tokens,
+    normalize_rows,
+    parse_body,
+    truncation_suspects,
+    usage_prompt_tokens,
+)
+from .retry import RetryState, classify, is_health_failure, parse_retry_after, retry_reason
+from .transport import Reply, Request
+
+__all__ = ["Call", "Engine", "Send", "Sleep", "run_async", "run_sync"]
+
+_log = logging.getLogger("qwen_embed_plugins")
+
+_BASE64_REFUSED = re.compile(r"base64|encoding[_ ]format", re.I)
+_DIMENSIONS_REFUSED = re.compile(r"dimension|matryoshka|mrl", re.I)
+_SERVER_POSITION = re.compile(r"\b(?:index|input|item)\s*(?:at\s+(?:index\s+)?)?\[?(\d+)\]?", re.I)
+_EOS = "<|endoftext|>"
+_EOS_ID = 151643  # Qwen2/Qwen3 <|endoftext|> (qwen.tiktoken / tokenizer_config.json)
+_MAX_RESPONSE_FLOOR = 1 << 20
+_BYTES_PER_VALUE = 32  # a float in JSON: "-0.012345678901234567," is 22; room to spare
+_DIM_GUESS = 8192
+_SERVER_WIDE_LEAVES = 3
+_MAX_WARNINGS = 5
+
+
+# --------------------------------------------------------------------------- operations
+
+
+class Send:
+    """Operation: perform ``request`` on ``replica``'s pool; the flow receives the
+    ``Reply`` (or has the translated ``QwenEmbedError`` thrown in)."""
+
+    __slots__ = ("replica", "request")
+
+    def __init__(self, replica: Replica, request: Request) -> None:
+        self.replica = replica
+        self.request = request
+
+
+class Sleep:
+    """Operation: wait ``seconds`` before going on."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
+Op = Send | Sleep
+Flow = Generator[Op, Any, Any]
+
+
+class _Split(Exception):
+    """The chosen replica accepts fewer texts (or tokens) per request than this batch."""
+
+    def __init__(self, count: int | None = None, tokens: int | None = None) -> None:
+        super().__init__()
+        self.count = count
+        self.tokens = tokens
+
+
+# --------------------------------------------------------------------------- call state
+
+
+@dataclass
+class Call:
+    """One embedding call under way.
+
+    Attributes:
+        started: monotonic start time, in seconds.
+        deadline: seconds the call may take in all (``None``: no deadline).
+        on_error: ``"raise"`` or ``"skip"`` for inputs the server cannot embed.
+        failures: the caller's index -> its error, for inputs that failed.
+        stop: set once an input error decided a ``"raise"`` call: no new batch starts.
+    """
+
+    started: float
+    deadline: float | None
+    on_error: OnError = "raise"
+    failures: dict[int, QwenEmbedError] = field(default_factory=dict)
+    stop: bool = False
+
+    def remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return self.deadline - (time.monotonic() - self.started)
+
+
+@dataclass
+class _Bisection:
+    ok: int = 0
+    max_ok: int = 0
+    failed_leaves: int = 0
+    input_failed: bool = False
+
+
+class Part:
+    """The result of one planned batch: decoded rows (possibly in pieces, when the
+    batch was split) and the inputs that failed."""
+
+    __slots__ = ("failed", "pieces")
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[int, FloatArray]] = []  # (offset in the batch, rows)
+        self.failed: dict[int, QwenEmbedError] = {}  # offset in the batch -> error
+
+    def merge(self, other: Part, offset: int) -> None:
+        self.pieces.extend((offset + o, rows) for o, rows in other.pieces)
+        self.failed.update({offset + o: e for o, e in other.failed.items()})
+
+
+# --------------------------------------------------------------------------- the engine
+
+
+class Engine:
+    """The decisions of one client's calls (one per client; replicas are shared)."""
+
+    def __init__(self, config: EmbeddingConfig) -> None:
+        self.config = config
+        self.model: str = config.model or ""
+        self.secret = config.api_key_value()
+        self.endpoint: Endpoint = endpoint_for(config)
+        self.timeouts = config.timeouts
+        headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        if self.secret is not None:
+            headers["Authorization"] = f"Bearer {self.secret}"
+        self.headers = headers
+        self.fixed = None if config.server == "auto" else servers.get_profile(str(config.server))
+        self._contexts: dict[str, ErrorContext] = {}
+        self._insecure_warned = False
+        self.append_eos = config.append_eos is True
+
+    # ---------------------------------------------------------------- per replica
+
+    def ctx(self, replica: Replica) -> ErrorContext:
+        found = self._contexts.get(replica.url)
+        if found is None:
+            t = self.timeouts
+            found = self._contexts[replica.url] = ErrorContext(
+                url=replica.label,
+                secret=self.secret,
+                connect=t.connect,
+                read=t.read,
+                write=t.write,
+                pool=t.pool,
+                total=t.total,
+                max_connections=self.config.limits.max_connections,
+            )
+        return found
+
+    def profile(self, replica: Replica, state: ReplicaState) -> servers.ServerProfile:
+        if self.fixed is not None:
+            return self.fixed
+        if state.profile is None:
+            found = servers.identify_url(replica.url)
+            if found is not None:
+                state.profile, state.source = found.profile, found.source
+        profile = state.profile
+        return servers.GENERIC if profile is None else profile
+
+    def detection(self) -> servers.Detection | None:
+        """The profile of the first replica and how it was found (``None``: not yet)."""
+        replica = self.endpoint.replicas[0]
+        state = replica.state(self.model)
+        if self.fixed is not None:
+            return servers.Detection(self.fixed, "server= setting", state.url_override)
+        profile = self.profile(replica, state)
+        if state.profile is None:
+            return None
+        return servers.Detection(profile, state.source, state.url_override)
+
+    def wire(self, state: ReplicaState, profile: servers.ServerProfile) -> tuple[str, int | None]:
+        """(``encoding_format``, ``dimensions`` to send) for this replica now."""
+        fmt: str = self.config.encoding_format
+        if fmt == "auto":
+            fmt = "float" if state.base64_ok is False or not profile.base64 else "base64"
+        want = self.config.dimensions
+        if want is None or state.dimensions_ok is False:
+            return fmt, None
+        native = state.native_dim or known_model_dims(self.model)
+        if native is not None and want >= native:
+            return fmt, None  # the full size: nothing to ask for
+        return fmt, servers.wire_dimensions(profile, want, self.model)
+
+    def batch_limits(self) -> tuple[int | None, int | None]:
+        """The smallest known (texts, tokens) per request over the replicas: server
+        profiles and learned limits, so a plan can respect them up front."""
+        count: int | None = None
+        tokens = self.config.max_batch_tokens
+        assert tokens is None or isinstance(tokens, int)
+        for replica in self.endpoint.replicas:
+            state = replica.state(self.model)
+            for limit in (state.batch_limit, self.profile(replica, state).batch_limit):
+                if limit is not None and (count is None or limit < count):
+                    count = limit
+            if state.token_limit is not None and (tokens is None or state.token_limit < tokens):
+                tokens = state.token_limit
+        return count, tokens
+
+    def max_bytes(self, texts: int, state: ReplicaState) -> int:
+        if self.config.max_response_bytes is not None:
+            return self.config.max_response_bytes
+        dim = state.native_dim or _DIM_GUESS
+        return max(_MAX_RESPONSE_FLOOR, texts * dim * _BYTES_PER_VALUE + 65_536)
+
+    def new_call(self, *, query: bool, on_error: OnError = "raise") -> Call:
+        """Start a call: fails fast (``CircuitOpenError``) while the endpoint is down."""
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        self.endpoint.check_open()
+        retry = self.config.retry
+        deadline = retry.query_deadline if query else retry.deadline
+        if self.secret is not None and not self._insecure_warned:
+            self._warn_insecure()
+        return Call(started=time.monotonic(), deadline=deadline, on_error=on_error)
+
+    def _warn_insecure(self) -> None:
+        self._insecure_warned = True
+        if self.config.insecure_key != "warn":
+            return
+        for replica in self.endpoint.replicas:
+            state = replica.state(self.model)
+            if insecure_key_target(replica.url) and "insecure" not in state.warned:
+                state.warned.add("insecure")
+                _log.warning(
+                    "the API key goes over plain HTTP to %s, which is not a loopback "
+                    "address: anyone on the path can read it (use https://, or "
+                    "insecure_key='error' to refuse)",
+                    replica.label,
+                )
+
+    # ---------------------------------------------------------------- requests
+
+    def _request(
+        self,
+        replica: Replica,
+        state: ReplicaState,
+        texts: Sequence[str],
+        fmt: str,
+        dims: int | None,
+        call: Call,
+    ) -> Request:
+        if self.append_eos:
+            texts = [t if t.endswith(_EOS) else t + _EOS for t in texts]
+        body = encode_request(texts, model=self.model, encoding_format=fmt, dimensions=dims)
+        total = self.timeouts.total
+        left = call.remaining()
+        if left is not None:
+            left = max(left, 0.001)
+            total = left if total is None else min(total, left)
+        url = state.url_override or f"{replica.url}/embeddings"
+        return Request(
+            "POST",
+            url,
+            body,
+            self.headers,
+            self.timeouts,
+            total,
+            self.max_bytes(len(texts), state),
+            self.ctx(replica),
+        )
+
+    def status_error(
+        self, reply: Reply, replica: Replica, profile: servers.ServerProfile
+    ) -> HTTPStatusError | ResponseError:
+        status = reply.status
+        if 300 <= status < 400:
+            where = scrub(reply.headers.get("location", ""), self.secret)[:200]
+            return ResponseError(
+                f"{replica.label} answered HTTP {status} (redirect to {where or '?'}); "
+                "redirects are not followed, so that the API key never goes elsewhere: "
+                "fix base_url",
+                url=replica.label,
+            )
+        error = error_from_response(
+            status,
+            reply.body,
+            url=f"{replica.url}/embeddings",
+            headers=reply.headers,
+            retry_after=parse_retry_after(reply.headers),
+            secret=self.secret,
+        )
+        error = servers.refine_error(profile, error)
+        if status == 404 and not replica.url.endswith("/v1"):
+            error.args = (
+                f"{error.args[0]} (OpenAI-compatible servers usually serve under /v1: "
+                f"try base_url='{replica.label}/v1')",
+            )
+        return error
+
+    def _observe(
+        self, replica: Replica, state: ReplicaState, reply: Reply, payload: object
+    ) -> None:
+        if self.fixed is None and (state.profile is None or state.profile is servers.GENERIC):
+            found = servers.identify_response(reply.headers, payload)
+            if found is not None:
+                state.profile, state.source = found.profile, found.source
+            elif state.profile is None:
+                state.profile, state.source = servers.GENERIC, "answers of a generic server"
+
+    def _adapt(
+        self,
+        exc: BadRequestError,
+        fmt: str,
+        dims: int | None,
+        state: ReplicaState,
+        replica: Replica,
+    ) -> bool:
+        """Learn from a 400 that the server refuses base64 or ``dimensions``; ``True``
+        when the request should be resent with other options."""
+        message = exc.message
+        if (
+            fmt == "base64"
+            and self.config.encoding_format == "auto"
+            and _BASE64_REFUSED.search(message)
+        ):
+            self._no_base64(state, replica, "refused encoding_format=base64")
+            return True
+        if dims is not None and _DIMENSIONS_REFUSED.search(message):
+            state.dimensions_ok = False
+            replica.metrics.fallback("client_side_dimensions")
+            _log.warning(
+                "%s rejected dimensions=%d; slicing and renormalising client-side",
+                replica.label,
+                dims,
+            )
+            return True
+        return False
+
+    def _no_base64(self, state: ReplicaState, replica: Replica, why: str) -> None:
+        if state.base64_ok is not False:
+            state.base64_ok = False
+            replica.metrics.fallback("float_encoding")
+            _log.warning("%s %s; using float from now on", replica.label, why)
+
+    def _on_retry(self, replica: Replica, exc: QwenEmbedError, delay: float) -> None:
+        reason = retry_reason(exc) or "unknown"
+        stale = delay == 0.0 and isinstance(exc, NetworkError) and not exc.refused
+        replica.metrics.retry(reason, stale=stale)
+        _log.warning("retrying %s after %s in %.3f s: %s", replica.label, reason, delay, exc)
+
+    # ---------------------------------------------------------------- flows
+
+    def request_flow(
+        self, call: Call, texts: Sequence[str], indices: Sequence[int], *, bisectable: bool
+    ) -> Flow:
+        """Send one batch until it is answered, with retries; returns
+        ``(rows n x dim, squared norms, bad rows, replica, state)``."""
+        policy = self.config.retry
+        rs = RetryState(policy=policy, started=call.started, deadline=call.deadline)
+        avoid: Replica | None = None
+        force_float = False
+        tried_float = False
+        moved_prefix = False
+        attempt = 0
+        while True:
+            attempt += 1
+            replica = self.endpoint.choose(avoid)
+            state = replica.state(self.model)
+            profile = self.profile(replica, state)
+            limit = state.batch_limit
+            if profile.batch_limit is not None and (limit is None or profile.batch_limit < limit):
+                limit = profile.batch_limit
+            if limit is not None and len(texts) > limit:
+                raise _Split(count=limit)
+            tokens = state.token_limit or self.config.max_batch_tokens
+            if tokens is not None and len(texts) > 1:
+                if sum(estimate_tokens(t) for t in texts) > tokens:
+                    raise _Split(tokens=tokens)
+            fmt, dims = self.wire(state, profile)
+            if force_float:
+                fmt = "float"
+            request = self._request(replica, state, texts, fmt, dims, call)
+            metrics = replica.metrics
+            replica.begin()
+            metrics.request_started()
+            started = time.perf_counter()
+            outcome = "cancelled"
+            status: int | None = None
+            error: QwenEmbedError | None = None
+            fresh = True
+            try:
+                try:
+                    reply: Reply = yield Send(replica, request)
+                except QwenEmbedError as exc:
+                    error = exc
+                    fresh = bool(getattr(exc, "fresh", True))
+                    outcome = type(exc).__name__
+                else:
+                    fresh = reply.fresh
+                    status = reply.status
+                    if reply.status >= 300:
+                        error = self.status_error(reply, replica, profile)
+                        outcome = type(error).__name__
+                    else:
+                        try:
+                            payload = parse_body(reply.body)
+                            self._observe(replica, state, reply, payload)
+                            rows, sq = decode_rows(payload, indices)
+                        except ResponseError as exc:
+                            exc.url = exc.url or replica.label
+                            error = exc
+                            outcome = "rejected"
+                        else:
+                            outcome = "ok"
+                            replica.succeeded(time.perf_counter() - started)
+                            if fmt == "base64":
+                                state.base64_ok = True
+                            elif force_float:
+                                self._no_base64(
+                                    state, replica, "failed with base64 but not with float"
+                                )
+                            if state.native_dim is None and dims is None:
+                                state.native_dim = int(rows.shape[1])
+                            if reply.http_version == "HTTP/2" and replica.key.http2:
+                                pool.h2c_succeeded(replica.key)
+                            self._check_usage(replica, state, texts, indices, payload)
+                            return rows, sq, bad_rows(sq), replica, state, dims
+            finally:
+                replica.end()
+                elapsed = time.perf_counter() - started
+                metrics.request_finished(outcome, elapsed, len(texts) if outcome == "ok" else 0)
+                if _log.isEnabledFor(logging.DEBUG):
+                    _log.debug(
+                        "POST %s texts=%d status=%s %.1f ms attempt=%d",
+                        replica.label,
+                        len(texts),
+                        outcome if status is None else status,  # no HTTP status: the error
+                        elapsed * 1000.0,
+                        attempt,
+                    )
+            # ---- a failed attempt
+            assert error is not None
+            self.endpoint.failed(replica, error)
+            if isinstance(error, HTTPStatusError) and not is_health_failure(error):
+                replica.succeeded(time.perf_counter() - started)  # it answered: alive
+            if (
+                isinstance(error, TransportError)
+                and fresh
+                and not error.refused
+                and pool.h2c_fallback(replica.key)
+            ):
+                attempt = 0
+                continue  # the server does not speak h2c: resend over HTTP/1.1 at once
+            if (
+                isinstance(error, NotFoundError)
+                and not moved_prefix
+                and state.url_override is None
+                and replica.url.endswith("/v1")
+                and error.message.strip() == "Not Found"
+            ):
+                # Infinity started without --url-prefix behind a /v1 base URL answers
+                # FastAPI's 404 {"detail": "Not Found"}: its routes are at the root.
+                moved_prefix = True
+                state.url_override = f"{replica.url[: -len('/v1')]}/embeddings"
+                state.profile, state.source = (
+                    servers.PROFILES["infinity"],
+                    "404 under /v1 (Infinity without --url-prefix)",
+                )
+                attempt = 0
+                continue
+            if isinstance(error, BadRequestError) and self._adapt(error, fmt, dims, state, replica):
+                attempt = 0  # a new request (other options): its first try
+                continue
+            if (
+                isinstance(error, ServerError)
+                and error.status == 500
+                and fmt == "base64"
+                and self.config.encoding_format == "auto"
+                and state.base64_ok is None
+                and not tried_float
+            ):
+                tried_float = force_float = True  # does float work where base64 failed?
+                continue
+            if force_float:
+                force_float = False  # float failed too: base64 is not the cause
+            if (
+                bisectable
+                and _maybe_input(error)
+                and (fresh or rs.stale_resent)
+                and (rs.attempts >= 1 or classify(error) == "fatal")
+            ):
+                # failed again (a transient fault rarely repeats): one of the inputs,
+                # or the batch's size, is the likelier cause: bisect
+                error._replica = replica  # type: ignore[attr-defined]
+                raise error
+            delay = rs.next_delay(error, now=time.monotonic(), fresh_connection=fresh)
+            if delay is None:
+                error._replica = replica  # type: ignore[attr-defined]
+                raise error
+            if classify(error) == "outage" and len(self.endpoint.replicas) > 1:
+                avoid = replica
+                if any(
+                    r is not replica and r.available(time.monotonic())
+                    for r in self.endpoint.replicas
+                ):
+                    delay = 0.0  # another replica can take it now
+            self._on_retry(replica, error, delay)
+            if delay > 0:
+                yield Sleep(delay)
+
+    def batch_flow(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        bis: _Bisection | None = None,
+    ) -> Flow:
+        """One batch to its ``Part``: splits, bisection and per-input failures."""
+        part = Part()
+        try:
+            rows, sq, bad, replica, state, dims = yield from self.request_flow(
+                call, texts, indices, bisectable=len(texts) > 1
+            )
+        except _Split as split:
+            if split.count is not None:
+                runs = [
+                    (i, min(i + split.count, len(texts))) for i in range(0, len(texts), split.count)
+                ]
+            else:
+                from .protocol import split_by_tokens
+
+                sizes = [estimate_tokens(t) for t in texts]
+                runs = split_by_tokens(sizes, 0, len(texts), split.tokens, len(texts))
+                if len(runs) == 1:
+                    runs = [(0, len(texts) // 2), (len(texts) // 2, len(texts))]
+            for start, stop in runs:
+                sub = yield from self.batch_flow(call, texts[start:stop], indices[start:stop], bis)
+                part.merge(sub, start)
+            return part
+        except BatchTooLargeError as exc:
+            if len(texts) > 1:
+                # Learn the stated (or halved) limit, then send the same texts again:
+                # the replica's limit now splits them (``_Split``).
+                self._learn_limit(exc, texts, getattr(exc, "_replica", None))
+                return (yield from self.batch_flow(call, texts, indices, bis))
+            return self._input_failed(call, part, 0, indices[0], exc, bis)
+        except QwenEmbedError as exc:
+            if len(texts) > 1 and _maybe_input(exc):
+                named = _named_position(exc, len(texts))
+                if named is not None:
+                    return (yield from self._without(call, texts, indices, named, exc, bis))
+                return (yield from self._bisect(call, texts, indices, exc, bis))
+            if len(texts) == 1 and _input_error(exc):
+                return self._input_failed(call, part, 0, indices[0], exc, bis)
+            raise
+        if bis is not None:
+            bis.ok += len(texts)
+            bis.max_ok = max(bis.max_ok, len(texts))
+        rows = self._finish(rows, sq, dims, bad, state, replica)
+        part.pieces.append((0, rows))
+        for row, reason in bad.items():
+            err = ResponseError(
+                f"embedding for input index {indices[row]} {reason}",
+                index=indices[row],
+                url=replica.label,
+            )
+            self._input_failed(call, part, row, indices[row], err, None)
+        if (
+            state.profile is servers.PROFILES["llamacpp"]
+            and not state.eos_checked
+            and self.config.append_eos is None
+        ):
+            yield from self._eos_check(call, replica, state)
+        return part
+
+    def _bisect(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        first: QwenEmbedError,
+        bis: _Bisection | None,
+    ) -> Flow:
+        top = bis is None
+        if bis is None:
+            bis = _Bisection()
+            replica = getattr(first, "_replica", None)
+            if replica is not None:
+                replica.metrics.fallback("bisections")
+        part = Part()
+        mid = len(texts) // 2
+        for start, stop in ((0, mid), (mid, len(texts))):
+            sub = yield from self.batch_flow(call, texts[start:stop], indices[start:stop], bis)
+            part.merge(sub, start)
+            if call.stop:
+                break
+        if (
+            top
+            and isinstance(first, NetworkError)
+            and not bis.input_failed
+            and bis.max_ok
+            and not call.stop
+        ):
+            # Every piece went through: the batch failed for its size (a server that
+            # drops requests above some size, e.g. out of memory). Learn the limit.
+            replica = getattr(first, "_replica", None)
+            if replica is not None:
+                state = replica.state(self.model)
+                state.size_failures.append(bis.max_ok)
+                if len(state.size_failures) < 2:
+                    return part  # once could be chance: wait for a second batch to say so
+                if state.batch_limit is None or bis.max_ok < state.batch_limit:
+                    state.batch_limit = bis.max_ok
+                    replica.metrics.fallback("batch_limit")
+                    _log.warning(
+                        "%s failed a batch of %d texts (%s) but took batches of %d: "
+                        "sending at most %d texts per request from now on",
+                        replica.label,
+                        len(texts),
+                        type(first).__name__,
+                        bis.max_ok,
+                        bis.max_ok,
+                    )
+        return part
+
+    def _without(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        named: int,
+        exc: QwenEmbedError,
+        bis: _Bisection | None,
+    ) -> Flow:
+        """The server named the bad input: fail it, send the others."""
+        part = Part()
+        if isinstance(exc, BadRequestError):
+            exc.index = indices[named]
+            exc.args = (f"{exc.args[0]} [input index {exc.index} of this call]",)
+        self._input_failed(call, part, named, indices[named], exc, bis)
+        if call.stop:
+            return part
+        for start, stop in ((0, named), (named + 1, len(texts))):
+            if start < stop:
+                sub = yield from self.batch_flow(call, texts[start:stop], indices[start:stop], bis)
+                part.merge(sub, start)
+        return part
+
+    def _input_failed(
+        self,
+        call: Call,
+        part: Part,
+        offset: int,
+        index: int,
+        exc: QwenEmbedError,
+        bis: _Bisection | None,
+    ) -> Part:
+        """Input ``index`` cannot be embedded: raise (``"raise"``) or record it."""
+        if bis is not None:
+            bis.failed_leaves += 1
+            bis.input_failed = True
+            if bis.failed_leaves >= _SERVER_WIDE_LEAVES and bis.ok == 0:
+                raise exc  # every piece fails: the server, not the inputs
+        _pin(exc, index)
+        if call.on_error == "raise":
+            call.stop = True
+            raise exc
+        call.failures[index] = exc
+        part.failed[offset] = exc
+        _log.warning("skipping input index %d: %s", index, exc)
+        return part
+
+    def _learn_limit(
+        self, exc: BatchTooLargeError, texts: Sequence[str], replica: Replica | None
+    ) -> None:
+        targets = [replica] if replica is not None else list(self.endpoint.replicas)
+        for target in targets:
+            state = target.state(self.model)
+            if exc.tokens:
+                sent = sum(estimate_tokens(t) for t in texts)
+                cap = exc.token_limit if exc.token_limit and exc.token_limit < sent else sent // 2
+                cap = max(1, int(cap * 0.9))  # estimates are not exact: keep a margin
+                if state.token_limit is None or cap < state.token_limit:
+                    state.token_limit = cap
+                    target.metrics.fallback("token_limit")
+                    _log.warning(
+                        "%s accepts at most %s tokens per request; splitting batches at "
+                        "about %d estimated tokens",
+                        target.label,
+                        exc.token_limit or "fewer",
+                        cap,
+                    )
+            else:
+                limit = exc.limit if exc.limit is not None and exc.limit < len(texts) else None
+                limit = limit or max(1, len(texts) // 2)
+                if state.batch_limit is None or limit < state.batch_limit:
+                    state.batch_limit = limit
+                    target.metrics.fallback("batch_limit")
+                    _log.warning(
+                        "%s accepts at most %d texts per request; splitting batches",
+                        target.label,
+                        limit,
+                    )
+
+    def _finish(
+        self,
+        arr: FloatArray,
+        sq: FloatArray,
+        sent_dims: int | None,
+        bad: dict[int, str],
+        state: ReplicaState,
+        replica: Replica,
+    ) -> FloatArray:
+        """Apply MRL ``dimensions`` and normalisation to a decoded batch (``n x dim``)."""
+        want = self.config.dimensions
+        if want is not None:
+            if arr.shape[1] < want:
+                raise ResponseError(
+                    f"{replica.label} returned {arr.shape[1]}-dimensional vectors, fewer than "
+                    f"dimensions={want}",
+                    url=replica.label,
+                )
+            if arr.shape[1] > want and sent_dims is not None and arr.shape[1] != sent_dims:
+                if state.dimensions_ok is not False:
+                    state.dimensions_ok = False
+                    state.native_dim = int(arr.shape[1])
+                    replica.metrics.fallback("client_side_dimensions")
+                    _log.warning(
+                        "%s ignored dimensions=%d (returned %d); slicing client-side",
+                        replica.label,
+                        want,
+                        arr.shape[1],
+                    )
+        if bad:
+            arr = arr.copy() if not arr.flags.writeable else arr
+            for row in bad:
+                arr[row] = np.nan
+                sq[row] = 1.0
+        if want is not None or self.config.normalize:
+            arr, _ = normalize_rows(arr, want, squared_norms=sq)
+        return arr
+
+    def _check_usage(
+        self,
+        replica: Replica,
+        state: ReplicaState,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        payload: object,
+    ) -> None:
+        reported = usage_prompt_tokens(payload)
+        if reported is None:
+            return
+        estimates = [estimate_tokens(t) for t in texts]
+        for pos, estimate, cap in truncation_suspects(estimates, reported):
+            replica.metrics.fallback("truncated_input")
+            warned = sum(1 for w in state.warned if w.startswith("trunc:"))
+            if warned < _MAX_WARNINGS:
+                state.warned.add(f"trunc:{indices[pos]}:{time.monotonic()}")
+                capped = f" (a cap of {cap} tokens)" if cap else ""
+                _log.warning(
+                    "%s probably truncated input index %d: about %d tokens estimated, the "
+                    "server reported %d for its request%s; its vector covers only the start",
+                    replica.label,
+                    indices[pos],
+                    estimate,
+                    reported,
+                    capped,
+                )
+
+    def _eos_check(self, call: Call, replica: Replica, state: ReplicaState) -> Flow:
+        """llama.cpp: check once whether the server appends ``<|endoftext|>`` (the token
+        Qwen3-Embedding pools) by tokenising a probe with ``add_special``."""
+        state.eos_checked = True
+        root = replica.url[: -len("/v1")] if replica.url.endswith("/v1") else replica.url
+        body = orjson.dumps({"content": "probe", "add_special": True})
+        t = self.timeouts
+        request = Request(
+            "POST",
+            f"{root}/tokenize",
+            body,
+            self.headers,
+            t,
+            min(t.total or 5.0, 5.0),
+            1 << 20,
+            self.ctx(replica),
+        )
+        try:
+            reply = yield Send(replica, request)
+        except QwenEmbedError:
+            return
+        if reply.status != 200:
+            return
+        try:
+            tokens = orjson.loads(reply.body).get("tokens")
+        except (orjson.JSONDecodeError, AttributeError):
+            return
+        if isinstance(tokens, list) and tokens and tokens[-1] != _EOS_ID:
+            replica.metrics.fallback("eos_missing")
+            _log.warning(
+                "%s does not append <|endoftext|> to inputs; Qwen3-Embedding pools that "
+                "last token, so its vectors are degraded. Set append_eos=True to add it "
+                "client-side (or start llama.cpp with the model's EOS setting)",
+                replica.label,
+            )
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _pin(exc: QwenEmbedError, index: int) -> None:
+    """Give ``exc`` the caller's input index (and say it in the message once)."""
+    current = getattr(exc, "index", None)
+    if current is None:
+        exc.index = index  # type: ignore[attr-defined]
+    if isinstance(exc, HTTPStatusError | ResponseError | TransportError):
+        if "input index" not in str(exc.args[0] if exc.args else ""):
+            exc.args = (f"{exc.args[0] if exc.args else ''} [input index {index} of this call]",)
+
+
+def _maybe_input(exc: BaseException) -> bool:
+    """A failure of a multi-text batch that one of its inputs may have caused."""
+    if isinstance(exc, BatchTooLargeError):
+        return False
+    if isinstance(exc, ServerError):
+        return exc.status == 500
+    if isinstance(exc, ContextLengthError):
+        return True
+    if isinstance(exc, BadRequestError):
+        # a 400 naming a position in the request is that input's; others are the
+        # request's own (a wrong model name, a bad parameter): not bisected
+        return _SERVER_POSITION.search(exc.message) is not None
+    if isinstance(exc, TransportError):
+        return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
+    return False
+
+
+def _input_error(exc: BaseException) -> bool:
+    """A failure of a single-text request that belongs to that input."""
+    if isinstance(exc, ServerError):
+        return exc.status == 500
+    if isinstance(exc, BadRequestError):
+        return True
+    if isinstance(exc, ResponseError):
+        return exc.index is not None
+    return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
+
+
+def _named_position(exc: QwenEmbedError, count: int) -> int | None:
+    if not isinstance(exc, BadRequestError):
+        return None
+    match = _SERVER_POSITION.search(exc.message)
+    if match and int(match.group(1)) < count:
+        return int(match.group(1))
+    return None
+
+
+# --------------------------------------------------------------------------- drivers
+
+
+def run_sync(flow: Flow, send: Callable[[Send], Reply]) -> Any:
+    """Run ``flow`` with blocking I/O: ``send`` performs a ``Send``; ``Sleep`` sleeps."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            op = flow.send(value) if error is None else flow.throw(error)
+        except StopIteration as stop:
+            return stop.value
+        value = error = None
+        if type(op) is Send:
+            try:
+                value = send(op)
+            except QwenEmbedError as exc:
+                error = exc
+        else:
+            time.sleep(op.seconds)
+
+
+async def run_async(flow: Flow, send: Callable[[Send], Any]) -> Any:
+    """Run ``flow`` on the running loop: ``send`` returns an awaitable ``Reply``."""
+    value: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                op = flow.send(value) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            value = error = None
+            if type(op) is Send:
+                try:
+                    value = await send(op)
+                except QwenEmbedError as exc:
+                    error = exc
+            else:
+                await asyncio.sleep(op.seconds)
+    finally:
+        flow.close()  # a cancelled call finishes its accounting ("cancelled")
+
+
+# --------------------------------------------------------------------------- windows
+
+_executor: ThreadPoolExecutor | None = None
+_EXECUTOR_THREADS = 64
+
+
+def shared_executor() -> ThreadPoolExecutor:
+    """Threads that carry concurrent batches of sync calls (one set per process)."""
+    global _executor
+    ex = _executor
+    if ex is None:
+        ex = _executor = ThreadPoolExecutor(
+            max_workers=_EXECUTOR_THREADS, thread_name_prefix="qwen-embed"
+        )
+    return ex
+
+
+def executor_after_fork() -> None:
+    global _executor
+    _executor = None  # its threads do not exist in the child
+
+
+def _pick_error(call: Call, errors: list[BaseException]) -> BaseException:
+    """The error a failed call raises: an input error with the lowest index when the
+    call stopped on bad inputs, else the first error."""
+    inputs = [e for e in errors if getattr(e, "index", None) is not None]
+    if inputs:
+        return min(inputs, key=lambda e: e.index)  # type: ignore[attr-defined]
+    return errors[0]
+
+
+def run_windowed(count: int, job: Callable[[int], None], limit: int, call: Call) -> None:
+    """Run ``job(0..count-1)`` with at most ``limit`` in flight (threads). On a failure
+    no new job starts; jobs under way finish, then the chosen error is raised."""
+    if count == 1 or limit == 1:
+        for i in range(count):
+            if call.stop:
+                break
+            job(i)
+        return
+    ex = shared_executor()
+    pending: set[Future[None]] = set()
+    errors: list[BaseException] = []
+    nxt = 0
+    while nxt < count or pending:
+        while nxt < count and len(pending) < limit and not errors and not call.stop:
+            pending.add(ex.submit(job, nxt))
+            nxt += 1
+        if not pending:
+            break
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        for fut in done:
+            exc = fut.exception()
+            if exc is not None:
+                errors.append(exc)
+    if errors:
+        raise _pick_error(call, errors)
+
+
+async def arun_windowed(count: int, job: Callable[[int], Any], limit: int, call: Call) -> None:
+    """Async twin of ``run_windowed``: tasks on the running loop."""
+    if count == 1 or limit == 1:
+        for i in range(count):
+            if call.stop:
+                break
+            await job(i)
+        return
+    pending: set[asyncio.Future[None]] = set()
+    errors: list[BaseException] = []
+    nxt = 0
+    try:
+        while nxt < count or pending:
+            while nxt < count and len(pending) < limit and not errors and not call.stop:
+                pending.add(asyncio.ensure_future(job(nxt)))
+                nxt += 1
+            if not pending:
+                break
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                exc = task.exception()
+                if exc is not None:
+                    errors.append(exc)
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+    if errors:
+        raise _pick_error(call, errors)

@@ -1,0 +1,133 @@
+"""The openai SDK on the shared pools: ``openai.OpenAI`` / ``openai.AsyncOpenAI`` whose
+HTTP client sends through the endpoint's pool.
+
+``openai`` is imported only here, and only when an SDK object is asked for
+(``openai_client()`` or ``use_sdk=True``): importing it costs ~1.7 s of CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from . import pool
+from ._http import httpx
+from .config import PoolKey
+from .errors import ErrorContext, QwenEmbedError, from_sdk
+from .transport import Reply
+
+__all__ = ["AsyncSDKHTTPClient", "SDKHTTPClient", "async_openai", "sdk_reply", "sync_openai"]
+
+# Errors that mean "no HTTP exchange happened" on a cleartext HTTP/2 attempt: the server
+# does not speak h2c (prior knowledge) and dropped the connection.
+_H2C_FAILURES = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
+
+
+class _NoTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
+    """The transport of an SDK-facing client: never used (its ``send`` goes to the pool)."""
+
+    def handle_request(self, request: Any) -> Any:
+        raise RuntimeError("requests of this client go through the shared pool")
+
+    async def handle_async_request(self, request: Any) -> Any:
+        raise RuntimeError("requests of this client go through the shared pool")
+
+
+class SDKHTTPClient(httpx.Client):
+    """The ``httpx.Client`` handed to ``openai.OpenAI``: a stable handle on the pool's
+    *current* transport.
+
+    Each ``send`` goes through ``pool.sync_transport(key)`` (gated like every request of
+    the pool), so an SDK object kept by the user keeps working after ``close_all()``, in a
+    forked child (which gets its own sockets) and after the cleartext HTTP/2 -> HTTP/1.1
+    fallback (which this client also triggers, resending once). ``close()`` does nothing:
+    the shared pool is not the SDK object's to close.
+    """
+
+    def __init__(self, key: PoolKey) -> None:
+        super().__init__(transport=_NoTransport(), trust_env=False)
+        self._pool_key = key
+
+    def send(self, request: Any, **kwargs: Any) -> Any:
+        try:
+            return pool.sync_transport(self._pool_key).send_httpx(request, **kwargs)
+        except _H2C_FAILURES:
+            if not pool.h2c_fallback(self._pool_key):
+                raise
+        return pool.sync_transport(self._pool_key).send_httpx(request, **kwargs)
+
+    def close(self) -> None:
+        """Nothing to close (the pool is shared; see ``close_all()``)."""
+
+
+class AsyncSDKHTTPClient(httpx.AsyncClient):
+    """The ``httpx.AsyncClient`` handed to ``openai.AsyncOpenAI``: each ``send`` goes
+    through the running loop's pool (its aiohttp session, or its HTTP/2 client), so one
+    SDK object works on any event loop, after ``close_all()`` and after the h2c fallback.
+    ``aclose()`` does nothing."""
+
+    def __init__(self, key: PoolKey) -> None:
+        super().__init__(transport=_NoTransport(), trust_env=False)
+        self._pool_key = key
+
+    async def send(self, request: Any, **kwargs: Any) -> Any:
+        try:
+            return await pool.async_transport(self._pool_key).send_httpx(request, **kwargs)
+        except _H2C_FAILURES:
+            if not pool.h2c_fallback(self._pool_key):
+                raise
+        return await pool.async_transport(self._pool_key).send_httpx(request, **kwargs)
+
+    async def aclose(self) -> None:
+        """Nothing to close (the pool is shared; see ``aclose_all()``)."""
+
+
+def sync_openai(key: PoolKey, *, base_url: str, api_key: str | None) -> Any:
+    """An ``openai.OpenAI`` on ``key``'s pool, SDK retries off (``max_retries=0``)."""
+    import openai
+
+    return openai.OpenAI(
+        api_key=api_key or "EMPTY",
+        base_url=base_url,
+        http_client=SDKHTTPClient(key),
+        max_retries=0,
+    )
+
+
+def async_openai(key: PoolKey, *, base_url: str, api_key: str | None) -> Any:
+    """An ``openai.AsyncOpenAI`` on ``key``'s pools, SDK retries off."""
+    import openai
+
+    return openai.AsyncOpenAI(
+        api_key=api_key or "EMPTY",
+        base_url=base_url,
+        http_client=AsyncSDKHTTPClient(key),
+        max_retries=0,
+    )
+
+
+def sdk_kwargs(model: str, body: bytes) -> dict[str, Any]:
+    """The ``embeddings.create`` arguments equivalent to a request body of ours."""
+    data = orjson.loads(body)
+    kwargs: dict[str, Any] = {"input": data["input"], "model": model}
+    # Without encoding_format the SDK asks for base64 and decodes it itself.
+    if data.get("encoding_format") == "float":
+        kwargs["encoding_format"] = "float"
+    if data.get("dimensions") is not None:
+        kwargs["dimensions"] = data["dimensions"]
+    return kwargs
+
+
+def sdk_reply(response: Any) -> Reply:
+    """An SDK ``CreateEmbeddingResponse`` as the ``Reply`` the engine decodes."""
+    data = response.data
+    if not isinstance(data, list):
+        raise TypeError("no embedding data received")
+    payload = {"data": [{"index": d.index, "embedding": list(d.embedding)} for d in data]}
+    return Reply(status=200, headers={}, body=orjson.dumps(payload), fresh=True)
+
+
+def translate(exc: BaseException, ctx: ErrorContext, status_error: Any) -> QwenEmbedError:
+    """An SDK failure as this library's error (see ``errors.from_sdk``)."""
+    return from_sdk(exc, ctx, status_error=status_error)

@@ -1,0 +1,286 @@
+"""Replicas of one logical endpoint: choice, health, ejection, and what each has taught.
+
+A config's ``base_url`` may name several replicas (one per GPU, or a fleet behind no
+router). Each replica is a ``Replica``: its own pool (``pool``), requests in flight, a
+latency EWMA, a health record, and the facts learned about its server per model
+(``ReplicaState``: dialect, base64 and ``dimensions`` support, batch and token limits).
+Replicas are process-wide, shared by every client whose settings name them.
+
+Choice (``Endpoint.choose``): the available replica with the fewest requests in flight;
+ties go to the lowest recent latency (EWMA), then in turn. A replica whose requests fail
+with health signals (``retry.is_health_failure``: connect errors, timeouts, 502/503/504)
+``eject_after`` times in a row is ejected for ``cooldown`` seconds, then probed by one
+request; a batch whose replica failed is resent on another at once. The endpoint fails
+fast (``CircuitOpenError``, naming each replica's last failure) only for a new call
+while every replica has been failing for at least ``open_after`` seconds; calls under
+way keep retrying within their deadline, so a restart shorter than that costs time,
+not the run.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .config import EmbeddingConfig, PoolKey
+from .errors import CircuitOpenError, QwenEmbedError
+from .metrics import EndpointMetrics
+from .retry import is_health_failure
+
+__all__ = ["Endpoint", "Replica", "ReplicaState", "endpoint_for", "replica_for"]
+
+_EWMA_ALPHA = 0.2
+_LATENCY_WINDOW = 512
+
+
+@dataclass
+class ReplicaState:
+    """What the process has learned about one replica's server for one model.
+
+    Attributes:
+        base64_ok: ``False`` once the server refused (or broke on) base64; ``True``
+            once a base64 answer decoded.
+        dimensions_ok: ``False`` once the server refused or ignored ``dimensions``.
+        native_dim: the model's full vector size as the server returned it.
+        batch_limit: the most texts per request it accepts, once learned (texts).
+        token_limit: the most tokens per request it accepts, once learned (tokens).
+        profile: the server profile identified from its answers (``None``: not yet).
+        eos_checked: whether the ``<|endoftext|>`` check ran (llama.cpp only).
+        url_override: the embeddings URL to use instead of ``{base_url}/embeddings``.
+    """
+
+    base64_ok: bool | None = None
+    dimensions_ok: bool | None = None
+    native_dim: int | None = None
+    batch_limit: int | None = None
+    token_limit: int | None = None
+    profile: Any = None
+    source: str = ""
+    eos_checked: bool = False
+    url_override: str | None = None
+    warned: set[str] = field(default_factory=set)
+    size_failures: list[int] = field(default_factory=list)
+
+
+class Replica:
+    """One server of an endpoint: its pool key, load, latency and health.
+
+    Thread-safe; counters are exact under threads (a lock per replica, uncontended in
+    the common case).
+    """
+
+    def __init__(self, key: PoolKey, metrics: EndpointMetrics) -> None:
+        self.key = key
+        self.url = key.base_url
+        self.label = key.label
+        self.metrics = metrics
+        self._lock = threading.Lock()
+        self.in_flight = 0
+        self.ewma: float | None = None
+        self.failures = 0
+        self.streak_started: float | None = None
+        self.ejected_until = 0.0
+        self.probing = False
+        self.last_error: QwenEmbedError | None = None
+        self.ejections = 0
+        self.states: dict[str, ReplicaState] = {}
+        self.latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+
+    def state(self, model: str) -> ReplicaState:
+        """The learned state of this replica for ``model``."""
+        found = self.states.get(model)
+        if found is None:
+            with self._lock:
+                found = self.states.setdefault(model, ReplicaState())
+        return found
+
+    def begin(self) -> None:
+        with self._lock:
+            self.in_flight += 1
+
+    def end(self) -> None:
+        with self._lock:
+            self.in_flight -= 1
+
+    def succeeded(self, seconds: float) -> None:
+        """An answer arrived (any status that shows the server alive) in ``seconds``."""
+        self.latencies.append(seconds)
+        ewma = self.ewma
+        self.ewma = seconds if ewma is None else ewma + _EWMA_ALPHA * (seconds - ewma)
+        if self.failures or self.probing or self.ejected_until:
+            with self._lock:
+                self.failures = 0
+                self.streak_started = None
+                self.ejected_until = 0.0
+                self.probing = False
+
+    def failed(self, exc: BaseException, *, eject_after: int, cooldown: float) -> None:
+        """A request failed; health failures may eject the replica."""
+        if not is_health_failure(exc):
+            return
+        now = time.monotonic()
+        with self._lock:
+            if isinstance(exc, QwenEmbedError):
+                self.last_error = exc
+            self.failures += 1
+            if self.streak_started is None:
+                self.streak_started = now
+            if self.probing or (eject_after > 0 and self.failures >= eject_after):
+                if self.ejected_until <= now:
+                    self.ejections += 1
+                self.ejected_until = now + cooldown
+                self.probing = False
+
+    def available(self, now: float) -> bool:
+        """Not ejected, or its cooldown is over (then the caller becomes the probe)."""
+        return self.ejected_until <= now
+
+    def failing_for(self, now: float) -> float:
+        """Seconds since this replica's current run of health failures began (0: none)."""
+        started = self.streak_started
+        return 0.0 if started is None else now - started
+
+    def p95(self) -> float | None:
+        """The 95th percentile of recent request latencies, in seconds (``None``:
+        fewer than 20 samples)."""
+        samples = list(self.latencies)
+        if len(samples) < 20:
+            return None
+        samples.sort()
+        return samples[int(0.95 * (len(samples) - 1))]
+
+
+_registry_lock = threading.Lock()
+_replicas: dict[PoolKey, Replica] = {}
+_endpoints: dict[tuple[PoolKey, ...], Endpoint] = {}
+
+
+def replica_for(key: PoolKey) -> Replica:
+    """The process-wide ``Replica`` of ``key``."""
+    found = _replicas.get(key)
+    if found is not None:
+        return found
+    from .pool import pool_metrics
+
+    with _registry_lock:
+        found = _replicas.get(key)
+        if found is None:
+            found = _replicas[key] = Replica(key, pool_metrics(key))
+        return found
+
+
+class Endpoint:
+    """The replicas of one config, and the choice among them."""
+
+    def __init__(
+        self,
+        replicas: Sequence[Replica],
+        *,
+        eject_after: int,
+        cooldown: float,
+        open_after: float,
+        threshold: int,
+    ) -> None:
+        self.replicas = tuple(replicas)
+        self.single = self.replicas[0] if len(self.replicas) == 1 else None
+        self.eject_after = eject_after
+        self.cooldown = cooldown
+        self.open_after = open_after
+        self.threshold = threshold
+        self._turn = itertools.count()
+        self.opened = 0
+
+    def check_open(self) -> None:
+        """At the start of a call: raise ``CircuitOpenError`` when every replica has
+        failed ``threshold`` times in a row for at least ``open_after`` seconds and none
+        is due for a probe."""
+        if self.threshold <= 0:
+            return
+        now = time.monotonic()
+        for replica in self.replicas:
+            if (
+                replica.failures < self.threshold
+                or replica.failing_for(now) < self.open_after
+                or replica.available(now)
+            ):
+                return
+        self.opened += 1
+        failures = {r.label: r.last_error for r in self.replicas if r.last_error is not None}
+        retry_in = max(0.0, min(r.ejected_until for r in self.replicas) - now)
+        said = "; ".join(f"{label}: {err}" for label, err in failures.items())
+        last = next(reversed(failures.values()), None) if failures else None
+        error = CircuitOpenError(
+            f"circuit open: every replica of {','.join(r.label for r in self.replicas)} "
+            f"has failed for {self.open_after:g} s or more; failing fast, next probe in "
+            f"{retry_in:.1f} s. Last failures: {said or 'none recorded'}",
+            url=",".join(r.label for r in self.replicas),
+            retry_in=retry_in,
+            last_error=last,
+            failures=failures,
+        )
+        raise error from last
+
+    def choose(self, avoid: Replica | None = None) -> Replica:
+        """The replica for the next request: available ones first, fewest in flight,
+        then lowest latency EWMA, then in turn; ``avoid`` (the one that just failed) only
+        when no other is available. With every replica ejected, the one whose cooldown
+        ends first (a call under way keeps retrying)."""
+        single = self.single
+        if single is not None:
+            if not single.available(time.monotonic()):
+                with single._lock:
+                    single.probing = True
+            return single
+        now = time.monotonic()
+        turn = next(self._turn)
+        n = len(self.replicas)
+        best: Replica | None = None
+        best_rank: tuple[float, float, int] | None = None
+        for offset in range(n):
+            replica = self.replicas[(turn + offset) % n]
+            if replica is avoid or not replica.available(now):
+                continue
+            rank = (replica.in_flight, replica.ewma or 0.0, offset)
+            if best_rank is None or rank < best_rank:
+                best, best_rank = replica, rank
+        if best is None:
+            candidates = [r for r in self.replicas if r is not avoid] or list(self.replicas)
+            best = min(candidates, key=lambda r: r.ejected_until)
+        if best.ejected_until and best.ejected_until <= now:
+            with best._lock:
+                best.probing = True
+        return best
+
+    def failed(self, replica: Replica, exc: BaseException) -> None:
+        replica.failed(exc, eject_after=self.eject_after, cooldown=self.cooldown)
+
+    def p95(self) -> float | None:
+        """The endpoint's recent 95th-percentile latency (seconds), over its replicas."""
+        values = [p for r in self.replicas if (p := r.p95()) is not None]
+        return min(values) if values else None
+
+
+def endpoint_for(config: EmbeddingConfig) -> Endpoint:
+    """The process-wide ``Endpoint`` of ``config``'s replicas (equal lists share it)."""
+    keys = tuple(config.pool_key_for(url) for url in config.replicas)
+    found = _endpoints.get(keys)
+    if found is not None:
+        return found
+    retry = config.retry
+    replicas = [replica_for(k) for k in keys]
+    with _registry_lock:
+        found = _endpoints.get(keys)
+        if found is None:
+            found = _endpoints[keys] = Endpoint(
+                replicas,
+                eject_after=3 if len(keys) > 1 else max(1, retry.circuit_failure_threshold),
+                cooldown=retry.circuit_cooldown,
+                open_after=retry.circuit_open_after,
+                threshold=retry.circuit_failure_threshold,
+            )
+        return found

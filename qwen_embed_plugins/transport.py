@@ -1,0 +1,924 @@
+"""One HTTP exchange through a pool's connection: bounded in size and time, errors
+translated at the boundary.
+
+Two implementations of the same contract, ``send(Request) -> Reply``:
+
+- ``SyncTransport`` (blocking, all threads): an ``httpx.Client`` (``httpx2`` under
+  openai 3.x) whose HTTP/1.1 pool is gated at ``max_connections`` requests in flight
+  (see ``_SlotGate``); HTTP/2 when asked.
+- ``AsyncTransport`` (one per event loop): ``aiohttp`` for HTTP/1.1 — 3-5x less CPU
+  per request than httpx's async stack on this workload (docs/benchmarks.md) — and an
+  ``httpx.AsyncClient`` when HTTP/2 is asked (aiohttp speaks HTTP/1.1 only).
+
+Both read the body as a stream and enforce, while reading:
+
+- a size cap (``Request.max_bytes``) on the bytes received AND on the bytes after
+  ``Content-Encoding`` decoding (gzip/deflate decoded here, bounded: a small gzip body
+  cannot inflate past the cap), so a hostile ``Content-Length``, an endless chunked
+  body or a gzip bomb ends in ``ResponseError`` with bounded memory;
+- a total time budget (``Request.total``: ``Timeouts.total`` or the call's deadline,
+  whichever is sooner), so a body trickling in just fast enough to beat the read
+  timeout still ends;
+- connection reuse only of sockets with nothing unread on them (a stray response that
+  no request asked for is never taken as the next request's answer).
+
+Redirects are never followed (a 3xx is returned as it is). Proxies are passed
+explicitly (resolved once from the config; see ``EmbeddingConfig.proxy_for``), so the
+two transports route the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+import threading
+import time
+import weakref
+import zlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._http import httpx
+from .config import PoolKey, Timeouts
+from .errors import (
+    ErrorContext,
+    QwenEmbedError,
+    ResponseError,
+    from_aiohttp,
+    from_httpx,
+    pool_timeout_error,
+    total_timeout_error,
+)
+from .metrics import EndpointMetrics
+
+__all__ = [
+    "AsyncTransport",
+    "ProcessGate",
+    "Reply",
+    "Request",
+    "Retired",
+    "SyncTransport",
+    "ssl_context",
+]
+
+
+class Retired(Exception):
+    """The transport was closed (``close_all()``, the idle reaper) before or while this
+    request used it: resend once on the pool's current transport. Never reaches users."""
+
+
+_USER_AGENT = "qwen-embed-plugins"
+_CHUNK = 65_536
+_ACCEPT_ENCODING = "gzip, deflate"
+
+
+@dataclass(slots=True)
+class Request:
+    """One exchange to perform.
+
+    Attributes:
+        method: ``"POST"`` or ``"GET"``.
+        url: the absolute URL.
+        body: the request body (``b""`` for none).
+        headers: request headers (``Authorization`` included by the caller).
+        timeouts: connect/read/write/pool timeouts in seconds.
+        total: seconds the whole exchange may take (``None``: unbounded).
+        max_bytes: the largest response body accepted, in bytes (received and decoded).
+        ctx: how errors describe the endpoint (no credentials).
+    """
+
+    method: str
+    url: str
+    body: bytes
+    headers: Mapping[str, str]
+    timeouts: Timeouts
+    total: float | None
+    max_bytes: int
+    ctx: ErrorContext
+
+
+@dataclass(slots=True)
+class Reply:
+    """A complete HTTP response.
+
+    Attributes:
+        status: the HTTP status code.
+        headers: the response headers (case-insensitive lookups).
+        body: the decoded body, at most ``Request.max_bytes`` bytes.
+        fresh: the exchange ran on a connection opened for it (``False``: on a reused
+            keep-alive connection).
+        http_version: e.g. ``"HTTP/1.1"`` or ``"HTTP/2"``.
+    """
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+    fresh: bool
+    http_version: str = "HTTP/1.1"
+
+
+# --------------------------------------------------------------------------- TLS
+
+_ssl_lock = threading.Lock()
+_ssl_contexts: dict[tuple[bool | str, bool, bool], ssl.SSLContext] = {}
+
+
+def ssl_context(verify: bool | str, *, http2: bool, cleartext: bool) -> ssl.SSLContext:
+    """One SSL context per process per setting (building one costs ~55 ms of CPU, the
+    bulk of a fresh ``openai.OpenAI()``; DESIGN.md section 5). CAs from certifi unless
+    ``verify`` names a bundle."""
+    cache_key = (verify, http2, cleartext)
+    ctx = _ssl_contexts.get(cache_key)
+    if ctx is not None:
+        return ctx
+    with _ssl_lock:
+        ctx = _ssl_contexts.get(cache_key)
+        if ctx is None:
+            if cleartext:
+                # http:// never uses TLS: a bare context avoids loading the CA bundle.
+                ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            elif verify is False:
+                ctx = ssl.create_default_context()
+                ctx.check_hostname = False
+                ctx.verify_mode = ssl.CERT_NONE
+            elif isinstance(verify, str):
+                ctx = ssl.create_default_context(cafile=verify)
+            else:
+                import certifi
+
+                ctx = ssl.create_default_context(cafile=certifi.where())
+            if http2 and not cleartext:
+                ctx.set_alpn_protocols(["h2", "http/1.1"])
+            _ssl_contexts[cache_key] = ctx
+        return ctx
+
+
+# --------------------------------------------------------------------------- body limits
+
+
+class _Body:
+    """Collects a response body within ``cap`` bytes, decoding gzip/deflate on the fly
+    with a bounded output (``zlib``'s ``max_length``)."""
+
+    __slots__ = ("_cap", "_ctx", "_inflater", "_parts", "_raw", "_size", "encoding")
+
+    def __init__(self, encoding: str, cap: int, ctx: ErrorContext) -> None:
+        self._cap = cap
+        self._ctx = ctx
+        self._parts: list[bytes] = []
+        self._size = 0
+        self._raw = 0
+        encoding = encoding.strip().lower()
+        self.encoding = encoding
+        if encoding in ("", "identity"):
+            self._inflater: Any = None
+        elif encoding in ("gzip", "x-gzip"):
+            self._inflater = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        elif encoding == "deflate":
+            self._inflater = zlib.decompressobj()
+        else:
+            raise ResponseError(
+                f"{ctx.url} answered with Content-Encoding {encoding[:40]!r}, which this "
+                "client did not ask for (it accepts gzip and deflate)",
+                url=ctx.url,
+            )
+
+    def _too_big(self, what: str) -> ResponseError:
+        return ResponseError(
+            f"the response of {self._ctx.url} is larger than the cap of {self._cap:,} bytes "
+            f"({what}); raise max_response_bytes if it is legitimate",
+            url=self._ctx.url,
+        )
+
+    def feed(self, chunk: bytes) -> None:
+        self._raw += len(chunk)
+        if self._raw > self._cap:
+            raise self._too_big("as received")
+        inflater = self._inflater
+        if inflater is None:
+            self._size += len(chunk)
+            self._parts.append(chunk)
+            return
+        data = chunk
+        while data:
+            try:
+                out = inflater.decompress(data, self._cap - self._size + 1)
+            except zlib.error as exc:
+                if self.encoding == "deflate" and self._size == 0 and not self._parts:
+                    # "deflate" is sometimes sent raw, without the zlib wrapper.
+                    self._inflater = inflater = zlib.decompressobj(-zlib.MAX_WBITS)
+                    continue
+                raise ResponseError(
+                    f"the {self.encoding} body of {self._ctx.url} is corrupt: {exc}",
+                    url=self._ctx.url,
+                ) from exc
+            self._size += len(out)
+            if self._size > self._cap:
+                raise self._too_big(f"after {self.encoding} decoding")
+            if out:
+                self._parts.append(out)
+            data = inflater.unconsumed_tail
+
+    def result(self) -> bytes:
+        if self._inflater is not None:
+            tail = self._inflater.flush()
+            self._size += len(tail)
+            if self._size > self._cap:
+                raise self._too_big(f"after {self.encoding} decoding")
+            self._parts.append(tail)
+        parts = self._parts
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _declared_too_big(headers: Mapping[str, str], cap: int, ctx: ErrorContext) -> None:
+    raw = headers.get("content-length")
+    if raw is None:
+        return
+    try:
+        size = int(raw)
+    except ValueError:
+        return
+    if size > cap:
+        raise ResponseError(
+            f"the response of {ctx.url} declares {size:,} bytes (Content-Length), above the "
+            f"cap of {cap:,} bytes; raise max_response_bytes if it is legitimate",
+            url=ctx.url,
+        )
+
+
+def _deadline(total: float | None) -> float | None:
+    return None if total is None else time.monotonic() + total
+
+
+def _left(deadline: float | None) -> float | None:
+    return None if deadline is None else deadline - time.monotonic()
+
+
+# --------------------------------------------------------------------------- gates
+
+
+class ProcessGate:
+    """A process-wide cap on requests in flight to one endpoint, shared by threads and
+    every event loop (``Limits.max_connections_per_process``).
+
+    Waiters are served first come, first served; a thread waits on a lock, a coroutine
+    on a future of its own loop (woken thread-safely). A wait longer than the pool
+    timeout raises ``PoolTimeout``.
+    """
+
+    def __init__(self, slots: int) -> None:
+        self.slots = slots
+        self._lock = threading.Lock()
+        self._used = 0
+        self._waiters: list[Any] = []  # threading.Lock (held) or (loop, future)
+
+    def _grant_next(self) -> None:
+        # with self._lock held, self._used already decremented
+        while self._waiters and self._used < self.slots:
+            waiter = self._waiters.pop(0)
+            if isinstance(waiter, tuple):
+                loop, future = waiter
+                if future.done() or loop.is_closed():
+                    continue
+                self._used += 1
+                loop.call_soon_threadsafe(_settle, future)
+            else:
+                self._used += 1
+                waiter.release()
+
+    def acquire(self, timeout: float | None) -> bool:
+        """Take a slot, waiting at most ``timeout`` seconds; ``False`` on timeout."""
+        with self._lock:
+            if self._used < self.slots and not self._waiters:
+                self._used += 1
+                return True
+            waiter = threading.Lock()
+            waiter.acquire()
+            self._waiters.append(waiter)
+        if waiter.acquire(timeout=-1 if timeout is None else timeout):
+            return True
+        with self._lock:
+            if waiter in self._waiters:
+                self._waiters.remove(waiter)
+                return False
+        return True  # granted while timing out
+
+    async def aacquire(self, timeout: float | None) -> bool:  # noqa: ASYNC109 - a wait bound
+        """``acquire`` for a coroutine (the wait does not block the loop)."""
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            if self._used < self.slots and not self._waiters:
+                self._used += 1
+                return True
+            future: asyncio.Future[None] = loop.create_future()
+            entry = (loop, future)
+            self._waiters.append(entry)
+        try:
+            async with asyncio.timeout(timeout):
+                await future
+            return True
+        except (TimeoutError, asyncio.CancelledError) as exc:
+            with self._lock:
+                if entry in self._waiters:
+                    self._waiters.remove(entry)
+                    granted = False
+                else:
+                    granted = True
+            if granted:  # the slot arrived as we gave up: pass it on
+                self.release()
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            return False
+
+    def release(self) -> None:
+        """Return a slot."""
+        with self._lock:
+            self._used -= 1
+            self._grant_next()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+# --------------------------------------------------------------------------- sync
+
+
+def _limits(key: PoolKey) -> Any:
+    return httpx.Limits(
+        max_connections=key.limits.max_connections,
+        max_keepalive_connections=key.limits.keepalive_connections,
+        keepalive_expiry=key.limits.keepalive_expiry,
+    )
+
+
+def _timeout_ext(t: Timeouts, left: float | None) -> dict[str, float | None]:
+    read = t.read
+    if left is not None:
+        read = left if read is None else min(read, left)
+    return {"connect": t.connect, "read": read, "write": t.write, "pool": t.pool}
+
+
+class SyncTransport:
+    """The blocking transport of one pool (all threads).
+
+    Args:
+        key: the pool's settings (URL, limits, HTTP/2, TLS, proxy).
+        metrics: where connections opened are counted.
+        h2c: speak prior-knowledge HTTP/2 over ``http://`` (see ``pool.h2c_fallback``).
+        gate: the process-wide ``ProcessGate`` of the endpoint, if any.
+    """
+
+    def __init__(
+        self,
+        key: PoolKey,
+        metrics: EndpointMetrics,
+        *,
+        h2c: bool = False,
+        gate: ProcessGate | None = None,
+    ) -> None:
+        self.key = key
+        self.metrics = metrics
+        cleartext = key.base_url.startswith("http://")
+        http2 = key.http2 and (not cleartext or h2c)
+        self.http2 = http2
+        ctx = ssl_context(key.verify, http2=key.http2, cleartext=cleartext)
+        inner = httpx.HTTPTransport(
+            verify=ctx,
+            http1=not (cleartext and http2),
+            http2=http2,
+            limits=_limits(key),
+            proxy=key.proxy,
+        )
+        self.client: Any = httpx.Client(
+            transport=inner,
+            timeout=httpx.Timeout(5.0),
+            follow_redirects=False,
+            trust_env=False,
+            headers={"User-Agent": _USER_AGENT},
+        )
+        # Over HTTP/1.1 a request holds a connection: at most max_connections in
+        # httpcore's pool at once (its sync pool, with queued requests, closed and
+        # replaced connections under thread contention: 21-24 opened at limit 20).
+        self._slots = None if http2 else threading.BoundedSemaphore(key.limits.max_connections)
+        self._gate = gate
+        self._urls: dict[str, Any] = {}
+        self._state = threading.Lock()
+        self._active = 0
+        self._retired = False
+
+    @property
+    def is_closed(self) -> bool:
+        return bool(self.client.is_closed)
+
+    def idle(self) -> bool:
+        """If no request is under way, retire the transport (no new request may start
+        on it) and return ``True``."""
+        with self._state:
+            if self._active == 0:
+                self._retired = True
+                return True
+            return False
+
+    def _url(self, url: str) -> Any:
+        found = self._urls.get(url)
+        if found is None:
+            found = self._urls[url] = httpx.URL(url)
+        return found
+
+    def _acquire(self, req: Request) -> None:
+        wait = req.timeouts.pool
+        gate = self._gate
+        if gate is not None and not gate.acquire(wait):
+            raise pool_timeout_error(req.ctx)
+        slots = self._slots
+        if slots is not None and not slots.acquire(timeout=wait):
+            if gate is not None:
+                gate.release()
+            raise pool_timeout_error(req.ctx)
+
+    def _release(self) -> None:
+        if self._slots is not None:
+            self._slots.release()
+        if self._gate is not None:
+            self._gate.release()
+
+    def send(self, req: Request) -> Reply:
+        """Perform ``req``; raise a translated ``QwenEmbedError`` on failure, or
+        ``Retired`` when the transport was closed under it."""
+        with self._state:
+            if self._retired:
+                raise Retired
+            self._active += 1
+        try:
+            deadline = _deadline(req.total)
+            self._acquire(req)
+            try:
+                return self._exchange(req, deadline)
+            finally:
+                self._release()
+        except QwenEmbedError as exc:
+            if self._retired:
+                raise Retired from exc
+            raise
+        finally:
+            with self._state:
+                self._active -= 1
+
+    def send_httpx(self, request: Any, **kwargs: Any) -> Any:
+        """Send an ``httpx.Request`` built elsewhere (the openai SDK) through this pool,
+        holding a slot of the gate until its body is closed."""
+        timeout = request.extensions.get("timeout", {}).get("pool")
+        ctx = ErrorContext(
+            url=self.key.label, pool=timeout, max_connections=self.key.limits.max_connections
+        )
+        slots, gate = self._slots, self._gate
+        if gate is not None and not gate.acquire(timeout):
+            raise httpx.PoolTimeout(str(pool_timeout_error(ctx)), request=request)
+        if slots is not None and not slots.acquire(timeout=timeout):
+            if gate is not None:
+                gate.release()
+            raise httpx.PoolTimeout(str(pool_timeout_error(ctx)), request=request)
+        metrics = self.metrics
+
+        def trace(name: str, info: dict[str, Any]) -> None:
+            if name.endswith("connect_tcp.complete"):
+                metrics.connection_opened()
+
+        request.extensions.setdefault("trace", trace)
+        try:
+            response = self.client.send(request, **kwargs)
+        except BaseException:
+            self._release()
+            raise
+        if kwargs.get("stream"):
+            response.stream = _ReleasingStream(response.stream, self._release)
+        else:
+            self._release()
+        return response
+
+    def _exchange(self, req: Request, deadline: float | None) -> Reply:
+        fresh = False
+        metrics = self.metrics
+
+        def trace(name: str, info: dict[str, Any]) -> None:
+            nonlocal fresh
+            if name.endswith("connect_tcp.complete"):
+                fresh = True
+                metrics.connection_opened()
+
+        headers = dict(req.headers)
+        headers.setdefault("Accept-Encoding", _ACCEPT_ENCODING)
+        request = httpx.Request(
+            req.method,
+            self._url(req.url),
+            headers=headers,
+            content=req.body or None,
+            extensions={"timeout": _timeout_ext(req.timeouts, _left(deadline)), "trace": trace},
+        )
+        received = False
+        try:
+            response = self.client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise from_httpx(exc, req.ctx) from exc
+        try:
+            resp_headers = response.headers
+            _declared_too_big(resp_headers, req.max_bytes, req.ctx)
+            body = _Body(resp_headers.get("content-encoding", ""), req.max_bytes, req.ctx)
+            for chunk in response.iter_raw(_CHUNK):
+                received = True
+                body.feed(chunk)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise total_timeout_error(req.ctx, req.total, received=True)
+            data = body.result()
+        except httpx.HTTPError as exc:
+            raise from_httpx(exc, req.ctx).with_received(received) from exc
+        finally:
+            response.close()
+        return Reply(
+            status=response.status_code,
+            headers=resp_headers,
+            body=data,
+            fresh=fresh,
+            http_version=response.http_version,
+        )
+
+    def close(self) -> None:
+        with self._state:
+            self._retired = True
+        self.client.close()
+
+
+class _ReleasingStream(httpx.SyncByteStream):
+    """A response body that frees its gate slot once closed (after the connection went
+    back to the pool)."""
+
+    def __init__(self, inner: Any, release: Any) -> None:
+        self._inner = inner
+        self._release: Any = release
+
+    def __iter__(self) -> Any:
+        yield from self._inner
+
+    def close(self) -> None:
+        try:
+            self._inner.close()
+        finally:
+            release, self._release = self._release, None
+            if release is not None:
+                release()
+
+
+# --------------------------------------------------------------------------- async
+
+
+def _aiohttp_connector_class() -> Any:
+    import aiohttp
+
+    class _Connector(aiohttp.TCPConnector):  # type: ignore[misc]
+        """Counts the connections it opens, and never hands out a kept-alive connection
+        with unread data on it (a stray response no request asked for)."""
+
+        def __init__(self, *args: Any, metrics: EndpointMetrics, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._metrics = metrics
+            self._seen: weakref.WeakSet[Any] = weakref.WeakSet()
+
+        async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: ASYNC109
+            for _ in range(64):
+                conn = await super().connect(req, traces, timeout)
+                proto = conn.protocol
+                if proto is None or proto not in self._seen:
+                    if proto is not None:
+                        self._seen.add(proto)
+                    self._metrics.connection_opened()
+                    conn._qwen_fresh = True
+                    return conn
+                if proto.should_close:  # unread bytes or a half-read body: never reuse
+                    conn.close()
+                    continue
+                conn._qwen_fresh = False
+                return conn
+            return conn
+
+    return _Connector
+
+
+class AsyncTransport:
+    """The transport of one pool on one event loop.
+
+    ``aiohttp`` over HTTP/1.1 (one ``ClientSession`` per loop and pool); an
+    ``httpx.AsyncClient`` when HTTP/2 is asked. Requests beyond ``max_connections``
+    wait in a FIFO gate in front of the pool (at most ``Timeouts.pool`` seconds), never
+    inside the HTTP library.
+    """
+
+    def __init__(
+        self,
+        key: PoolKey,
+        metrics: EndpointMetrics,
+        *,
+        h2c: bool = False,
+        gate: ProcessGate | None = None,
+    ) -> None:
+        self.key = key
+        self.metrics = metrics
+        cleartext = key.base_url.startswith("http://")
+        self.http2 = key.http2 and (not cleartext or h2c)
+        self._gate = gate
+        self._slots = asyncio.Semaphore(key.limits.max_connections)
+        self._ssl = ssl_context(key.verify, http2=key.http2, cleartext=cleartext)
+        self._session: Any = None
+        self._client: Any = None
+        self._closed = False
+        self._h2c = cleartext and self.http2
+        self._urls: dict[str, Any] = {}
+
+    @property
+    def is_closed(self) -> bool:
+        return self._closed
+
+    # ---------------------------------------------------------------- aiohttp
+
+    def _aiohttp(self) -> Any:
+        session = self._session
+        if session is None:
+            import aiohttp
+
+            connector = _aiohttp_connector_class()(
+                metrics=self.metrics,
+                limit=self.key.limits.max_connections,
+                limit_per_host=0,
+                keepalive_timeout=self.key.limits.keepalive_expiry or 0.001,
+                ssl=self._ssl if self.key.base_url.startswith("https://") else False,
+                enable_cleanup_closed=False,
+            )
+            session = self._session = aiohttp.ClientSession(
+                connector=connector,
+                auto_decompress=False,
+                trust_env=False,
+                cookie_jar=aiohttp.DummyCookieJar(),
+                headers={"User-Agent": _USER_AGENT},
+                skip_auto_headers=("Accept-Encoding",),
+            )
+        return session
+
+    def _url(self, url: str) -> Any:
+        found = self._urls.get(url)
+        if found is None:
+            import yarl
+
+            found = self._urls[url] = yarl.URL(url, encoded=False)
+        return found
+
+    async def _aiohttp_exchange(self, req: Request, deadline: float | None) -> Reply:
+        import aiohttp
+
+        session = self._aiohttp()
+        t = req.timeouts
+        timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.connect, sock_read=t.read)
+        headers = dict(req.headers)
+        headers.setdefault("Accept-Encoding", _ACCEPT_ENCODING)
+        received = False
+        try:
+            resp = await session.request(
+                req.method,
+                self._url(req.url),
+                data=req.body or None,
+                headers=headers,
+                allow_redirects=False,
+                timeout=timeout,
+                proxy=self.key.proxy,
+            )
+        except aiohttp.ClientError as exc:
+            raise from_aiohttp(exc, req.ctx) from exc
+        conn = resp.connection
+        fresh = bool(getattr(conn, "_qwen_fresh", True)) if conn is not None else True
+        ok = False
+        try:
+            _declared_too_big(resp.headers, req.max_bytes, req.ctx)
+            body = _Body(resp.headers.get("Content-Encoding", ""), req.max_bytes, req.ctx)
+            content = resp.content
+            while True:
+                chunk = await content.readany()
+                if not chunk:
+                    break
+                received = True
+                body.feed(chunk)
+                if deadline is not None and time.monotonic() > deadline:
+                    raise total_timeout_error(req.ctx, req.total, received=True)
+            data = body.result()
+            ok = True
+        except aiohttp.ClientError as exc:
+            raise from_aiohttp(exc, req.ctx).with_received(received) from exc
+        finally:
+            if ok:
+                resp.release()
+            else:
+                resp.close()  # never reuse a connection with an unread body
+        version = resp.version
+        return Reply(
+            status=resp.status,
+            headers=resp.headers,
+            body=data,
+            fresh=fresh,
+            http_version=f"HTTP/{version.major}.{version.minor}" if version else "HTTP/1.1",
+        )
+
+    # ---------------------------------------------------------------- httpx (HTTP/2)
+
+    def _httpx(self) -> Any:
+        client = self._client
+        if client is None:
+            inner = httpx.AsyncHTTPTransport(
+                verify=self._ssl,
+                http1=not self._h2c,
+                http2=True,
+                limits=_limits(self.key),
+                proxy=self.key.proxy,
+            )
+            client = self._client = httpx.AsyncClient(
+                transport=inner,
+                follow_redirects=False,
+                trust_env=False,
+                headers={"User-Agent": _USER_AGENT},
+            )
+        return client
+
+    async def _httpx_exchange(self, req: Request, deadline: float | None) -> Reply:
+        fresh = False
+        metrics = self.metrics
+
+        async def trace(name: str, info: dict[str, Any]) -> None:
+            nonlocal fresh
+            if name.endswith("connect_tcp.complete"):
+                fresh = True
+                metrics.connection_opened()
+
+        client = self._httpx()
+        url = self._urls.get(req.url)
+        if url is None:
+            url = self._urls[req.url] = httpx.URL(req.url)
+        headers = dict(req.headers)
+        headers.setdefault("Accept-Encoding", _ACCEPT_ENCODING)
+        request = httpx.Request(
+            req.method,
+            url,
+            headers=headers,
+            content=req.body or None,
+            extensions={"timeout": _timeout_ext(req.timeouts, _left(deadline)), "trace": trace},
+        )
+        received = False
+        try:
+            response = await client.send(request, stream=True)
+        except httpx.HTTPError as exc:
+            raise from_httpx(exc, req.ctx) from exc
+        try:
+            _declared_too_big(response.headers, req.max_bytes, req.ctx)
+            body = _Body(response.headers.get("content-encoding", ""), req.max_bytes, req.ctx)
+            async for chunk in response.aiter_raw(_CHUNK):
+                received = True
+                body.feed(chunk)
+            data = body.result()
+        except httpx.HTTPError as exc:
+            raise from_httpx(exc, req.ctx).with_received(received) from exc
+        finally:
+            await response.aclose()
+        return Reply(
+            status=response.status_code,
+            headers=response.headers,
+            body=data,
+            fresh=fresh,
+            http_version=response.http_version,
+        )
+
+    # ---------------------------------------------------------------- contract
+
+    async def send(self, req: Request) -> Reply:
+        """Perform ``req`` on the running loop; raise a translated ``QwenEmbedError``, or
+        ``Retired`` when the transport was closed before or under it."""
+        if self._closed:
+            raise Retired
+        try:
+            return await self._send(req)
+        except QwenEmbedError as exc:
+            if self._closed:
+                raise Retired from exc
+            raise
+
+    async def _send(self, req: Request) -> Reply:
+        deadline = _deadline(req.total)
+        wait = req.timeouts.pool
+        gate = self._gate
+        if gate is not None and not await gate.aacquire(wait):
+            raise pool_timeout_error(req.ctx)
+        slots = self._slots
+        try:
+            if slots.locked():
+                try:
+                    async with asyncio.timeout(wait):
+                        await slots.acquire()
+                except TimeoutError:
+                    raise pool_timeout_error(req.ctx) from None
+            else:
+                await slots.acquire()
+            try:
+                exchange = self._httpx_exchange if self.http2 else self._aiohttp_exchange
+                if deadline is None:
+                    return await exchange(req, deadline)
+                try:
+                    async with asyncio.timeout_at(
+                        asyncio.get_running_loop().time() + (deadline - time.monotonic())
+                    ):
+                        return await exchange(req, deadline)
+                except TimeoutError:
+                    raise total_timeout_error(req.ctx, req.total) from None
+            finally:
+                slots.release()
+        finally:
+            if gate is not None:
+                gate.release()
+
+    async def send_httpx(self, request: Any, **kwargs: Any) -> Any:
+        """Send an ``httpx.Request`` built elsewhere (the openai SDK) through this pool:
+        its HTTP/2 client, or a bridge onto its aiohttp session (same connections)."""
+        if self.http2:
+            metrics = self.metrics
+
+            async def trace(name: str, info: dict[str, Any]) -> None:
+                if name.endswith("connect_tcp.complete"):
+                    metrics.connection_opened()
+
+            request.extensions.setdefault("trace", trace)
+            return await self._httpx().send(request, **kwargs)
+        ext = request.extensions.get("timeout", {})
+        t = Timeouts(
+            connect=ext.get("connect"),
+            read=ext.get("read"),
+            write=ext.get("write"),
+            pool=ext.get("pool"),
+            total=None,
+        )
+        ctx = ErrorContext(
+            url=self.key.label,
+            connect=t.connect,
+            read=t.read,
+            pool=t.pool,
+            max_connections=self.key.limits.max_connections,
+        )
+        body = await request.aread()
+        headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "host"]
+        req = Request(request.method, str(request.url), body, dict(headers), t, None, 1 << 30, ctx)
+        reply = await self.send(req)
+        dropped = ("content-encoding", "content-length", "transfer-encoding")
+        return httpx.Response(
+            status_code=reply.status,
+            headers=[(k, v) for k, v in reply.headers.items() if k.lower() not in dropped],
+            content=reply.body,
+            request=request,
+        )
+
+    async def aclose(self) -> None:
+        """Close the session and client (inside their own loop)."""
+        self._closed = True
+        session, self._session = self._session, None
+        client, self._client = self._client, None
+        if session is not None:
+            with contextlib.suppress(Exception):
+                await session.close()
+        if client is not None:
+            with contextlib.suppress(Exception):
+                await client.aclose()
+
+    def abandon(self) -> None:
+        """Drop the session without awaiting (its loop is closed or gone): close its
+        sockets directly so none stays open."""
+        self._closed = True
+        session, self._session = self._session, None
+        self._client = None
+        if session is not None:
+            connector = session.connector
+            session._connector = None  # no "unclosed session" warning from its __del__
+            if connector is not None:
+                with contextlib.suppress(Exception):
+                    for protos in list(getattr(connector, "_conns", {}).values()):
+                        for proto, _t in protos:
+                            transport = getattr(proto, "transport", None)
+                            if transport is not None:
+                                sock = transport.get_extra_info("socket")
+                                if sock is not None:
+                                    sock.close()
+                    connector._conns.clear()
+                connector._closed = True
+
+
+def translate(exc: BaseException, ctx: ErrorContext) -> QwenEmbedError:
+    """The library error for any exception an exchange can raise."""
+    if isinstance(exc, QwenEmbedError):
+        return exc
+    if type(exc).__module__.startswith("aiohttp"):
+        return from_aiohttp(exc, ctx)
+    return from_httpx(exc, ctx)
