@@ -102,6 +102,15 @@ class _Sink:
         self.array: FloatArray | None = None
         self.rows: list[Any] | None = [None] * len(plan.unique) if lists else None
         self.failed: dict[int, QwenEmbedError] = {}  # unique row -> error
+        self._lock = threading.Lock()  # batches finish on several threads
+
+    def _allocate(self, dim: int) -> FloatArray:
+        with self._lock:
+            if self.array is None:
+                array = np.empty((len(self.plan.unique), dim), np.float32)
+                array.fill(np.nan)
+                self.array = array
+            return self.array
 
     def put(self, b: int, part: Part) -> None:
         start = self.plan.batches[b][0]
@@ -110,10 +119,8 @@ class _Sink:
             if self.rows is not None:
                 self.rows[at : at + len(rows)] = rows.tolist()
             else:
-                if self.array is None:
-                    self.array = np.empty((len(self.plan.unique), rows.shape[1]), np.float32)
-                    self.array.fill(np.nan)
-                self.array[at : at + len(rows)] = rows
+                array = self.array if self.array is not None else self._allocate(rows.shape[1])
+                array[at : at + len(rows)] = rows
         for offset, error in part.failed.items():
             self.failed[start + offset] = error
             if self.rows is not None:

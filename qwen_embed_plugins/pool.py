@@ -244,8 +244,8 @@ def h2c_fallback(key: PoolKey) -> bool:
 
 
 def reap_idle(now: float | None = None) -> int:
-    """Close pools idle for longer than their keep-alive expiry (plus one second), and
-    release the pools of closed or collected event loops. Returns how many transports
+    """Close sync pools idle for longer than their keep-alive expiry (plus one second),
+    and release the pools of closed or collected event loops. Returns how many transports
     were closed. Run by the reaper thread every ``REAP_INTERVAL`` seconds."""
     now = time.monotonic() if now is None else now
     closed = 0
@@ -257,12 +257,9 @@ def reap_idle(now: float | None = None) -> int:
         with _lock:
             for loop_id, slot in list(entry.loops.items()):
                 loop = slot.loop_ref()
+                # A live loop's pool is its own to expire (aiohttp closes idle
+                # connections on the loop's timers); only dead loops are released here.
                 if loop is None or loop.is_closed():
-                    del entry.loops[loop_id]
-                    _abandon(slot)
-                    closed += 1
-                elif idle > limit and not loop.is_running():
-                    # A loop that is not running cannot expire its own idle sockets.
                     del entry.loops[loop_id]
                     _abandon(slot)
                     closed += 1

@@ -906,13 +906,24 @@ class AsyncTransport:
                 with contextlib.suppress(Exception):
                     for protos in list(getattr(connector, "_conns", {}).values()):
                         for proto, _t in protos:
-                            transport = getattr(proto, "transport", None)
-                            if transport is not None:
-                                sock = transport.get_extra_info("socket")
-                                if sock is not None:
-                                    sock.close()
+                            _close_dead_transport(getattr(proto, "transport", None))
                     connector._conns.clear()
                 connector._closed = True
+
+
+def _close_dead_transport(transport: Any) -> None:
+    """Close the socket of an asyncio transport whose loop is closed or gone (its own
+    ``close()`` needs the loop), so that neither the socket nor a ResourceWarning from
+    the transport's finaliser is left behind."""
+    if transport is None:
+        return
+    ssl_protocol = getattr(transport, "_ssl_protocol", None)
+    inner = getattr(ssl_protocol, "_transport", None) if ssl_protocol is not None else None
+    for candidate in (inner, transport):
+        sock = getattr(candidate, "_sock", None)
+        if sock is not None:
+            sock.close()
+            candidate._sock = None
 
 
 def translate(exc: BaseException, ctx: ErrorContext) -> QwenEmbedError:
