@@ -429,9 +429,12 @@ class Engine:
             if limit is not None and len(texts) > limit:
                 raise _Split(count=limit)
             tokens = state.token_limit or self.config.max_batch_tokens
-            if tokens is not None and len(texts) > 1:
-                if sum(estimate_tokens(t) for t in texts) > tokens:
-                    raise _Split(tokens=tokens)
+            if (
+                tokens is not None
+                and len(texts) > 1
+                and sum(estimate_tokens(t) for t in texts) > tokens
+            ):
+                raise _Split(tokens=tokens)
             fmt, dims = self.wire(state, profile)
             if force_float:
                 fmt = "float"
@@ -776,17 +779,21 @@ class Engine:
                     f"dimensions={want}",
                     url=replica.label,
                 )
-            if arr.shape[1] > want and sent_dims is not None and arr.shape[1] != sent_dims:
-                if state.dimensions_ok is not False:
-                    state.dimensions_ok = False
-                    state.native_dim = int(arr.shape[1])
-                    replica.metrics.fallback("client_side_dimensions")
-                    _log.warning(
-                        "%s ignored dimensions=%d (returned %d); slicing client-side",
-                        replica.label,
-                        want,
-                        arr.shape[1],
-                    )
+            if (
+                arr.shape[1] > want
+                and sent_dims is not None
+                and arr.shape[1] != sent_dims
+                and state.dimensions_ok is not False
+            ):
+                state.dimensions_ok = False
+                state.native_dim = int(arr.shape[1])
+                replica.metrics.fallback("client_side_dimensions")
+                _log.warning(
+                    "%s ignored dimensions=%d (returned %d); slicing client-side",
+                    replica.label,
+                    want,
+                    arr.shape[1],
+                )
         if bad:
             arr = arr.copy() if not arr.flags.writeable else arr
             for row in bad:
@@ -869,9 +876,12 @@ def _pin(exc: QwenEmbedError, index: int) -> None:
     current = getattr(exc, "index", None)
     if current is None:
         exc.index = index  # type: ignore[attr-defined]
-    if isinstance(exc, HTTPStatusError | ResponseError | TransportError):
-        if "input index" not in str(exc.args[0] if exc.args else ""):
-            exc.args = (f"{exc.args[0] if exc.args else ''} [input index {index} of this call]",)
+    text = str(exc.args[0]) if exc.args else ""
+    if (
+        isinstance(exc, HTTPStatusError | ResponseError | TransportError)
+        and "input index" not in text
+    ):
+        exc.args = (f"{text} [input index {index} of this call]",)
 
 
 def _maybe_input(exc: BaseException) -> bool:
@@ -930,6 +940,7 @@ def run_sync(flow: Flow, send: Callable[[Send], Reply]) -> Any:
             except QwenEmbedError as exc:
                 error = exc
         else:
+            assert type(op) is Sleep
             time.sleep(op.seconds)
 
 
@@ -950,6 +961,7 @@ async def run_async(flow: Flow, send: Callable[[Send], Any]) -> Any:
                 except QwenEmbedError as exc:
                     error = exc
             else:
+                assert type(op) is Sleep
                 await asyncio.sleep(op.seconds)
     finally:
         flow.close()  # a cancelled call finishes its accounting ("cancelled")

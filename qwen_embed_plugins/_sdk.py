@@ -7,7 +7,7 @@ HTTP client sends through the endpoint's pool.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import orjson
 
@@ -90,7 +90,7 @@ def sync_openai(key: PoolKey, *, base_url: str, api_key: str | None) -> Any:
     return openai.OpenAI(
         api_key=api_key or "EMPTY",
         base_url=base_url,
-        http_client=SDKHTTPClient(key),
+        http_client=cast(Any, SDKHTTPClient(key)),
         max_retries=0,
     )
 
@@ -102,7 +102,7 @@ def async_openai(key: PoolKey, *, base_url: str, api_key: str | None) -> Any:
     return openai.AsyncOpenAI(
         api_key=api_key or "EMPTY",
         base_url=base_url,
-        http_client=AsyncSDKHTTPClient(key),
+        http_client=cast(Any, AsyncSDKHTTPClient(key)),
         max_retries=0,
     )
 

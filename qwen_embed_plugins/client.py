@@ -16,6 +16,7 @@ that SDK client to users who want its surface.
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -409,7 +410,8 @@ class EmbeddingClient(_ClientBase):
         engine = self._engine
         call = engine.new_call(query=query)
         part: Part = run_sync(engine.batch_flow(call, [text], [0]), self._send)
-        return part.pieces[0][1][0]
+        row: FloatArray = part.pieces[0][1][0]
+        return row
 
     def _embed(
         self,
@@ -568,7 +570,8 @@ class AsyncEmbeddingClient(_ClientBase):
         engine = self._engine
         call = engine.new_call(query=query)
         part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._send)
-        return part.pieces[0][1][0]
+        row: FloatArray = part.pieces[0][1][0]
+        return row
 
     async def _embed(
         self,

@@ -567,11 +567,13 @@ class EmbeddingConfig(_Replaceable):
     base_url: str | tuple[str, ...] | list[str] | None = None
     api_key: str | Secret | NotGiven | None = NOT_GIVEN
     model: str | None = None
-    dimensions: int | NotGiven | None = NOT_GIVEN
+    # Not given (NOT_GIVEN): read from the environment in __post_init__; the declared
+    # types are what the fields hold after it.
+    dimensions: int | None = NOT_GIVEN  # type: ignore[assignment]
     query_instruction: str | None = DEFAULT_QUERY_TASK
-    batch_size: int | NotGiven = NOT_GIVEN
-    max_batch_tokens: int | NotGiven | None = NOT_GIVEN
-    max_concurrency: int | str | NotGiven = NOT_GIVEN
+    batch_size: int = NOT_GIVEN  # type: ignore[assignment]
+    max_batch_tokens: int | None = NOT_GIVEN  # type: ignore[assignment]
+    max_concurrency: int | Literal["auto"] = NOT_GIVEN  # type: ignore[assignment]
     encoding_format: EncodingFormat = "auto"
     normalize: bool = True
     max_text_chars: int | None = 262_144
@@ -579,7 +581,7 @@ class EmbeddingConfig(_Replaceable):
     max_response_bytes: int | None = None
     timeout: Timeouts | float | None = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
-    http2: bool | NotGiven = NOT_GIVEN
+    http2: bool = NOT_GIVEN  # type: ignore[assignment]
     verify: bool | str = True
     proxy: str | NotGiven | None = NOT_GIVEN
     trust_env: bool = True
@@ -587,7 +589,7 @@ class EmbeddingConfig(_Replaceable):
     retry: RetryConfig = field(default_factory=RetryConfig)
     hedge: bool = False
     use_sdk: bool = False
-    server: str | NotGiven = NOT_GIVEN
+    server: str = NOT_GIVEN  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -802,7 +804,7 @@ def environment_proxy(url: str) -> str | None:
     netloc = parts.hostname or ""
     if parts.port is not None:
         netloc = f"{netloc}:{parts.port}"
-    if urllib.request.proxy_bypass_environment(netloc, proxies):
+    if urllib.request.proxy_bypass_environment(netloc, proxies):  # type: ignore[attr-defined]
         return None
     if "://" not in proxy:
         proxy = f"http://{proxy}"

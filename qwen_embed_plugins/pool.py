@@ -316,9 +316,14 @@ def close_all() -> None:
             if loop is not None and loop.is_running() and not loop.is_closed():
                 transport = slot.transport
                 with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(lambda t=transport: asyncio.ensure_future(t.aclose()))
+                    loop.call_soon_threadsafe(_close_soon, transport)
                     continue
             _abandon(slot)
+
+
+def _close_soon(transport: AsyncTransport) -> None:
+    """On the transport's own loop: close it in a task (scheduled by ``close_all``)."""
+    asyncio.ensure_future(transport.aclose())  # noqa: RUF006 - fire and forget, by design
 
 
 async def aclose_all() -> None:

@@ -578,7 +578,7 @@ class _ReleasingStream(httpx.SyncByteStream):
 def _aiohttp_connector_class() -> Any:
     import aiohttp
 
-    class _Connector(aiohttp.TCPConnector):  # type: ignore[misc]
+    class _Connector(aiohttp.TCPConnector):
         """Counts the connections it opens, and never hands out a kept-alive connection
         with unread data on it (a stray response no request asked for)."""
 
@@ -595,12 +595,12 @@ def _aiohttp_connector_class() -> Any:
                     if proto is not None:
                         self._seen.add(proto)
                     self._metrics.connection_opened()
-                    conn._qwen_fresh = True
+                    conn._qwen_fresh = True  # type: ignore[attr-defined]
                     return conn
                 if proto.should_close:  # unread bytes or a half-read body: never reuse
                     conn.close()
                     continue
-                conn._qwen_fresh = False
+                conn._qwen_fresh = False  # type: ignore[attr-defined]
                 return conn
             return conn
 
@@ -921,7 +921,7 @@ def _close_dead_transport(transport: Any) -> None:
     inner = getattr(ssl_protocol, "_transport", None) if ssl_protocol is not None else None
     for candidate in (inner, transport):
         sock = getattr(candidate, "_sock", None)
-        if sock is not None:
+        if sock is not None and candidate is not None:
             sock.close()
             candidate._sock = None
 

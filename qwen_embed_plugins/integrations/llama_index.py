@@ -391,7 +391,8 @@ class QwenPooledEmbedding(BaseEmbedding):
         LlamaIndex's implementation (events, callbacks, cache, rate limiter, progress
         bar), with at most ``max_concurrency`` batch requests of this call in flight.
         """
-        token = _BATCH_WINDOW.set(asyncio.Semaphore(self.max_concurrency))
+        window = self.max_concurrency if isinstance(self.max_concurrency, int) else 4
+        token = _BATCH_WINDOW.set(asyncio.Semaphore(window))
         try:
             return await super().aget_text_embedding_batch(
                 texts, show_progress=show_progress, **kwargs
