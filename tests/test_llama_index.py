@@ -607,8 +607,10 @@ def test_events_and_spans_carry_batch_size_and_timing() -> None:
     assert [type(e) for e in sync_events] == [EmbeddingStartEvent, EmbeddingEndEvent] * 3
     starts, ends = sync_events[0::2], sync_events[1::2]
     assert [len(e.chunks) for e in ends] == [4, 4, 2]  # type: ignore[attr-defined]
-    for start, end in zip(starts, ends, strict=True):
-        assert (end.timestamp - start.timestamp).total_seconds() >= latency
+    # the sync call keeps a window of 2 batches on the wire (as the core client does):
+    # the first batch's event waits for its answer, the next ones' answers are already
+    # on their way when LlamaIndex asks for them
+    assert ends[0].timestamp > starts[0].timestamp
     # Instrumentation events (async): LlamaIndex starts every batch, then ends them all
     # after gathering, so the events time the call (two rounds: window of 2)
     async_ends = [e for e in collector.events if isinstance(e, EmbeddingEndEvent)]
@@ -619,15 +621,13 @@ def test_events_and_spans_carry_batch_size_and_timing() -> None:
     # CallbackManager (CBEventType.EMBEDDING): chunks per batch, and LlamaIndex's timing
     assert [len((p[1].payload or {})[EventPayload.CHUNKS]) for p in sync_pairs] == [4, 4, 2]
     assert sync_time.total_count == 3
-    assert sync_time.average_secs >= latency
 
     # Spans: one per HTTP request, a child of the public call's span, holding the batch
     (sync_call,) = named("QwenPooledEmbedding.get_text_embedding_batch")
     sync_requests = named("QwenPooledEmbedding._get_text_embeddings")
     assert [spans.sizes[s.id_] for s in sync_requests] == [4, 4, 2]
     assert {s.parent_id for s in sync_requests} == {sync_call.id_}
-    assert all(s.duration >= latency for s in sync_requests)
-    assert sync_call.duration >= 3 * latency
+    assert sync_call.duration >= 2 * latency  # three batches, two at a time
     (async_call,) = named("QwenPooledEmbedding.aget_text_embedding_batch")
     async_requests = named("QwenPooledEmbedding._aembed_batch")
     assert sorted(spans.sizes[s.id_] for s in async_requests) == [2, 4, 4]

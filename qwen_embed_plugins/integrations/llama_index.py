@@ -34,10 +34,13 @@ This module imports ``llama_index.core``: install the extra,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import logging
 import os
 import pickle
+from collections.abc import Iterator
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Literal
 
 import llama_index.core.instrumentation as _instrumentation
@@ -53,7 +56,8 @@ from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr
 
 from ..client import AsyncEmbeddingClient, EmbeddingClient
 from ..config import DEFAULT_MODEL, ENV_API_KEY, EmbeddingConfig, env_setting
-from ..errors import ConfigError
+from ..errors import ConfigError, QwenEmbedError
+from ..protocol import validate_texts
 from ._common import DESCRIPTIONS, build_config, env_default, setting
 
 __all__ = ["QwenPooledEmbedding"]
@@ -63,11 +67,92 @@ _log = logging.getLogger("qwen_embed_plugins")
 # the root dispatcher, where span handlers are usually added).
 _dispatcher = get_dispatcher(__name__)
 
-# The window of one ``aget_text_embedding_batch`` call. A ContextVar, so the tasks that
-# LlamaIndex's implementation creates (``asyncio.gather`` / ``run_jobs``) inherit it and
-# concurrent calls each get their own.
-_BATCH_WINDOW: contextvars.ContextVar[asyncio.Semaphore | None] = contextvars.ContextVar(
-    "qwen_embed_llama_index_batch_window", default=None
+
+class _BatchCall:
+    """One ``get_text_embedding_batch`` / ``aget_text_embedding_batch`` call: its
+    batches' offsets in the caller's list, its async window, its sync pipeline."""
+
+    def __init__(
+        self,
+        size: int,
+        *,
+        window: asyncio.Semaphore | None = None,
+        pipeline: _Pipeline | None = None,
+    ) -> None:
+        self.size = size
+        self.window = window
+        self.pipeline = pipeline
+        self._started = 0
+
+    def start_batch(self) -> int:
+        """The caller's index of the next batch's first text (batches are consecutive
+        slices of ``embed_batch_size`` texts, started in order)."""
+        offset = self._started * self.size
+        self._started += 1
+        return offset
+
+
+class _Pipeline:
+    """The sync batches of one call, ``window`` of them on the wire at once: LlamaIndex
+    takes them in order (``take``) while the next ones are being answered."""
+
+    def __init__(self, client: EmbeddingClient, items: list[str], size: int, window: int):
+        from .._engine import shared_executor
+
+        self._client = client
+        self._batches = [(i, items[i : i + size]) for i in range(0, len(items), size)]
+        self._executor = shared_executor()
+        self._futures: list[Future[list[Embedding]]] = []
+        self._taken = 0
+        self._context = contextvars.copy_context()
+        for _ in range(min(window, len(self._batches))):
+            self._submit()
+
+    def _run(self, offset: int, batch: list[str]) -> list[Embedding]:
+        with _caller_index(offset):
+            return self._client.embed_documents(batch)
+
+    def _submit(self) -> None:
+        n = len(self._futures)
+        if n < len(self._batches):
+            offset, batch = self._batches[n]
+            self._futures.append(self._executor.submit(self._run, offset, batch))
+
+    def take(self, texts: list[str]) -> list[Embedding]:
+        """The vectors of the next batch (``texts``), waiting for them if needed."""
+        k = self._taken
+        self._taken += 1
+        self._submit()
+        offset, batch = self._batches[k]
+        if batch != texts:  # LlamaIndex cut its batches differently: embed these directly
+            with _caller_index(offset):
+                return self._client.embed_documents(texts)
+        return self._futures[k].result()
+
+    def close(self) -> None:
+        for future in self._futures[self._taken :]:
+            future.cancel()
+
+
+@contextlib.contextmanager
+def _caller_index(offset: int) -> Iterator[None]:
+    """Errors of a batch name the input's index in the caller's whole list."""
+    try:
+        yield
+    except QwenEmbedError as exc:
+        index = getattr(exc, "index", None)
+        if offset and isinstance(index, int):
+            exc.index = index + offset  # type: ignore[attr-defined]
+            text = str(exc.args[0]) if exc.args else ""
+            exc.args = (text.replace(f"index {index}", f"index {index + offset}"),)
+        raise
+
+
+# The batch call under way. A ContextVar, so the tasks that LlamaIndex's implementation
+# creates (``asyncio.gather`` / ``run_jobs``) inherit it and concurrent calls each get
+# their own.
+_BATCH_CALL: contextvars.ContextVar[_BatchCall | None] = contextvars.ContextVar(
+    "qwen_embed_llama_index_batch_call", default=None
 )
 
 # Fields that feed the core ``EmbeddingConfig``; assigning one rebuilds it.
@@ -361,27 +446,72 @@ class QwenPooledEmbedding(BaseEmbedding):
 
     @_dispatcher.span
     def _get_text_embeddings(self, texts: list[str]) -> list[Embedding]:
-        """Documents, sent raw; ``n x dim`` floats in input order."""
+        """Documents, sent raw; ``n x dim`` floats in input order. Within
+        ``get_text_embedding_batch``, the answer of a batch already under way."""
         if not texts:
             return []
-        return self._sync_client().embed_documents(texts)
+        call = _BATCH_CALL.get()
+        if call is None:
+            return self._sync_client().embed_documents(texts)
+        offset = call.start_batch()
+        if call.pipeline is not None:
+            return call.pipeline.take(texts)
+        with _caller_index(offset):
+            return self._sync_client().embed_documents(texts)
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
         """Async ``_get_text_embeddings``; waits for a slot of the calling
         ``aget_text_embedding_batch``'s window when there is one."""
         if not texts:
             return []
-        window = _BATCH_WINDOW.get()
-        if window is None:
+        call = _BATCH_CALL.get()
+        if call is None:
             return await self._aembed_batch(texts)
-        async with window:
-            return await self._aembed_batch(texts)
+        offset = call.start_batch()  # before any await: batches start in their order
+        assert call.window is not None
+        async with call.window:
+            with _caller_index(offset):
+                return await self._aembed_batch(texts)
 
     @_dispatcher.span
     async def _aembed_batch(self, texts: list[str]) -> list[Embedding]:
         """One batch of documents on the running loop; ``n x dim`` floats (its own
         instrumentation span: ``texts`` is the batch, the span times the request)."""
         return await self._async_client().embed_documents(texts)
+
+    def _checked(self, texts: Any) -> list[str]:
+        """The whole batch call's input, checked before anything is sent (``InputError``
+        names the index in the caller's list)."""
+        return validate_texts(texts, max_chars=self.max_text_chars)
+
+    def get_text_embedding_batch(
+        self, texts: list[str], show_progress: bool = False, **kwargs: Any
+    ) -> list[Embedding]:
+        """Embed documents; ``n x dim`` floats in input order.
+
+        LlamaIndex's implementation (events, callbacks, cache, rate limiter, progress
+        bar), with up to ``max_concurrency`` batches in flight: while LlamaIndex handles
+        one batch, the next ones are already on the wire (as the core client windows
+        them). Every text is checked first; a failing input is named by its index in
+        ``texts``.
+
+        Raises:
+            InputError: ``texts`` is a single ``str``, an unordered collection, or holds
+                an invalid text (nothing is sent).
+        """
+        items = self._checked(texts)
+        window = self.max_concurrency if isinstance(self.max_concurrency, int) else 4
+        size = self.embed_batch_size
+        pipeline = None
+        if self.embeddings_cache is None and len(items) > size and window > 1:
+            pipeline = _Pipeline(self._sync_client(), items, size, window)
+        token = _BATCH_CALL.set(_BatchCall(size, pipeline=pipeline))
+        try:
+            return super().get_text_embedding_batch(items, show_progress=show_progress, **kwargs)
+        finally:
+            _BATCH_CALL.reset(token)
+            if pipeline is not None:
+                pipeline.close()
 
     async def aget_text_embedding_batch(
         self, texts: list[str], show_progress: bool = False, **kwargs: Any
@@ -390,16 +520,20 @@ class QwenPooledEmbedding(BaseEmbedding):
 
         LlamaIndex's implementation (events, callbacks, cache, rate limiter, progress
         bar), with at most ``max_concurrency`` batch requests of this call in flight.
+        Every text is checked first; a failing input is named by its index in ``texts``.
         """
+        items = self._checked(texts)
         window = self.max_concurrency if isinstance(self.max_concurrency, int) else 4
-        token = _BATCH_WINDOW.set(asyncio.Semaphore(window))
+        call = _BatchCall(self.embed_batch_size, window=asyncio.Semaphore(window))
+        token = _BATCH_CALL.set(call)
         try:
             return await super().aget_text_embedding_batch(
-                texts, show_progress=show_progress, **kwargs
+                items, show_progress=show_progress, **kwargs
             )
         finally:
-            _BATCH_WINDOW.reset(token)
+            _BATCH_CALL.reset(token)
 
-    # LlamaIndex's implementation, reached through super(), opens the span; without this
-    # mark DispatcherSpanMixin would wrap the override in a second, identical one.
+    # LlamaIndex's implementations, reached through super(), open the spans; without this
+    # mark DispatcherSpanMixin would wrap the overrides in a second, identical one.
     setattr(aget_text_embedding_batch, _SPAN_MARK, True)
+    setattr(get_text_embedding_batch, _SPAN_MARK, True)
