@@ -39,6 +39,7 @@ import contextvars
 import logging
 import os
 import pickle
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Literal
@@ -93,8 +94,9 @@ class _BatchCall:
 
 
 class _Pipeline:
-    """The sync batches of one call, ``window`` of them on the wire at once: LlamaIndex
-    takes them in order (``take``) while the next ones are being answered."""
+    """The sync batches of one call, at most ``window`` of them on the wire at once (the
+    next starts when one is answered): LlamaIndex takes them in order (``take``) while
+    the following ones are being answered."""
 
     def __init__(self, client: EmbeddingClient, items: list[str], size: int, window: int):
         from .._engine import shared_executor
@@ -102,27 +104,39 @@ class _Pipeline:
         self._client = client
         self._batches = [(i, items[i : i + size]) for i in range(0, len(items), size)]
         self._executor = shared_executor()
-        self._futures: list[Future[list[Embedding]]] = []
+        self._futures: list[Future[list[Embedding]]] = [Future() for _ in self._batches]
+        self._lock = threading.Lock()
+        self._next = 0
         self._taken = 0
-        self._context = contextvars.copy_context()
+        self._closed = False
         for _ in range(min(window, len(self._batches))):
-            self._submit()
+            self._start_next()
 
-    def _run(self, offset: int, batch: list[str]) -> list[Embedding]:
-        with _caller_index(offset):
-            return self._client.embed_documents(batch)
+    def _start_next(self) -> None:
+        with self._lock:
+            if self._closed or self._next >= len(self._batches):
+                return
+            k = self._next
+            self._next += 1
+        self._executor.submit(self._run, k)
 
-    def _submit(self) -> None:
-        n = len(self._futures)
-        if n < len(self._batches):
-            offset, batch = self._batches[n]
-            self._futures.append(self._executor.submit(self._run, offset, batch))
+    def _run(self, k: int) -> None:
+        offset, batch = self._batches[k]
+        future = self._futures[k]
+        try:
+            with _caller_index(offset):
+                result = self._client.embed_documents(batch)
+        except BaseException as exc:
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+        finally:
+            self._start_next()
 
     def take(self, texts: list[str]) -> list[Embedding]:
         """The vectors of the next batch (``texts``), waiting for them if needed."""
         k = self._taken
         self._taken += 1
-        self._submit()
         offset, batch = self._batches[k]
         if batch != texts:  # LlamaIndex cut its batches differently: embed these directly
             with _caller_index(offset):
@@ -130,8 +144,9 @@ class _Pipeline:
         return self._futures[k].result()
 
     def close(self) -> None:
-        for future in self._futures[self._taken :]:
-            future.cancel()
+        """No batch starts after this (those under way finish in the background)."""
+        with self._lock:
+            self._closed = True
 
 
 @contextlib.contextmanager
