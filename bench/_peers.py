@@ -371,6 +371,21 @@ def httpx_aiohttp(t: Target, decode: Decode = decode_list, limit: int = POOL_LIM
     return call, client.aclose
 
 
+class SocketCounter:
+    """Counts sockets aiohttp creates through ``TCPConnector(socket_factory=...)`` (a
+    public hook, aiohttp >= 3.12): no per-request cost, unlike a ``TraceConfig``."""
+
+    def __init__(self) -> None:
+        self.opened = 0
+
+    def __call__(self, addr_info: Any) -> Any:
+        import socket
+
+        family, type_, proto, _canon, _addr = addr_info
+        self.opened += 1
+        return socket.socket(family=family, type=type_, proto=proto)
+
+
 class ConnectionCounter:
     """aiohttp ``TraceConfig`` counting TCP connections opened (what the library counts)."""
 
@@ -395,22 +410,28 @@ def aiohttp_raw(
     *,
     trace: bool = False,
     guarded: bool = False,
+    sockcount: bool = False,
 ) -> Any:
     """One ``aiohttp.ClientSession`` (must be called inside the running loop).
 
-    ``trace``: a ``TraceConfig`` counting connections opened. ``guarded``: the features
+    ``trace``: a ``TraceConfig`` counting connections opened; ``sockcount``: a
+    ``socket_factory`` counting them instead. ``guarded``: the features
     the library needs on top: a per-request ``ClientTimeout(total=..., sock_read=...)``
     and a streamed body read into a ``bytearray`` with a size cap (Content-Length checked
     first, then every chunk).
     """
     import aiohttp
 
-    counter = ConnectionCounter() if trace else None
-    connector = aiohttp.TCPConnector(limit=limit, ssl=t.ssl_context() or True)
+    counter: Any = ConnectionCounter() if trace else None
+    extra: dict[str, Any] = {}
+    if sockcount:
+        counter = SocketCounter()
+        extra["socket_factory"] = counter
+    connector = aiohttp.TCPConnector(limit=limit, ssl=t.ssl_context() or True, **extra)
     session = aiohttp.ClientSession(
         connector=connector,
         timeout=aiohttp.ClientTimeout(total=TIMEOUT),
-        trace_configs=[counter.config] if counter else None,
+        trace_configs=[counter.config] if trace else None,
     )
     url = t.url
     model = t.model

@@ -153,7 +153,7 @@ def row_single_sync(t: p.Target, rounds: int, quick: bool) -> dict[str, Any]:
     for r in range(rounds):
         for v in h.rotated(list(variants), r):
             runs[v].append(h.run_sync(variants[v][0][0], items[v]).to_dict())
-    for (_, close), _q in variants.values():
+    for (_, close), _ in variants.values():
         close()
     return {
         "title": "single text, sync, concurrency 1: client CPU per request",
@@ -178,7 +178,7 @@ def row_single_async(t: p.Target, rounds: int, quick: bool) -> dict[str, Any]:
             "raw_aiohttp": (p.aiohttp_raw(t), False),
         }
         items = {v: [[raw if q else sent] for raw, sent in pairs] for v, (_, q) in variants.items()}
-        for v, ((call, _), q) in variants.items():
+        for v, ((call, _), _q) in variants.items():
             check(v, await call(items[v][0]), pairs[0][1])
             # warm every connection the highest level will use
             await h.run_async(call, items[v][: 4 * p.POOL_LIMIT], p.POOL_LIMIT)
@@ -299,9 +299,7 @@ def row_batch_sync(t: p.Target, rounds: int, quick: bool) -> dict[str, Any]:
         warm, batches = batches[:2], batches[2:]
         variants = {
             "ours_embed_documents": p.ours_sync(t, "embed_documents", batch_size=batch),
-            "ours_embed_documents_array": p.ours_sync(
-                t, "embed_documents_array", batch_size=batch
-            ),
+            "ours_embed_documents_array": p.ours_sync(t, "embed_documents_array", batch_size=batch),
             f"raw_{p.HTTP_LIBRARY}": p.httpx_sync(t),
             "stdlib_keepalive": p.stdlib_sync(t),
             "stdlib_keepalive_array": p.stdlib_sync(t, p.decode_array),
@@ -461,11 +459,118 @@ def _label(v: str) -> str:
     return v.replace("_", " ")
 
 
+def _us(x: float) -> str:
+    return f"{x:,.0f} us"
+
+
+def issue_table(result: dict[str, Any]) -> str:
+    """Issue 14's table, this run's medians: ours, and each peer with ours ÷ peer."""
+    rows = result["rows"]
+    lines = []
+
+    def peers(ph: dict[str, Any], metric: str, skip: tuple[str, ...] = ()) -> str:
+        ref = ph["reference"]
+        return "; ".join(
+            f"{_label(v)} {_us(s[metric])} (ours {ph['summary'][ref][metric] / s[metric]:.2f}x)"
+            for v, s in ph["summary"].items()
+            if v != ref and v not in skip
+        )
+
+    if "single_sync" in rows:
+        ph = rows["single_sync"]["phases"]["c1"]
+        m = "cpu_us_per_request"
+        lines.append(
+            [
+                "single text, sync, c=1: client CPU per request",
+                f"{_us(ph['summary']['ours_embed_query'][m])} (embed_documents of 1: "
+                f"{_us(ph['summary']['ours_embed_documents_1'][m])})",
+                peers(ph, m, ("ours_embed_documents_1",)),
+            ]
+        )
+    if "single_async" in rows:
+        phs = rows["single_async"]["phases"]
+        m = "cpu_us_per_request"
+        ref = "ours_async_embed_query"
+        names = [v for v in phs["c1"]["summary"] if v != ref]
+        lines.append(
+            [
+                "single text, async, c=1 / 16 / 128: client CPU per request",
+                " / ".join(f"{phs[c]['summary'][ref][m]:,.0f}" for c in phs) + " us",
+                "; ".join(
+                    f"{_label(v)} "
+                    + " / ".join(f"{phs[c]['summary'][v][m]:,.0f}" for c in phs)
+                    + " us (ours "
+                    + " / ".join(f"{phs[c]['ours_over_peer'][v]:.2f}x" for c in phs)
+                    + ")"
+                    for v in names
+                ),
+            ]
+        )
+    if "https_rtt" in rows:
+        ph = rows["https_rtt"]["phases"]["cold"]
+        s = ph["summary"]
+        lines.append(
+            [
+                rows["https_rtt"]["title"] + " (cold)",
+                f"{s['ours_async']['req_per_s']:.0f} req/s, "
+                f"{s['ours_async']['cpu_us_per_request'] / 1000:.2f} ms CPU/req",
+                "; ".join(
+                    f"{_label(v)} {x['req_per_s']:.0f} req/s at "
+                    f"{x['cpu_us_per_request'] / 1000:.2f} ms CPU/req"
+                    for v, x in s.items()
+                    if v != "ours_async"
+                ),
+            ]
+        )
+    if "batch_sync" in rows:
+        for key, ph in rows["batch_sync"]["phases"].items():
+            m = "cpu_us_per_text"
+            s = ph["summary"]
+            lines.append(
+                [
+                    f"batch of {key[5:]}, sync, CPU per text",
+                    f"{_us(s['ours_embed_documents'][m])} (array path "
+                    f"{_us(s['ours_embed_documents_array'][m])})",
+                    peers(ph, m, ("ours_embed_documents_array",))
+                    + "; array path vs stdlib array floor "
+                    + f"{s['ours_embed_documents_array'][m] / s['stdlib_keepalive_array'][m]:.2f}x",
+                ]
+            )
+    if "bulk" in rows:
+        row = rows["bulk"]
+        s = row["phases"]["bulk"]["summary"]
+
+        def cell(v: str) -> str:
+            x = s[v]
+            return (
+                f"{x['texts_per_s']:,.0f} texts/s, {x['cpu_us_per_text']:.0f} us/text, "
+                f"peak RSS {x['peak_rss_mib']:.0f} MiB, {x['connections_opened_server']:.0f} conns"
+            )
+
+        n = f"{row['texts']:,} texts, {row['server_latency_ms']:g} ms server"
+        for ours, peer, what in (
+            ("ours_langchain", "langchain_openai", "LangChain embed_documents"),
+            ("ours_llamaindex", "llamaindex_openai_like", "LlamaIndex get_text_embedding_batch"),
+            ("ours_core_array", "ours_core_list", "core embed_documents_array"),
+        ):
+            a, b = s[ours], s[peer]
+            lines.append(
+                [
+                    f"{n}: {what}",
+                    cell(ours),
+                    f"{_label(peer)} {cell(peer)} (ours {a['texts_per_s'] / b['texts_per_s']:.2f}x "
+                    f"texts/s, {b['cpu_us_per_text'] / a['cpu_us_per_text']:.2f}x less CPU/text)",
+                ]
+            )
+    return h.markdown_table(["workload", "ours", "peers in the same run"], lines) + "\n"
+
+
 def render(result: dict[str, Any]) -> str:
     out = [
         f"### Side-by-side harness (issue 14): {'quick' if result['quick'] else 'full'} run\n",
         f"`{result['command']}` — {result['rounds']} interleaved rounds, medians; "
         f"load average at start {result['environment']['load_avg_at_start']}.\n",
+        issue_table(result),
     ]
     rows = result["rows"]
     if "single_sync" in rows:
