@@ -369,6 +369,15 @@ def _digest(stats: pstats.Stats, count: int, top: int) -> dict[str, Any]:
             }
             for tt, nc, g, f in funcs
         ][:top],
+        "top_library": [
+            {
+                "function": f,
+                "self_us_per_request": tt * 1e6 / count,
+                "calls_per_request": nc / count,
+            }
+            for tt, nc, g, f in funcs
+            if g.startswith("qwen_embed_plugins")
+        ][:top],
     }
 
 
@@ -427,6 +436,18 @@ def render(result: dict[str, Any], top: int) -> str:
             )
         )
         lines.append("")
+        if d.get("top_library"):
+            lines.append(f"**the library's own functions, {name} (cProfile, us/request)**\n")
+            lines.append(
+                h.markdown_table(
+                    ["function", "self us/req", "calls/req"],
+                    [
+                        [f["function"], f["self_us_per_request"], f["calls_per_request"]]
+                        for f in d["top_library"][:top]
+                    ],
+                )
+            )
+            lines.append("")
     return "\n".join(lines)
 
 
