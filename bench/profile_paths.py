@@ -111,14 +111,18 @@ def group_of(filename: str, name: str) -> str:
 
 
 def _time_per_text(
-    steps: dict[str, Callable[[], Any]], batch: int, quick: bool
+    steps: dict[str, Callable[[], Any]], batch: int, quick: bool, repeats: int = 7
 ) -> dict[str, float]:
-    """Best of 5 ``timeit`` runs of each step, microseconds per text."""
-    number = max(5, (2000 if quick else 20000) // (batch * 10))
-    return {
-        name: min(timeit.repeat(fn, number=number, repeat=5)) / number / batch * 1e6
-        for name, fn in steps.items()
-    }
+    """Microseconds per text of each step: the best of ``repeats`` ``timeit`` runs, the
+    steps interleaved (every repeat times each step once, in a rotated order), so load
+    from other processes hits all steps alike."""
+    number = max(3, (1000 if quick else 8000) // (batch * 10))
+    best: dict[str, float] = dict.fromkeys(steps, float("inf"))
+    names = list(steps)
+    for r in range(repeats):
+        for name in h.rotated(names, r):
+            best[name] = min(best[name], timeit.timeit(steps[name], number=number))
+    return {name: best[name] / number / batch * 1e6 for name in names}
 
 
 def _decode_steps(raw: bytes, batch: int, pyb64: Any) -> dict[str, Callable[[], Any]]:
@@ -388,7 +392,7 @@ def render(result: dict[str, Any], top: int) -> str:
     lines = [f"### Profiles (`{result['command']}`)\n"]
     dec = result["decode"]
     steps = [k for k in dec["batch1"] if k != "body bytes per text"]
-    lines.append("**decode steps, us per text (timeit, best of 5)**\n")
+    lines.append("**decode steps, us per text (timeit, best of 7, steps interleaved)**\n")
     lines.append(
         h.markdown_table(
             ["step", "batch 1", "batch 32", "batch 128"],
