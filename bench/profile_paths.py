@@ -111,18 +111,28 @@ def group_of(filename: str, name: str) -> str:
 
 
 def _time_per_text(
-    steps: dict[str, Callable[[], Any]], batch: int, quick: bool, repeats: int = 7
+    steps: dict[str, Callable[[], Any]],
+    batch: int,
+    quick: bool,
+    pairs: dict[str, tuple[str, str]] | None = None,
+    repeats: int | None = None,
 ) -> dict[str, float]:
     """Microseconds per text of each step: the best of ``repeats`` ``timeit`` runs, the
     steps interleaved (every repeat times each step once, in a rotated order), so load
-    from other processes hits all steps alike."""
+    from other processes hits all steps alike. ``pairs``: ``name -> (a, b)`` adds the
+    median over repeats of ``time(a) / time(b)`` measured in the same repeat (robust on a
+    loaded machine, where the best-of times of separate steps drift)."""
+    repeats = repeats or (5 if quick else 21)
     number = max(3, (1000 if quick else 8000) // (batch * 10))
-    best: dict[str, float] = dict.fromkeys(steps, float("inf"))
+    samples: dict[str, list[float]] = {name: [] for name in steps}
     names = list(steps)
     for r in range(repeats):
         for name in h.rotated(names, r):
-            best[name] = min(best[name], timeit.timeit(steps[name], number=number))
-    return {name: best[name] / number / batch * 1e6 for name in names}
+            samples[name].append(timeit.timeit(steps[name], number=number))
+    out = {name: min(samples[name]) / number / batch * 1e6 for name in names}
+    for label, (a, b) in (pairs or {}).items():
+        out[label] = h.median(x / y for x, y in zip(samples[a], samples[b], strict=True))
+    return out
 
 
 def _decode_steps(raw: bytes, batch: int, pyb64: Any) -> dict[str, Callable[[], Any]]:
@@ -159,7 +169,15 @@ def decode_costs(t: p.Target, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for batch in (1, 32, 128):
         raw = call(h.corpus(batch))
-        row = _time_per_text(_decode_steps(raw, batch, pyb64), batch, quick)
+        pairs = {
+            "ratio: tolist / b64decode (paired)": ("ndarray.tolist()", "b64decode every vector")
+        }
+        if pyb64 is not None:
+            pairs["ratio: pybase64 / b64decode (paired)"] = (
+                "pybase64.b64decode every vector",
+                "b64decode every vector",
+            )
+        row = _time_per_text(_decode_steps(raw, batch, pyb64), batch, quick, pairs)
         row["body bytes per text"] = len(raw) / batch
         out[f"batch{batch}"] = row
     close()
@@ -226,7 +244,17 @@ def library_steps(t: p.Target, quick: bool) -> dict[str, Any]:
         for batch in (1, 32, 128):
             texts = h.corpus(batch)
             steps = _library_steps(lib, texts, call(texts))
-            out[f"batch{batch}"] = _time_per_text(steps, batch, quick)
+            out[f"batch{batch}"] = _time_per_text(
+                steps,
+                batch,
+                quick,
+                {
+                    "ratio: decode_checked path / floor decode (paired)": (
+                        "parse_body + decode_checked",
+                        "floor decode (b64decode+join+frombuffer)",
+                    )
+                },
+            )
     except (TypeError, ValueError) as exc:
         return {"skipped": f"internals changed: {exc}"}
     finally:
@@ -392,7 +420,10 @@ def render(result: dict[str, Any], top: int) -> str:
     lines = [f"### Profiles (`{result['command']}`)\n"]
     dec = result["decode"]
     steps = [k for k in dec["batch1"] if k != "body bytes per text"]
-    lines.append("**decode steps, us per text (timeit, best of 7, steps interleaved)**\n")
+    lines.append(
+        "**decode steps, us per text (timeit, best of 21, steps interleaved; "
+        "ratios: paired medians)**\n"
+    )
     lines.append(
         h.markdown_table(
             ["step", "batch 1", "batch 32", "batch 128"],
