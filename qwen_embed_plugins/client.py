@@ -23,8 +23,19 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-from . import _engine, _sdk, pool
-from ._engine import Engine, Part, Send, arun_windowed, run_async, run_sync, run_windowed
+from . import _sdk, pool
+from ._engine import Engine
+from ._run import (
+    Part,
+    Send,
+    ahedged,
+    arun_windowed,
+    executor_after_fork,
+    hedged,
+    run_async,
+    run_sync,
+    run_windowed,
+)
 from .config import EmbeddingConfig, OnError
 from .errors import QwenEmbedError
 from .protocol import (
@@ -393,7 +404,8 @@ class EmbeddingClient(_ClientBase):
             )
             return _sdk.sdk_reply(response)
         except Exception as exc:
-            raise self._sdk_error(exc, op, ctx) from exc
+            error = self._sdk_error(exc, op, ctx)
+            raise error from error.__cause__
 
     def _sdk_error(self, exc: Exception, op: Send, ctx: Any) -> QwenEmbedError:
         engine = self._engine
@@ -409,8 +421,16 @@ class EmbeddingClient(_ClientBase):
     def _embed_one(self, text: str, *, query: bool) -> FloatArray:
         engine = self._engine
         call = engine.new_call(query=query)
-        part: Part = run_sync(engine.batch_flow(call, [text], [0]), self._send)
-        row: FloatArray = part.pieces[0][1][0]
+
+        def one(abandon: threading.Event | None = None) -> FloatArray:
+            part: Part = run_sync(engine.batch_flow(call, [text], [0]), self._send, abandon)
+            row: FloatArray = part.pieces[0][1][0]
+            return row
+
+        delay = engine.endpoint.p95() if query and self._config.hedge else None
+        if delay is None:
+            return one()
+        row: FloatArray = hedged(one, delay, engine.endpoint.hedges)
         return row
 
     def _embed(
@@ -564,13 +584,22 @@ class AsyncEmbeddingClient(_ClientBase):
             )
             return _sdk.sdk_reply(response)
         except Exception as exc:
-            raise EmbeddingClient._sdk_error(self, exc, op, ctx) from exc  # type: ignore[arg-type]
+            error = EmbeddingClient._sdk_error(self, exc, op, ctx)  # type: ignore[arg-type]
+            raise error from error.__cause__
 
     async def _embed_one(self, text: str, *, query: bool) -> FloatArray:
         engine = self._engine
         call = engine.new_call(query=query)
-        part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._send)
-        row: FloatArray = part.pieces[0][1][0]
+
+        async def one() -> FloatArray:
+            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._send)
+            row: FloatArray = part.pieces[0][1][0]
+            return row
+
+        delay = engine.endpoint.p95() if query and self._config.hedge else None
+        if delay is None:
+            return await one()
+        row: FloatArray = await ahedged(one, delay, engine.endpoint.hedges)
         return row
 
     async def _embed(
@@ -603,4 +632,4 @@ class AsyncEmbeddingClient(_ClientBase):
         return sink
 
 
-os.register_at_fork(after_in_child=_engine.executor_after_fork)
+os.register_at_fork(after_in_child=executor_after_fork)

@@ -352,7 +352,8 @@ def pool_stats() -> dict[str, dict[str, Any]]:
     ``async_clients`` (transports open now), ``connections_opened``, ``requests``,
     ``in_flight``, ``stale_retries``, ``retries``, ``texts`` (counts since start or
     ``reset_metrics()``). Pools of one URL with different transport settings add up in
-    its row."""
+    its row. An endpoint of several replicas also gets a row, labelled with their
+    comma-separated labels, holding their totals (``replicas`` lists them)."""
     with _lock:
         entries = list(_entries.values())
     out: dict[str, dict[str, Any]] = {}
@@ -379,6 +380,25 @@ def pool_stats() -> dict[str, dict[str, Any]]:
             "texts",
         ):
             row[name] = snap[name]
+    from .metrics import stats
+
+    for label, snap in stats().items():
+        members = snap.get("replicas")
+        if members and all(m in out for m in members):
+            total: dict[str, Any] = {"replicas": list(members)}
+            for name in ("pools", "sync_clients", "async_clients"):
+                total[name] = sum(out[m][name] for m in members)
+            total["fingerprints"] = [f for m in members for f in out[m]["fingerprints"]]
+            for name in (
+                "connections_opened",
+                "requests",
+                "in_flight",
+                "stale_retries",
+                "retries",
+                "texts",
+            ):
+                total[name] = snap[name]
+            out[label] = total
     return out
 
 

@@ -99,7 +99,7 @@ class _Pipeline:
     the following ones are being answered."""
 
     def __init__(self, client: EmbeddingClient, items: list[str], size: int, window: int):
-        from .._engine import shared_executor
+        from .._run import shared_executor
 
         self._client = client
         self._batches = [(i, items[i : i + size]) for i in range(0, len(items), size)]
