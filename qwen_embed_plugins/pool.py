@@ -296,8 +296,9 @@ def _ensure_reaper() -> None:
 def close_all() -> None:
     """Close every shared sync pool and release every async pool now.
 
-    Async pools are closed inside their own loop when it is running (scheduled there),
-    else their sockets are closed directly. Later calls simply open new connections;
+    An async pool is closed inside its own event loop (scheduled there: at once if the
+    loop is running, else when it next runs); the sockets of a closed loop's pool are
+    closed directly. Later calls simply open new connections;
     requests in flight on a closed pool are resent once on a new one (a close is never
     counted against the endpoint's health).
     """
@@ -313,10 +314,11 @@ def close_all() -> None:
         for slot in slots:
             loop = slot.loop_ref()
             slot.dead = True
-            if loop is not None and loop.is_running() and not loop.is_closed():
-                transport = slot.transport
+            if loop is not None and not loop.is_closed():
+                # Close it inside its own loop: now if the loop is running, else the
+                # next time it runs (its sockets belong to that loop's selector).
                 with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_close_soon, transport)
+                    loop.call_soon_threadsafe(_close_soon, slot.transport)
                     continue
             _abandon(slot)
 
