@@ -926,6 +926,24 @@ def _close_dead_transport(transport: Any) -> None:
             candidate._sock = None
 
 
+_SDK_CAP_FLOOR = 8 << 20
+
+
+def sdk_cap(body: bytes) -> int:
+    """The response size cap for a request the openai SDK built: from the number of
+    inputs of an embeddings request (each up to 8,192 float32 values written as JSON
+    floats, 32 bytes each), at least 8 MiB."""
+    try:
+        import orjson
+
+        data = orjson.loads(body) if body else None
+    except ValueError:
+        data = None
+    inputs = data.get("input") if isinstance(data, dict) else None
+    count = len(inputs) if isinstance(inputs, list) else 1
+    return max(_SDK_CAP_FLOOR, count * 8192 * 32 + 65_536)
+
+
 def translate(exc: BaseException, ctx: ErrorContext) -> QwenEmbedError:
     """The library error for any exception an exchange can raise."""
     if isinstance(exc, QwenEmbedError):
