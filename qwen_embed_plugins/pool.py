@@ -38,9 +38,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._async_http import AsyncTransport
 from .config import PoolKey
 from .metrics import EndpointMetrics, metrics_for
-from .transport import AsyncTransport, ProcessGate, SyncTransport
+from .transport import ProcessGate, SyncTransport
 
 __all__ = [
     "aclose_all",

@@ -58,6 +58,8 @@ except ImportError:  # pragma: no cover - pybase64 is a dependency; stay correct
 
     def _b64decode(text: str) -> bytes:
         return binascii.a2b_base64(text, strict_mode=True)
+
+
 _NORM_TOLERANCE = 1e-4
 _SQ_LOW = (1.0 - _NORM_TOLERANCE) ** 2
 _SQ_HIGH = (1.0 + _NORM_TOLERANCE) ** 2
