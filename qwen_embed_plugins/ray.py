@@ -29,6 +29,10 @@ With ``on_error="skip"`` a row whose text fails (not a string, empty, too long, 
 rejected by the server for that input) gets a null embedding and a message in
 ``error_column``; endpoint failures (connection, 5xx, timeouts, auth) still fail the job.
 
+Importing this module sets ``RAY_USAGE_STATS_ENABLED=0`` unless the variable is already
+set, so a Ray instance started afterwards (by `embed_files`, or automatically by the
+first dataset) never reports usage statistics online.
+
 The API key is never pickled (see ``config.Secret``): each Ray worker reads
 ``QWEN_EMBED_API_KEY`` from its own environment (on a local Ray instance started by this
 module, workers inherit the driver's; on a cluster set it in the nodes' environment or in
@@ -56,6 +60,10 @@ from .client import EmbeddingClient
 from .config import NOT_GIVEN, EmbeddingConfig, Limits, NotGiven, known_model_dims
 from .errors import BadRequestError, BatchTooLargeError, ConfigError, InputError, ResponseError
 from .protocol import FloatArray
+
+# Nothing may phone home: Ray's usage statistics are off unless the user set the variable
+# (it must be set before Ray starts, and Ray auto-starts on the first dataset).
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 try:
     import ray
@@ -95,7 +103,6 @@ def _ensure_ray(address: str | None) -> None:
     cluster at ``address`` / ``RAY_ADDRESS``. Does nothing when Ray is already initialised."""
     if ray.is_initialized():
         return
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # never phone home
     if address is None and not os.environ.get("RAY_ADDRESS"):
         ray.init(include_dashboard=False)
     else:

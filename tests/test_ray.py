@@ -256,3 +256,50 @@ def test_settings_are_checked_in_the_driver() -> None:
         qray.embed_dataset(ds, base_url=url, concurrency=0)
     with pytest.raises(InputError, match="column 'body'"):
         qray.embed_dataset(ds, base_url=url, column="body")
+
+
+# ------------------------------------------------------------------------ the docs' code
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "scale-out.md"
+RUN_HERE = "<!-- run-by: tests/test_ray.py -->"
+
+
+def _ray_doc_blocks() -> list[tuple[int, str]]:
+    """The ```python blocks of docs/scale-out.md marked to run here (they need Ray)."""
+    lines = DOC.read_text(encoding="utf-8").splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        if lines[i].strip() == RUN_HERE and lines[i + 1].strip() == "```python":
+            end = lines.index("```", i + 2)
+            blocks.append((i + 2, "\n".join(lines[i + 2 : end]) + "\n"))
+            i = end
+        i += 1
+    return blocks
+
+
+def test_docs_have_ray_blocks() -> None:
+    assert len(_ray_doc_blocks()) >= 2
+
+
+@pytest.mark.parametrize(("line", "code"), _ray_doc_blocks(), ids=lambda v: str(v)[:12])
+def test_docs_ray_block_runs(
+    line: int, code: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each marked block runs against a loopback server (placeholder hosts rewritten, as
+    tests/test_docs.py does for the other pages), in a scratch folder; every
+    ``print(...)  # text`` comment must match a printed line, in order."""
+    import contextlib
+    import io
+    import re
+
+    monkeypatch.chdir(tmp_path)
+    with EmbeddingServer() as server:
+        monkeypatch.setenv("QWEN_EMBED_BASE_URL", server.base_url)
+        source = re.sub(r"https?://[A-Za-z0-9.\-]+(?::\d+)?/v1\b", server.base_url, code)
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(compile(source, f"{DOC.name}:{line}", "exec"), {"__name__": "docs_snippet"})
+        assert server.requests > 0
+    printed = iter(s.strip() for s in out.getvalue().splitlines())
+    for want in re.findall(r"^\s*print\(.*\)\s+#\s*(.+?)\s*$", code, re.M):
+        assert any(s == want for s in printed), (want, out.getvalue())
