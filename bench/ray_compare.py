@@ -26,6 +26,7 @@ the first vector of every output batch checked against the server's known vector
 
     python bench/ray_compare.py                      # 50,000 rows, 3 replicas, + scaling grid
     python bench/ray_compare.py --quick              # 5,000 rows, small grid
+    python bench/ray_compare.py --cpu-per-row        # one actor's CPU per row, no Ray
 """
 
 from __future__ import annotations
@@ -264,6 +265,35 @@ def run(
     return result
 
 
+def cpu_per_row(rows: int, repeats: int, batch_size: int) -> dict[str, Any]:
+    """What one actor's work costs in CPU, without Ray: in this process, the same calls
+    ``embed_dataset``'s actor makes per ``map_batches`` call (texts out of an Arrow
+    table, ``embed_documents_array``, the Arrow output column), against a server in a
+    child process (its CPU is not counted). The per-actor ceiling is 1 core / this."""
+    import pyarrow as pa
+
+    from qwen_embed_plugins import EmbeddingClient
+    from qwen_embed_plugins.ray import _vectors_column
+    from qwen_embed_plugins.testing import EmbeddingServer
+
+    texts = texts_for(range(rows))
+    runs = []
+    with EmbeddingServer(process=True) as server:
+        client = EmbeddingClient(base_url=server.base_url)
+        client.embed_documents_array(texts[:64])  # detection, connections
+        for _ in range(repeats):
+            cpu, wall = time.process_time(), time.perf_counter()
+            for i in range(0, rows, batch_size):
+                table = pa.table({"text": texts[i : i + batch_size]})
+                vectors = client.embed_documents_array(table.column("text").to_pylist())
+                table.append_column("embedding", _vectors_column(vectors, vectors.shape[1]))
+            cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+            runs.append({"cpu_s": cpu, "wall_s": wall, "us_per_row": cpu / rows * 1e6})
+    us = sorted(r["us_per_row"] for r in runs)[len(runs) // 2]
+    print(f"CPU per row (median of {repeats}): {us:.0f} us -> {1e6 / us:,.0f} rows/s per core")
+    return {"rows": rows, "batch_size": batch_size, "median_us_per_row": us, "runs": runs}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="5,000 rows, grid 1/2 x 1/2")
@@ -283,7 +313,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-grid", action="store_true")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--json", dest="json_path", default=None)
+    parser.add_argument(
+        "--cpu-per-row",
+        action="store_true",
+        help="only measure one actor's CPU per row, without Ray (ray_cpu_per_row.json)",
+    )
     args = parser.parse_args(argv)
+    if args.cpu_per_row:
+        data = {"benchmark": "ray_cpu_per_row", "command": command_line()}
+        data["environment"] = environment()
+        data |= cpu_per_row(args.rows or 50_000, max(3, args.repeats), args.batch_size)
+        save("ray_cpu_per_row", data, args.json_path)
+        return data
     rows = args.rows or (5000 if args.quick else 50_000)
     grid_rows = args.grid_rows or (5000 if args.quick else 20_000)
     actor_grid = (1, 2) if args.quick else (1, 2, 4)

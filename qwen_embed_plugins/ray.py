@@ -498,7 +498,8 @@ def embed_files(
         ray.exceptions.RayTaskError: a batch failed (see `embed_dataset`).
     """
     raw = [input] if isinstance(input, str | os.PathLike) else list(input)
-    paths = [os.fspath(p) for p in raw]
+    # Absolute: Ray's workers do not share the driver's current directory.
+    paths = [p if "://" in p else os.path.abspath(p) for p in map(os.fspath, raw)]
     if not paths:
         raise ConfigError("embed_files: no input paths given")
     out = os.fspath(output_dir)
