@@ -189,7 +189,7 @@ def _is_row_error(exc: Exception) -> bool:
 
 def _embed_skipping(
     client: EmbeddingClient, texts: Sequence[object]
-) -> tuple[dict[int, FloatArray], list[str | None]]:
+) -> tuple[list[tuple[list[int], FloatArray]], list[str | None]]:
     """Embed ``texts``, isolating the rows that fail.
 
     PROVISIONAL: built on the public ``embed_documents_array`` until the core's
@@ -200,13 +200,15 @@ def _embed_skipping(
     timeouts, 5xx, 401/403/404/429 after retries, circuit open) propagate.
 
     Returns:
-        ``(vectors, errors)``: ``vectors`` maps a row index to its ``dim`` vector (float32)
-        for each run of good rows; ``errors[i]`` is ``None`` or why row ``i`` failed.
+        ``(parts, errors)``: ``parts`` holds ``(rows, vectors)`` pairs, ``vectors`` the
+        ``len(rows) x dim`` float32 array for those row indices (one pair covering every
+        row in order when nothing failed); ``errors[i]`` is ``None`` or why row ``i``
+        failed.
     """
     max_chars = client.config.max_text_chars
     errors: list[str | None] = [_text_problem(t, max_chars) for t in texts]
     good = [i for i, e in enumerate(errors) if e is None]
-    out: dict[int, FloatArray] = {}
+    out: list[tuple[list[int], FloatArray]] = []
     stack: list[list[int]] = [good] if good else []
     while stack:
         rows = stack.pop()
@@ -227,8 +229,7 @@ def _embed_skipping(
                 mid = len(rows) // 2
                 stack.extend((rows[mid:], rows[:mid]))
             continue
-        for j, i in enumerate(rows):
-            out[i] = arr[j]
+        out.append((rows, arr))
     return out, errors
 
 
@@ -308,17 +309,17 @@ class _EmbedBatch:
                 ) from exc
             self._dim = int(vectors.shape[1])
             return batch.append_column(self._output, _vectors_column(vectors, self._dim))
-        good, errors = _embed_skipping(self._client, texts)
-        if good and len(good) == len(texts):
-            vectors = np.stack([good[i] for i in range(len(texts))])
+        parts, errors = _embed_skipping(self._client, texts)
+        if len(parts) == 1 and len(parts[0][0]) == len(texts):  # nothing failed: no copy
+            vectors = parts[0][1]
             self._dim = int(vectors.shape[1])
             column = _vectors_column(vectors, self._dim)
         else:
-            dim = int(next(iter(good.values())).shape[0]) if good else self._known_dim()
+            dim = int(parts[0][1].shape[1]) if parts else self._known_dim()
             self._dim = dim
             vectors = np.zeros((len(texts), dim), dtype=np.float32)
-            for i, row in good.items():
-                vectors[i] = row
+            for rows, arr in parts:
+                vectors[rows] = arr
             mask = np.array([e is not None for e in errors], dtype=bool)
             column = _vectors_column(vectors, dim, mask)
         out = batch.append_column(self._output, column)
@@ -378,8 +379,10 @@ def embed_dataset(
 
     Raises:
         ConfigError: a setting is invalid (checked here, before any actor starts).
-        ray.exceptions.RayTaskError: at execution, wrapping the ``QwenEmbedError`` that
-            failed a batch (``on_error="raise"``, or an endpoint failure).
+        InputError: ``column`` is not in the dataset's schema (when Ray knows it already).
+        ray.exceptions.RayTaskError: at execution, when a batch failed (``on_error="raise"``,
+            or an endpoint failure): Ray Data re-raises it with the ``QwenEmbedError``'s
+            type and message in its text (the exception object itself is not kept).
     """
     if on_error not in ("raise", "skip"):
         raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
@@ -499,7 +502,8 @@ def embed_files(
     """
     raw = [input] if isinstance(input, str | os.PathLike) else list(input)
     # Absolute: Ray's workers do not share the driver's current directory.
-    paths = [p if "://" in p else os.path.abspath(p) for p in map(os.fspath, raw)]
+    names = [os.fspath(p) for p in raw]
+    paths = [p if "://" in p else os.path.abspath(p) for p in names]
     if not paths:
         raise ConfigError("embed_files: no input paths given")
     out = os.fspath(output_dir)
@@ -549,10 +553,13 @@ def embed_files(
         with contextlib.suppress(OSError):
             shutil.rmtree(staging)
         raise
-    return _summary(target, output_column, error_column if on_error == "skip" else None)
+    return _summary(target, error_column if on_error == "skip" else None)
 
 
-def _summary(target: Path, output_column: str, error_column: str | None) -> EmbedFilesResult:
+def _summary(target: Path, error_column: str | None) -> EmbedFilesResult:
+    """Rows and failed rows of the written files, from the Parquet footers (the error
+    column's null counts), reading the error column itself only where a footer has no
+    statistics."""
     import pyarrow.parquet as pq  # type: ignore[import-untyped]
 
     files = sorted(p.name for p in target.glob("*.parquet"))
@@ -560,7 +567,16 @@ def _summary(target: Path, output_column: str, error_column: str | None) -> Embe
     for name in files:
         meta = pq.ParquetFile(target / name).metadata
         rows += meta.num_rows
-        if error_column is not None:
-            nulls = pq.read_table(target / name, columns=[output_column]).column(0).null_count
-            failed += int(nulls)
+        if error_column is None or meta.num_rows == 0:
+            continue
+        index = meta.schema.names.index(error_column)
+        nulls = 0
+        for g in range(meta.num_row_groups):
+            stats = meta.row_group(g).column(index).statistics
+            if stats is None or not stats.has_null_count:
+                column = pq.read_table(target / name, columns=[error_column]).column(0)
+                nulls = int(column.null_count)
+                break
+            nulls += int(stats.null_count)
+        failed += meta.num_rows - nulls
     return EmbedFilesResult(str(target), tuple(files), rows, failed)

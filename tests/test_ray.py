@@ -236,6 +236,27 @@ def test_embed_files_jsonl_skip(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------ no Ray job run
 
 
+def test_skip_isolates_inputs_the_server_refuses_without_naming_them() -> None:
+    """TEI answers 413 for a too-long input without saying which: the provisional skip
+    path halves the request until the failing texts stand alone (no Ray job needed)."""
+    from qwen_embed_plugins import EmbeddingClient
+
+    texts: list[object] = _texts(16)
+    texts[5] = "y" * 300
+    texts[12] = "z" * 300
+    with EmbeddingServer(dialect="tei", max_input_chars=200) as server:
+        client = EmbeddingClient(base_url=server.base_url, server="tei")
+        parts, errors = qray._embed_skipping(client, texts)
+    assert [i for i, e in enumerate(errors) if e is not None] == [5, 12]
+    assert all("HTTP 413" in str(errors[i]) for i in (5, 12))
+    covered = sorted(i for rows, _ in parts for i in rows)
+    assert covered == [i for i in range(16) if i not in (5, 12)]
+    for rows, vectors in parts:
+        np.testing.assert_array_equal(
+            vectors, server.expected_embeddings([str(texts[i]) for i in rows])
+        )
+
+
 def test_output_column_shares_the_decoded_arrays_memory() -> None:
     vectors = np.arange(12, dtype=np.float32).reshape(4, 3)
     column = qray._vectors_column(vectors, 3)
