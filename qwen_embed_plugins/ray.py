@@ -54,12 +54,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from .client import EmbeddingClient
 from .config import NOT_GIVEN, EmbeddingConfig, Limits, NotGiven, known_model_dims
 from .errors import BadRequestError, BatchTooLargeError, ConfigError, InputError, ResponseError
-from .protocol import FloatArray
 
 # Nothing may phone home: Ray's usage statistics are off unless the user set the variable
 # (it must be set before Ray starts, and Ray auto-starts on the first dataset).
@@ -77,6 +77,8 @@ if TYPE_CHECKING:
     from ray.data import Dataset
 
 __all__ = ["DEFAULT_ERROR_COLUMN", "EmbedFilesResult", "OnError", "embed_dataset", "embed_files"]
+
+FloatArray = npt.NDArray[np.float32]
 
 OnError = Literal["raise", "skip"]
 """What a failing row does: ``"raise"`` fails the job; ``"skip"`` gives the row a null

@@ -220,6 +220,7 @@ def test_embed_files_jsonl_skip(tmp_path: Path) -> None:
             output_column="vec",
             base_url=server.base_url,
             on_error="skip",
+            concurrency=(1, 2),  # an autoscaling actor pool
         )
     assert (result.rows, result.failed_rows) == (3, 1)
     table = pq.read_table(tmp_path / "out").sort_by("id")
