@@ -183,6 +183,25 @@ def test_on_error_raise_fails_the_job_naming_the_problem() -> None:
         assert server.requests == 0  # invalid input: nothing sent
 
 
+def test_api_key_comes_from_the_workers_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key is never pickled: an actor whose environment lacks it fails at start naming
+    the variable; given through runtime_env, requests carry it."""
+    key = "sk-test-ray-workers"
+    rows = [{"id": i, "text": t} for i, t in enumerate(_texts(50))]
+    with EmbeddingServer(api_key=key) as server:
+        monkeypatch.setenv("QWEN_EMBED_API_KEY", key)  # the driver's only: Ray already runs
+        missing = qray.embed_dataset(ray.data.from_items(rows), base_url=server.base_url)
+        with pytest.raises(ray.exceptions.RayError, match="QWEN_EMBED_API_KEY"):
+            missing.materialize()
+        assert server.requests == 0
+        given = qray.embed_dataset(
+            ray.data.from_items(rows),
+            base_url=server.base_url,
+            runtime_env={"env_vars": {"QWEN_EMBED_API_KEY": key}},
+        )
+        _assert_exact(_collect(given), server, range(50))
+
+
 def test_embed_files_parquet_in_parquet_out(tmp_path: Path) -> None:
     n = 600
     source = tmp_path / "corpus.parquet"
