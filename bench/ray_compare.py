@@ -76,7 +76,7 @@ def dataset(ids: Sequence[int], rows_per_block: int) -> Any:
 
 
 class WorkerCPU:
-    """CPU seconds used by Ray's worker processes (``ray::...``) while it runs: /proc is
+    """CPU seconds used by this Ray instance's worker processes (``ray::...``): /proc is
     sampled every 0.2 s so actors that exit during the run are counted up to their last
     sample. Also notes when the first embedding request reached a server (``servers``
     polled until then), to tell Ray's start-up from the embedding itself."""
@@ -91,14 +91,28 @@ class WorkerCPU:
 
     @staticmethod
     def _workers() -> Iterator[int]:
+        """Ray worker processes descended from this process (the local Ray instance this
+        script started: driver -> raylet -> workers), not other Ray users' workers."""
+        parent: dict[int, int] = {}
+        ray_workers = []
         for entry in os.scandir("/proc"):
-            if entry.name.isdigit():
-                try:
-                    with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                        if fh.read(5) == b"ray::":
-                            yield int(entry.name)
-                except OSError:
-                    continue
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", encoding="ascii", errors="replace") as fh:
+                    parent[int(entry.name)] = int(fh.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
+                    if fh.read(5) == b"ray::":
+                        ray_workers.append(int(entry.name))
+            except (OSError, IndexError, ValueError):
+                continue
+        me = os.getpid()
+        for pid in ray_workers:
+            p, hops = pid, 0
+            while p > 1 and p != me and hops < 16:
+                p, hops = parent.get(p, 0), hops + 1
+            if p == me:
+                yield pid
 
     def _sample(self) -> None:
         for pid in self._workers():
@@ -352,9 +366,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for r in range(args.repeats):
             for mode in modes[r % len(modes) :] + modes[: r % len(modes)]:
                 compare.append(run(mode, rows, servers, args.actors, args.replicas, args))
-        if not args.no_grid:
-            for replicas in replica_grid:
-                for actors in actor_grid:
+            if not args.no_grid:
+                cells = [(rep, a) for rep in replica_grid for a in actor_grid]
+                for replicas, actors in cells if r % 2 == 0 else cells[::-1]:
                     grid.append(run("embed_dataset", grid_rows, servers, actors, replicas, args))
     ray.shutdown()
     result = {
@@ -372,16 +386,43 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "llm_qps": args.llm_qps,
             "llm_batch_size": args.llm_batch_size or 64,
         },
-        "compare": compare,
-        "grid": grid,
+        "repeats": args.repeats,
+        "compare": medians(compare, ("mode", "actors", "replicas")),
+        "grid": medians(grid, ("replicas", "actors")),
+        "compare_runs": compare,
+        "grid_runs": grid,
     }
     save("ray_compare", result, args.json_path)
     print(render(result))
     return result
 
 
+def medians(runs: list[dict[str, Any]], key: tuple[str, ...]) -> list[dict[str, Any]]:
+    """One row per ``key``: the median of each number over the repeats, ``correct`` only
+    if every run was, in first-seen order."""
+    import statistics
+
+    groups: dict[tuple[Any, ...], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault(tuple(r[k] for k in key), []).append(r)
+    out = []
+    for rs in groups.values():
+        row: dict[str, Any] = {}
+        for k, v in rs[0].items():
+            values = [r[k] for r in rs]
+            if k == "correct":
+                row[k] = all(values)
+            elif isinstance(v, int | float) and not isinstance(v, bool) and None not in values:
+                row[k] = statistics.median(values)
+            else:
+                row[k] = v
+        row["runs"] = len(rs)
+        out.append(row)
+    return out
+
+
 def render(result: dict[str, Any]) -> str:
-    out = [f"`{result['command']}`\n"]
+    out = [f"`{result['command']}` (medians of {result.get('repeats', 1)})\n"]
     comp = result["compare"]
     if comp:
         ours = [r for r in comp if r["mode"] == "embed_dataset"]

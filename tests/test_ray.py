@@ -70,6 +70,10 @@ def _collect(ds: Any) -> pa.Table:
     return pa.concat_tables(tables)
 
 
+def _blocks(ds: Any) -> list[pa.Table]:
+    return list(ray.get(ds.to_arrow_refs()))
+
+
 def _assert_exact(table: pa.Table, server: EmbeddingServer, ids: range) -> None:
     """Every row present once, and its embedding exactly the server's vector for its text."""
     got_ids = table.column("id").to_pylist()
@@ -110,8 +114,13 @@ def test_5000_rows_exact_and_aligned_across_two_servers() -> None:
             out = qray.embed_dataset(
                 even, base_url=one.base_url, concurrency=1, batch_size=256
             ).union(qray.embed_dataset(odd, base_url=two.base_url, concurrency=1, batch_size=256))
-        table = _collect(out)
+        blocks = _blocks(out)
+        table = pa.concat_tables(blocks)
         _assert_exact(table, one, range(ROWS))
+        # Rows keep their order within each block (the inputs' blocks were in id order).
+        for block in blocks:
+            ids = block.column("id").to_pylist()
+            assert ids == sorted(ids)
         # Both servers served, and between them every text exactly once (all distinct).
         assert one.texts > 0
         assert two.texts > 0
