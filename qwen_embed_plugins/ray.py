@@ -59,7 +59,7 @@ import pyarrow as pa  # type: ignore[import-untyped]
 
 from .client import EmbeddingClient
 from .config import NOT_GIVEN, EmbeddingConfig, Limits, NotGiven, known_model_dims
-from .errors import BadRequestError, BatchTooLargeError, ConfigError, InputError, ResponseError
+from .errors import BadRequestError, ConfigError, InputError
 
 # Nothing may phone home: Ray's usage statistics are off unless the user set the variable
 # (it must be set before Ray starts, and Ray auto-starts on the first dataset).
@@ -180,59 +180,32 @@ def _row_error(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _is_row_error(exc: Exception) -> bool:
-    """Whether ``exc`` can be blamed on the inputs (bisect) rather than the endpoint."""
-    if isinstance(exc, BatchTooLargeError):
-        return False  # the client splits batches itself; reaching here means size 1 failed
-    if isinstance(exc, BadRequestError | InputError):
-        return True
-    return isinstance(exc, ResponseError) and exc.index is not None
-
-
 def _embed_skipping(
     client: EmbeddingClient, texts: Sequence[object]
 ) -> tuple[list[tuple[list[int], FloatArray]], list[str | None]]:
     """Embed ``texts``, isolating the rows that fail.
 
-    PROVISIONAL: built on the public ``embed_documents_array`` until the core's
-    ``on_error="skip"`` lands; then this body becomes one call to it. Invalid texts are
-    found before sending; a request rejected for its inputs (400/413/422, or a bad vector
-    at a known index) is retried without the blamed input (when the error names one) or
-    split in halves until the failing texts stand alone. Endpoint failures (connection,
-    timeouts, 5xx, 401/403/404/429 after retries, circuit open) propagate.
+    Texts that cannot be sent (null, empty, too long) are found first; the others go in
+    one call with ``on_error="skip"``: the client isolates inputs the server refuses or
+    fails on (bisection) and embeds every other one. Endpoint failures (an outage past
+    the deadline, authentication, an open breaker) propagate.
 
     Returns:
         ``(parts, errors)``: ``parts`` holds ``(rows, vectors)`` pairs, ``vectors`` the
-        ``len(rows) x dim`` float32 array for those row indices (one pair covering every
-        row in order when nothing failed); ``errors[i]`` is ``None`` or why row ``i``
-        failed.
+        ``len(rows) x dim`` float32 array for those row indices (its rows of failed
+        inputs are NaN); ``errors[i]`` is ``None`` or why row ``i`` failed.
     """
     max_chars = client.config.max_text_chars
     errors: list[str | None] = [_text_problem(t, max_chars) for t in texts]
     good = [i for i, e in enumerate(errors) if e is None]
-    out: list[tuple[list[int], FloatArray]] = []
-    stack: list[list[int]] = [good] if good else []
-    while stack:
-        rows = stack.pop()
-        try:
-            arr = client.embed_documents_array([texts[i] for i in rows])  # type: ignore[misc]
-        except Exception as exc:
-            if not _is_row_error(exc):
-                raise
-            blamed = getattr(exc, "index", None)
-            if isinstance(blamed, int) and 0 <= blamed < len(rows):
-                errors[rows[blamed]] = _row_error(exc)
-                rest = rows[:blamed] + rows[blamed + 1 :]
-                if rest:
-                    stack.append(rest)
-            elif len(rows) == 1:
-                errors[rows[0]] = _row_error(exc)
-            else:
-                mid = len(rows) // 2
-                stack.extend((rows[mid:], rows[:mid]))
-            continue
-        out.append((rows, arr))
-    return out, errors
+    if not good:
+        return [], errors
+    result = client.embed_documents_array([texts[i] for i in good], on_error="skip")  # type: ignore[misc]
+    for j, exc in result.errors.items():
+        errors[good[j]] = _row_error(exc)
+    if result.vectors.shape[1] == 0:  # every input failed
+        return [], errors
+    return [(good, result.vectors)], errors
 
 
 # --------------------------------------------------------------------------- the actor
@@ -312,10 +285,12 @@ class _EmbedBatch:
             self._dim = int(vectors.shape[1])
             return batch.append_column(self._output, _vectors_column(vectors, self._dim))
         parts, errors = _embed_skipping(self._client, texts)
-        if len(parts) == 1 and len(parts[0][0]) == len(texts):  # nothing failed: no copy
+        if len(parts) == 1 and len(parts[0][0]) == len(texts):  # every row sent: no copy
             vectors = parts[0][1]
             self._dim = int(vectors.shape[1])
-            column = _vectors_column(vectors, self._dim)
+            failed = [e is not None for e in errors]
+            mask = np.array(failed, dtype=bool) if any(failed) else None
+            column = _vectors_column(vectors, self._dim, mask)
         else:
             dim = int(parts[0][1].shape[1]) if parts else self._known_dim()
             self._dim = dim

@@ -225,12 +225,6 @@ def test_llama_index_embeddings_cache_when_asked(srv: EmbeddingServer) -> None:
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="LlamaIndex's BaseEmbedding.embeddings_cache keys queries and documents by the "
-    "raw text in one collection: a query equal to a cached document gets the document's "
-    "vector (no Qwen instruction). Needs the adapter to key queries apart.",
-)
 def test_llama_index_embeddings_cache_keeps_queries_apart_from_documents(
     srv: EmbeddingServer,
 ) -> None:

@@ -266,8 +266,8 @@ def test_embed_files_jsonl_skip(tmp_path: Path) -> None:
 
 
 def test_skip_isolates_inputs_the_server_refuses_without_naming_them() -> None:
-    """TEI answers 413 for a too-long input without saying which: the provisional skip
-    path halves the request until the failing texts stand alone (no Ray job needed)."""
+    """TEI answers 413 for a too-long input without saying which: the client's
+    ``on_error="skip"`` bisects until the failing texts stand alone (no Ray job needed)."""
     from qwen_embed_plugins import EmbeddingClient
 
     texts: list[object] = _texts(16)
@@ -278,12 +278,13 @@ def test_skip_isolates_inputs_the_server_refuses_without_naming_them() -> None:
         parts, errors = qray._embed_skipping(client, texts)
     assert [i for i, e in enumerate(errors) if e is not None] == [5, 12]
     assert all("HTTP 413" in str(errors[i]) for i in (5, 12))
-    covered = sorted(i for rows, _ in parts for i in rows)
-    assert covered == [i for i in range(16) if i not in (5, 12)]
-    for rows, vectors in parts:
-        np.testing.assert_array_equal(
-            vectors, server.expected_embeddings([str(texts[i]) for i in rows])
-        )
+    (rows, vectors), = parts  # one part: every row sent, failed rows NaN
+    assert rows == list(range(16))
+    good = [i for i in range(16) if i not in (5, 12)]
+    np.testing.assert_array_equal(
+        vectors[good], server.expected_embeddings([str(texts[i]) for i in good])
+    )
+    assert np.isnan(vectors[[5, 12]]).all()
 
 
 def test_output_column_shares_the_decoded_arrays_memory() -> None:
