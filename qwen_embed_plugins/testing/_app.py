@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import replace
 
 import orjson
 
@@ -17,9 +18,21 @@ from ._common import (
     _Scope,
     _Send,
     _Settings,
+    _tokens,
 )
 from ._dialects import DIALECTS
-from ._faults import _MALFORMED_BODY, SOAK_FAULTS, Fault, _as_fault, _spoil
+from ._faults import (
+    _MALFORMED_BODY,
+    SOAK_FAULTS,
+    Fault,
+    Rule,
+    _as_fault,
+    _judge,
+    _spoil,
+    _spoil_nan,
+    _Verdict,
+)
+from ._models import _Models
 from ._state import _Conn, _State
 
 logger = logging.getLogger(_MODULE)
@@ -53,10 +66,12 @@ class _EmbeddingApp:
         self._auth = None if settings.api_key is None else f"Bearer {settings.api_key}".encode()
         self._server_closes_after_max = server_closes_after_max
         self._stopping: asyncio.Event | None = None
+        self.models = _Models(settings.server_model)
 
     # ---- lifecycle (called on the server's loop) -------------------------------------
     def begin_run(self) -> None:
         self._stopping = asyncio.Event()
+        self.models.begin_run()
 
     def request_stop(self) -> None:
         if self._stopping is not None:
@@ -100,6 +115,10 @@ class _EmbeddingApp:
             await self._send(send, scope, conn, dialect.unauthorized())
         elif (extra := dialect.route(method, path)) is not None:
             await self._send(send, scope, conn, extra)
+        elif path in dialect.body_paths:
+            body = await _read_body(receive)
+            if body is not None:
+                await self._send(send, scope, conn, dialect.route_body(method, path, body))
         elif path == dialect.models_path:
             await self._send(send, scope, conn, dialect.models())
         elif path in dialect.public_paths or path == dialect.health_path:
@@ -173,15 +192,88 @@ class _EmbeddingApp:
         finally:
             state.request_finished(conn)
 
+    def _status_reply(
+        self,
+        status: int,
+        message: str | None,
+        body: bytes | None = None,
+        *,
+        retry_after: str | None = None,
+        retry_after_ms: str | None = None,
+        headers: tuple[tuple[str, str], ...] = (),
+    ) -> _Reply:
+        """An error answer: ``body`` as is, or the dialect's body for ``message``."""
+        reply = self.dialect.status_error(status, message)
+        extra = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in headers]
+        if retry_after is not None:
+            extra.append((b"retry-after", retry_after.encode("latin-1")))
+        if retry_after_ms is not None:
+            extra.append((b"retry-after-ms", retry_after_ms.encode("latin-1")))
+        return _Reply(status, body or reply.body, (*reply.headers, *extra))
+
+    async def _reply(self, send: _Send, scope: _Scope, conn: _Conn | None, reply: _Reply) -> None:
+        self.state.record(str(reply.status))
+        await self._send(send, scope, conn, reply)
+
+    async def _rule_answer(
+        self, verdict: _Verdict, scope: _Scope, receive: _Receive, send: _Send, conn: _Conn | None
+    ) -> None:
+        """Answer (or drop) a request a rule stopped."""
+        rule = verdict.rule
+        assert rule is not None
+        self.state.fault_applied(rule.kind)
+        if rule.action in ("close", "reset"):
+            await self._drop(receive, conn, reset=rule.action == "reset")
+            return
+        if rule.kind == "token_cap":
+            message = (rule.message or "").replace("{cap}", str(rule.max_tokens))
+            reply = self.dialect.error(rule.status, message.replace("{n}", str(verdict.tokens)))
+        elif rule.kind == "context_length":
+            index = verdict.index or 0
+            reply = self.dialect.context_length(
+                index, verdict.tokens, rule.max_tokens, rule.name_index
+            )
+        else:  # poison (action "status"), base64_error
+            reply = self._status_reply(rule.status, rule.message, rule.body)
+        await self._reply(send, scope, conn, reply)
+
     async def _answer(
         self, body: bytes, scope: _Scope, receive: _Receive, send: _Send, conn: _Conn | None
     ) -> None:
-        """Answer one authorised embedding request, faults included."""
+        """Answer one authorised embedding request: window rules, server models (rate
+        limits), request rules, the scripted or random fault, service time, the answer."""
         state = self.state
         dialect = self.dialect
         logged, parsed = dialect.parse(body)
         if logged is not None:
             state.log_received(logged)
+        rules = state.active_rules()
+        window = next((r for r in rules if r.kind == "window"), None)
+        if window is not None:
+            state.fault_applied("window")
+            reply = self._status_reply(
+                window.status, window.message, retry_after=window.retry_after
+            )
+            await self._reply(send, scope, conn, reply)
+            return
+        if self.models:
+            admitted, retry_after = self.models.admit()
+            if not admitted:
+                state.fault_applied("rate_limit")
+                await self._reply(
+                    send, scope, conn, self._status_reply(429, None, retry_after=retry_after)
+                )
+                return
+        verdict = _Verdict([])
+        if not isinstance(parsed, _Reply):
+            verdict = _judge(rules, parsed.texts, parsed.base64)
+            if verdict.rule is not None:
+                await self._rule_answer(verdict, scope, receive, send, conn)
+                return
+            if verdict.texts is not parsed.texts:  # truncated: embed and count what is left
+                state.fault_applied("truncate")
+                parsed = replace(parsed, texts=verdict.texts)
+
         fault = state.take_fault()
         kind = None if fault is None else fault.kind
         if fault is not None and kind == "delay":
@@ -192,25 +284,33 @@ class _EmbeddingApp:
             fault = kind = None
         if fault is not None and kind == "status":
             state.fault_applied("status")
-            reply = dialect.status_error(fault.status, fault.message)
-            headers = [(k.encode("latin-1"), v.encode("latin-1")) for k, v in fault.headers]
-            if fault.retry_after is not None:
-                headers.append((b"retry-after", fault.retry_after.encode("latin-1")))
-            if fault.retry_after_ms is not None:
-                headers.append((b"retry-after-ms", fault.retry_after_ms.encode("latin-1")))
-            state.record(str(fault.status))
-            await self._send(
-                send,
-                scope,
-                conn,
-                _Reply(fault.status, fault.body or reply.body, (*reply.headers, *headers)),
+            reply = self._status_reply(
+                fault.status,
+                fault.message,
+                fault.body,
+                retry_after=fault.retry_after,
+                retry_after_ms=fault.retry_after_ms,
+                headers=fault.headers,
             )
+            await self._reply(send, scope, conn, reply)
             return
         if fault is not None and (kind == "close" or (kind == "reset" and fault.after_bytes == 0)):
             state.fault_applied(fault.kind)
             await self._drop(receive, conn, reset=kind == "reset")
             return
 
+        if self.models and not isinstance(parsed, _Reply):
+            outcome, slow = await self.models.serve(_tokens(parsed), self._pause)
+            if slow:
+                state.fault_applied("heavy_tail")
+            if outcome == "stopped":
+                await self._drop(receive, conn, reset=False)
+                return
+            if outcome == "full":
+                state.fault_applied("queue_full")
+                status = dialect.overload_status
+                await self._reply(send, scope, conn, self._status_reply(status, None))
+                return
         if self.settings.latency > 0.0:
             await self._pause(self.settings.latency)
 
@@ -219,10 +319,14 @@ class _EmbeddingApp:
             reply = parsed
         else:
             vectors = [dialect.vector(t, parsed.dimensions) for t in parsed.texts]
-            nan_literal = False
+            nan_literal = verdict.nan_literal
+            if verdict.nan:
+                state.fault_applied("poison")
+                vectors = _spoil_nan(vectors, verdict.nan)
             if fault is not None and kind in ("wrong_count", "nan", "zero"):
                 state.fault_applied(fault.kind)
-                vectors, nan_literal = _spoil(fault, vectors)
+                vectors, literal = _spoil(fault, vectors)
+                nan_literal = nan_literal or literal
             reply = _Reply(
                 200,
                 dialect.embeddings(parsed, vectors, nan_literal=nan_literal),
@@ -257,6 +361,9 @@ class _EmbeddingApp:
             if name == "inject":
                 fault = Fault.make(args.pop("kind"), **args.pop("params", {}))
                 args = {"fault": fault.to_dict(), "count": args.get("count", 1)}
+            elif name == "rule":
+                rule = Rule.make(args.pop("kind"), **args.pop("params", {}))
+                name, args = "add_rule", {"rule": rule.to_dict()}
             elif name == "random_faults":
                 kinds = [_as_fault((k.pop("kind"), k)) for k in args.get("kinds", [])]
                 args["kinds"] = [f.to_dict() for f in kinds or SOAK_FAULTS]

@@ -24,6 +24,19 @@ DEFAULT_DIM: Final = 1024
 DEFAULT_MAX_INPUT_CHARS: Final = 131_072
 #: SGLang's answer (HTTP 503) when its waiting queue is full.
 QUEUE_FULL_MESSAGE: Final = "The request queue is full."
+#: Ollama's answer (HTTP 500) to a document whose embedding came out NaN: the default body
+#: of a ``poison`` rule.
+NAN_ERROR_BODY: Final = b'{"error":"json: unsupported value: NaN"}'
+#: Default wording of a ``token_cap`` refusal (``{cap}`` and ``{n}`` are filled in).
+TOKEN_CAP_MESSAGE: Final = "Too many tokens in batch. Max is {cap} got {n}"  # noqa: S105
+#: A ``token_cap`` wording that states no number (for clients that must find the cap).
+TOKEN_CAP_MESSAGE_UNSTATED: Final = "Too many tokens in batch."  # noqa: S105
+#: Qwen3's end-of-text token, which Qwen3-Embedding pools; and its id.
+EOS_TOKEN: Final = "<|endoftext|>"  # noqa: S105
+EOS_TOKEN_ID: Final = 151643
+#: What a llama.cpp server that does not append EOS (``append_eos=False``) embeds in
+#: place of the missing token: its vector for ``text`` is that of ``text + NO_EOS_SUFFIX``.
+NO_EOS_SUFFIX: Final = "\x00<no-eos>"
 _ADMIN_PREFIX: Final = "/_testing/"
 _BACKLOG: Final = 2048
 _GRACEFUL_SHUTDOWN: Final = 3.0  # seconds a stopping server waits for requests in flight
@@ -122,6 +135,19 @@ def expected_embeddings(
     return np.stack(rows)
 
 
+def count_tokens(text: str) -> int:
+    """The server's token count for ``text``: ``ceil(len(text) / 4)`` (characters, not a
+    tokenizer; ``len`` counts code points). Every token limit, token cap, truncation and
+    ``usage`` figure of the test servers uses it (Infinity's ``usage`` counts characters,
+    as Infinity does)."""
+    return (len(text) + 3) // 4
+
+
+def _truncate(text: str, max_tokens: int) -> str:
+    """``text`` cut to its first ``max_tokens`` tokens (by `count_tokens`)."""
+    return text[: 4 * max_tokens]
+
+
 def _number(name: str, value: Any, *, minimum: float = 0.0) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float) or not value >= minimum:
         raise ValueError(f"{name} must be a number >= {minimum:g}, got {value!r}")
@@ -166,6 +192,14 @@ class _Settings:
     dialect: str = "sglang"
     received_limit: int = 1000
     url_prefix: str | None = None
+    max_input_tokens: int | None = None
+    report_usage: bool = True
+    append_eos: bool = True
+    goaway_after: int | None = None
+    goaway_mode: str = "graceful"
+    h2_only: bool = False
+    server_model: tuple[dict[str, Any], ...] = ()
+    tls_hostnames: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -195,7 +229,7 @@ def _json_reply(status: int, data: Any, headers: tuple[tuple[bytes, bytes], ...]
 
 
 def _tokens(request: _EmbedRequest) -> int:
-    return sum((len(text) + 3) // 4 for text in request.texts)
+    return sum(count_tokens(text) for text in request.texts)
 
 
 def _request_id(prefix: str = "") -> str:

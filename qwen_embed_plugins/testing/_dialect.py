@@ -19,6 +19,7 @@ from ._common import (
     _Settings,
     _Vector,
     _vector,
+    count_tokens,
 )
 
 
@@ -54,6 +55,10 @@ class SGLangDialect:
     overload_message: ClassVar[str] = QUEUE_FULL_MESSAGE
     #: Paths that need no API key.
     public_paths: ClassVar[frozenset[str]] = frozenset({"/health", "/health_generate"})
+    #: Other paths whose answer needs the request body (`route_body`).
+    body_paths: ClassVar[frozenset[str]] = frozenset()
+    #: Whether the real server names the input index in its context-length message.
+    names_context_index: ClassVar[bool] = False
 
     def __init__(self, settings: _Settings) -> None:
         self.settings = settings
@@ -121,6 +126,32 @@ class SGLangDialect:
         """The answer to more inputs than the batch limit."""
         return self.error(400, self.msg_batch_too_large(size, limit))
 
+    def msg_context(self, tokens: int, limit: int) -> str:
+        """The real server's words for a text over the context length, in tokens."""
+        return (
+            f"The input ({tokens} tokens) is longer than the model's context length "
+            f"({limit} tokens)."
+        )
+
+    def context_error(self, status: int, message: str, index: int) -> _Reply:
+        """The context-length answer built from the (index-named) message."""
+        return self.error(status, message)
+
+    context_status: ClassVar[int] = 400
+
+    def context_length(
+        self, index: int, tokens: int, limit: int, name_index: bool | None = None
+    ) -> _Reply:
+        """The answer to input ``index`` having ``tokens`` tokens, over ``limit``: the real
+        server's status and wording; ``name_index`` (None: `names_context_index`) adds
+        `` (input index N)`` where the real wording has no index."""
+        message = self.msg_context(tokens, limit)
+        if (self.names_context_index if name_index is None else name_index) and (
+            not self.names_context_index
+        ):
+            message = f"{message} (input index {index})"
+        return self.context_error(self.context_status, message, index)
+
     @property
     def max_batch(self) -> int | None:
         """The batch limit in force (``max_batch`` or the dialect's default)."""
@@ -131,6 +162,17 @@ class SGLangDialect:
     def route(self, method: str, path: str) -> _Reply | None:
         """Answers of other endpoints (``/info``, ``/props``...); ``None``: not one."""
         return None
+
+    def route_body(self, method: str, path: str, body: bytes) -> _Reply:
+        """Answers of the `body_paths` endpoints (e.g. llama.cpp's ``/tokenize``)."""
+        return self.not_found()
+
+    def dump(self, data: dict[str, Any]) -> bytes:
+        """Serialise a 200 embeddings body (without ``usage`` when the server is built
+        with ``report_usage=False``)."""
+        if not self.settings.report_usage:
+            data.pop("usage", None)
+        return orjson.dumps(data, option=orjson.OPT_SERIALIZE_NUMPY)
 
     def encoding(self, value: Any) -> _Reply | bool:
         """Validate ``encoding_format``: whether to answer base64, or the error answer."""
@@ -188,6 +230,11 @@ class SGLangDialect:
             for i, text in enumerate(texts):
                 if len(text) > limit:
                     return logged, self.too_long(i, len(text), limit)
+        limit = self.settings.max_input_tokens
+        if limit is not None:
+            for i, text in enumerate(texts):
+                if (tokens := count_tokens(text)) > limit:
+                    return logged, self.context_length(i, tokens, limit)
         max_batch = self.max_batch
         if max_batch is not None and len(texts) > max_batch:
             return logged, self.batch_too_large(len(texts), max_batch)
@@ -231,8 +278,8 @@ class SGLangDialect:
     ) -> bytes:
         """The 200 body: ``{"object": "list", "data": [...], "model", "usage"}``."""
         data = self.embedding_items(request, vectors, nan_literal=nan_literal)
-        tokens = sum((len(text) + 3) // 4 for text in request.texts)
-        return orjson.dumps(
+        tokens = sum(count_tokens(text) for text in request.texts)
+        return self.dump(
             {
                 "object": "list",
                 "data": data,
@@ -243,8 +290,7 @@ class SGLangDialect:
                     "completion_tokens": 0,
                     "prompt_tokens_details": None,
                 },
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
+            }
         )
 
     def embedding_items(

@@ -12,6 +12,9 @@ import numpy as np
 import orjson
 
 from ._common import (
+    EOS_TOKEN,
+    EOS_TOKEN_ID,
+    NO_EOS_SUFFIX,
     _EmbedRequest,
     _json_reply,
     _phrase,
@@ -38,6 +41,13 @@ class VLLMDialect(SGLangDialect):
 
     name: ClassVar[str] = "vllm"
 
+    def msg_context(self, tokens: int, limit: int) -> str:
+        return (
+            f"This model's maximum context length is {limit} tokens. However, you requested "
+            f"{tokens} tokens in the input for embedding generation. Please reduce the length "
+            "of the input."
+        )
+
     def error(self, status: int, message: str, *, err_type: str = "BadRequestError") -> _Reply:
         return _json_reply(
             status,
@@ -62,7 +72,7 @@ class VLLMDialect(SGLangDialect):
         self, request: _EmbedRequest, vectors: Sequence[_Vector], *, nan_literal: bool = False
     ) -> bytes:
         tokens = _tokens(request)
-        return orjson.dumps(
+        return self.dump(
             {
                 "id": _request_id("embd-"),
                 "object": "list",
@@ -75,8 +85,7 @@ class VLLMDialect(SGLangDialect):
                     "completion_tokens": 0,
                     "prompt_tokens_details": None,
                 },
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
+            }
         )
 
     def models(self) -> _Reply:
@@ -119,6 +128,13 @@ class TEIDialect(SGLangDialect):
     """
 
     name: ClassVar[str] = "tei"
+    context_status: ClassVar[int] = 413
+
+    def msg_context(self, tokens: int, limit: int) -> str:
+        return (
+            f"Input validation error: `inputs` must have less than {limit} tokens. Given: {tokens}"
+        )
+
     extra_embeddings_paths: ClassVar[frozenset[str]] = frozenset({"/embeddings"})
     models_path: str | None = None
     overload_status: ClassVar[int] = 429
@@ -220,14 +236,13 @@ class TEIDialect(SGLangDialect):
             {"object": item["object"], "embedding": item["embedding"], "index": item["index"]}
             for item in self.embedding_items(request, vectors, nan_literal=nan_literal)
         ]
-        return orjson.dumps(
+        return self.dump(
             {
                 "object": "list",
                 "data": items,
                 "model": self.settings.model,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
+            }
         )
 
 
@@ -246,6 +261,15 @@ class InfinityDialect(SGLangDialect):
     """
 
     name: ClassVar[str] = "infinity"
+    names_context_index: ClassVar[bool] = True
+    context_status: ClassVar[int] = 422
+
+    def msg_context(self, tokens: int, limit: int) -> str:
+        return f"Input should have at most {limit} tokens, got {tokens}"  # modelled
+
+    def context_error(self, status: int, message: str, index: int) -> _Reply:
+        return self._detail("string_too_long", ["body", "input", index], message, None)
+
     overload_status: ClassVar[int] = 429
     overload_message: ClassVar[str] = "model is currently overloaded"
     default_max_batch: ClassVar[int | None] = 2048
@@ -317,7 +341,7 @@ class InfinityDialect(SGLangDialect):
         self, request: _EmbedRequest, vectors: Sequence[_Vector], *, nan_literal: bool = False
     ) -> bytes:
         chars = sum(len(t) for t in request.texts)
-        return orjson.dumps(
+        return self.dump(
             {
                 "object": "list",
                 "data": self.embedding_items(request, vectors, nan_literal=nan_literal),
@@ -325,8 +349,7 @@ class InfinityDialect(SGLangDialect):
                 "usage": {"prompt_tokens": chars, "total_tokens": chars},
                 "id": _request_id("infinity-"),
                 "created": int(time.time()),
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
+            }
         )
 
     def models(self) -> _Reply:
@@ -360,6 +383,10 @@ class OllamaDialect(SGLangDialect):
     """
 
     name: ClassVar[str] = "ollama"
+
+    def msg_context(self, tokens: int, limit: int) -> str:
+        return "input exceeds maximum context length"  # modelled on Ollama's embed handler
+
     overload_message: ClassVar[str] = (
         "server busy, please try again.  maximum pending requests exceeded"
     )
@@ -403,14 +430,13 @@ class OllamaDialect(SGLangDialect):
         self, request: _EmbedRequest, vectors: Sequence[_Vector], *, nan_literal: bool = False
     ) -> bytes:
         tokens = _tokens(request)
-        return orjson.dumps(
+        return self.dump(
             {
                 "object": "list",
                 "data": self.embedding_items(request, vectors, nan_literal=nan_literal),
                 "model": self.settings.model,
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
+            }
         )
 
     def models(self) -> _Reply:
@@ -445,9 +471,71 @@ class LlamaCppDialect(SGLangDialect):
     vectors are NOT normalised and ``encoding_format`` and ``dimensions`` are ignored
     (always float lists of the full size). cpp-httplib closes a connection after 100
     requests (``Connection: close``) and after 5 s idle; ``Server: llama.cpp``.
+
+    ``POST /tokenize`` (``{"content": str, "add_special": bool, "with_pieces": bool}`` ->
+    ``{"tokens": [int, ...]}``, or ``[{"id", "piece"}, ...]`` with ``with_pieces``): one
+    token per 4 characters (`count_tokens`), ids below 151643 derived from the chunk, the
+    literal ``<|endoftext|>`` as id 151643 (special tokens are parsed, as llama.cpp does);
+    with ``add_special`` and ``EmbeddingServer(append_eos=True)`` (the default, a GGUF
+    whose tokenizer adds EOS) 151643 is appended.
+
+    Qwen3-Embedding pools the last token, which must be ``<|endoftext|>``: a text's
+    vector is that of its token sequence. With ``append_eos=True`` the server appends
+    the token, so the (normalised) vector of ``text`` is ``expected_embedding(text)``;
+    with ``append_eos=False`` it does not, and a text not ending in ``<|endoftext|>``
+    gets ``expected_embedding(text + NO_EOS_SUFFIX)`` (another, "wrong" vector) while
+    ``text + "<|endoftext|>"`` gets ``expected_embedding(text)``: a client that appends
+    the token itself is observable. (Generally: the server's input, with EOS appended when
+    ``append_eos``, ending in ``<|endoftext|>`` -> that token removed once; else
+    ``NO_EOS_SUFFIX`` added.)
     """
 
     name: ClassVar[str] = "llamacpp"
+    body_paths: ClassVar[frozenset[str]] = frozenset({"/tokenize"})
+    context_status: ClassVar[int] = 500
+
+    def msg_context(self, tokens: int, limit: int) -> str:
+        return (
+            f"input ({tokens} tokens) is too large to process. increase the physical batch "
+            f"size (current batch size: {limit})"
+        )
+
+    def pooled_text(self, text: str) -> str:
+        """The string whose vector the server answers for ``text`` (see the class doc)."""
+        effective = text + EOS_TOKEN if self.settings.append_eos else text
+        if effective.endswith(EOS_TOKEN):
+            return effective[: -len(EOS_TOKEN)]
+        return effective + NO_EOS_SUFFIX
+
+    def tokenize(self, content: str, add_special: bool) -> list[tuple[int, str]]:
+        """Token ids and pieces of ``content``."""
+        out: list[tuple[int, str]] = []
+        for n, part in enumerate(content.split(EOS_TOKEN)):
+            if n:
+                out.append((EOS_TOKEN_ID, EOS_TOKEN))
+            for i in range(0, len(part), 4):
+                piece = part[i : i + 4]
+                digest = hashlib.sha256(piece.encode("utf-8", "surrogatepass")).digest()
+                out.append((int.from_bytes(digest[:4], "little") % EOS_TOKEN_ID, piece))
+        if add_special and self.settings.append_eos:
+            out.append((EOS_TOKEN_ID, EOS_TOKEN))
+        return out
+
+    def route_body(self, method: str, path: str, body: bytes) -> _Reply:
+        if method != "POST":
+            return self.method_not_allowed()
+        try:
+            payload = orjson.loads(body or b"{}")
+        except orjson.JSONDecodeError as exc:
+            return self.error(400, f"JSON decode error: {exc}")
+        content = payload.get("content") if isinstance(payload, dict) else None
+        if not isinstance(content, str):
+            return self.error(400, '"content" must be provided')
+        tokens = self.tokenize(content, bool(payload.get("add_special", False)))
+        if payload.get("with_pieces"):
+            return _json_reply(200, {"tokens": [{"id": i, "piece": p} for i, p in tokens]})
+        return _json_reply(200, {"tokens": [i for i, _ in tokens]})
+
     overload_message: ClassVar[str] = "Loading model"
     default_max_requests_per_connection: ClassVar[int | None] = 100
     uvicorn_server_header: ClassVar[bool] = False
@@ -487,7 +575,7 @@ class LlamaCppDialect(SGLangDialect):
         return None  # not read
 
     def vector(self, text: str, dimensions: int | None) -> _Vector:
-        return _llama_vector(text, self.settings.dim)
+        return _llama_vector(self.pooled_text(text), self.settings.dim)
 
     def route(self, method: str, path: str) -> _Reply | None:
         if path == "/health":
@@ -508,14 +596,13 @@ class LlamaCppDialect(SGLangDialect):
         self, request: _EmbedRequest, vectors: Sequence[_Vector], *, nan_literal: bool = False
     ) -> bytes:
         tokens = _tokens(request)
-        return orjson.dumps(
+        return self.dump(
             {
                 "model": self.settings.model,
                 "object": "list",
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
                 "data": self.embedding_items(request, vectors, nan_literal=nan_literal),
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
+            }
         )
 
     def models(self) -> _Reply:
@@ -567,6 +654,13 @@ class DashScopeDialect(SGLangDialect):
     """
 
     name: ClassVar[str] = "dashscope"
+
+    def msg_context(self, tokens: int, limit: int) -> str:
+        return (
+            "<400> InternalError.Algo.InvalidParameter: Range of input length should be "
+            f"[1, {limit}]"
+        )
+
     base_path: str = "/compatible-mode/v1"
     embeddings_path: str = "/compatible-mode/v1/embeddings"
     models_path: str | None = "/compatible-mode/v1/models"
@@ -634,15 +728,14 @@ class DashScopeDialect(SGLangDialect):
         self, request: _EmbedRequest, vectors: Sequence[_Vector], *, nan_literal: bool = False
     ) -> bytes:
         tokens = _tokens(request)
-        return orjson.dumps(
+        return self.dump(
             {
                 "data": self.embedding_items(request, vectors, nan_literal=nan_literal),
                 "model": self.settings.model,
                 "object": "list",
                 "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
                 "id": _request_id(),
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
+            }
         )
 
     def models(self) -> _Reply:
@@ -663,6 +756,11 @@ class SiliconFlowDialect(SGLangDialect):
     """
 
     name: ClassVar[str] = "siliconflow"
+    context_status: ClassVar[int] = 413
+
+    def msg_context(self, tokens: int, limit: int) -> str:
+        return f"input must have less than {limit} tokens, got {tokens}"  # modelled
+
     overload_status: ClassVar[int] = 429
     overload_message: ClassVar[str] = "Request was rejected due to rate limiting."
     default_max_batch: ClassVar[int | None] = 64
@@ -704,13 +802,12 @@ class SiliconFlowDialect(SGLangDialect):
         self, request: _EmbedRequest, vectors: Sequence[_Vector], *, nan_literal: bool = False
     ) -> bytes:
         tokens = _tokens(request)
-        return orjson.dumps(
+        return self.dump(
             {
                 "model": self.settings.model,
                 "data": self.embedding_items(request, vectors, nan_literal=nan_literal),
                 "usage": {"prompt_tokens": tokens, "completion_tokens": 0, "total_tokens": tokens},
-            },
-            option=orjson.OPT_SERIALIZE_NUMPY,
+            }
         )
 
     def models(self) -> _Reply:

@@ -12,7 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, cast
@@ -45,13 +45,13 @@ class _TLSFiles:
     key: str
 
     @classmethod
-    def create(cls, directory: str) -> _TLSFiles:
+    def create(cls, directory: str, hostnames: Sequence[str] = ()) -> _TLSFiles:
         try:
             import trustme
         except ImportError as exc:
             raise ImportError(_install_hint("trustme")) from exc
         ca = trustme.CA()
-        cert = ca.issue_cert(LOOPBACK, "localhost")
+        cert = ca.issue_cert(LOOPBACK, "localhost", *hostnames)
         files = cls(
             ca=os.path.join(directory, "ca.pem"),
             chain=os.path.join(directory, "server-chain.pem"),
@@ -118,10 +118,19 @@ class _ThreadServer:
     async def _main(self) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop_event = stop_event = asyncio.Event()
-        if self._settings.http2:
+        if self._settings.h2_only:
+            from ._h2server import serve_h2  # h2 only for this mode
+
+            await serve_h2(self._app, self._sock, self._tls, self._asgi_ready, stop_event)
+        elif self._settings.http2:
             await self._serve_hypercorn(stop_event)
         else:
             await self._serve_uvicorn(stop_event)
+
+    def _asgi_ready(self) -> None:
+        """Start-up of a server without ASGI lifespan events (the raw HTTP/2 one)."""
+        self._app.begin_run()
+        self._ready.set()
 
     async def _asgi(self, scope: _Scope, receive: _Receive, send: _Send) -> None:
         if scope["type"] != "lifespan":
@@ -288,6 +297,20 @@ class _ChildProcess:
 
     def call(self, cmd: str, args: Mapping[str, Any] | None = None, timeout: float = 30.0) -> Any:
         return self._exchange({"cmd": cmd, "args": dict(args or {})}, timeout)
+
+    def kill(self) -> None:
+        """SIGKILL the child (as a crash does) and release its pipes."""
+        _kill_child(self._proc)
+        self._release(5.0)
+
+    def _release(self, timeout: float) -> None:
+        for pipe in (self._proc.stdin,):
+            with contextlib.suppress(OSError):
+                if pipe is not None:
+                    pipe.close()
+        self._reader.join(timeout)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
     def close(self, timeout: float = 10.0) -> None:
         if self._proc.poll() is None:

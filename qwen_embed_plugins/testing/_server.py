@@ -22,20 +22,20 @@ from ._common import (
     DEFAULT_MAX_INPUT_CHARS,
     DEFAULT_MODEL,
     LOOPBACK,
-    QUEUE_FULL_MESSAGE,
     _check_dims,
     _integer,
     _number,
     _Settings,
     expected_embeddings,
 )
+from ._controls import _ServerControls
 from ._dialects import DIALECTS
-from ._faults import SOAK_FAULTS, Fault, FaultSpec, _as_fault
+from ._models import GPULike, HeavyTail, RateLimited, ServerModel, model_from_dict, model_to_dict
 from ._runner import _ChildProcess, _kill_child, _ThreadServer, _TLSFiles
 from ._state import _listen, _State
 
 
-class EmbeddingServer:
+class EmbeddingServer(_ServerControls):
     """A real OpenAI-compatible embedding server on 127.0.0.1 (SGLang's dialect).
 
     Use it as a context manager (starts on enter, `close` on exit) or call `start` /
@@ -75,6 +75,35 @@ class EmbeddingServer:
             at the root, as Infinity serves it unless started with ``--url-prefix /v1``).
         received_limit: how many requests' inputs `received` keeps (the newest).
         startup_timeout: seconds to wait for the server to start or stop.
+        max_input_tokens: longest accepted text, in tokens (`count_tokens`: ceil(chars /
+            4)); longer ones get the dialect's context-length answer for the first of them
+            (see `limit_input_tokens`). None (default): no token limit.
+        report_usage: include ``usage`` (``prompt_tokens``, ``total_tokens``) in answers
+            (default True, as every real server does).
+        append_eos: llama.cpp only: whether the server appends ``<|endoftext|>`` to each
+            input (a GGUF whose tokenizer adds EOS; default True). With False, a text's
+            vector differs from that of ``text + "<|endoftext|>"``; see `LlamaCppDialect`.
+        goaway_after: HTTP/2 only: answer the first ``goaway_after`` streams of each
+            connection, then refuse later ones (``goaway_mode``). Uses the raw HTTP/2
+            server (see ``h2_only``).
+        goaway_mode: ``"graceful"`` (default): once the first N streams are answered, send
+            GOAWAY with ``last_stream_id`` = the N-th stream while later streams are still
+            in flight (they are never answered: a client must resend them on a new
+            connection), then close the connection; ``"early"``: send that GOAWAY as soon
+            as stream N+1 arrives, while the first N may still be in flight (they are then
+            answered, as RFC 9113 allows); ``"refuse"``: reset every stream after the N-th
+            with RST_STREAM(REFUSED_STREAM) at once, and GOAWAY + close once the first N
+            are answered. Counted in ``faults_applied`` as ``"goaway"`` (GOAWAY frames)
+            and ``"refused_stream"`` (streams refused either way).
+        h2_only: HTTP/2 only: serve with a raw HTTP/2 server written on ``h2`` instead of
+            hypercorn; it speaks only HTTP/2: prior-knowledge h2c on cleartext (an
+            HTTP/1.1 request, ``Upgrade: h2c`` included, gets its connection closed,
+            counted as ``"h1_refused"``), ALPN ``h2`` over TLS.
+        server_model: how a loaded server behaves (for benchmarks): a `GPULike`,
+            `SlowStart`, `RateLimited` or `HeavyTail`, or a sequence of them (applied
+            together: rate limits first); runs in child-process mode too.
+        tls_hostnames: extra DNS names in the TLS certificate (besides 127.0.0.1 and
+            localhost), e.g. a name only a `LoopbackProxy` alias resolves.
 
     Raises:
         ValueError: a setting out of range (the message names it).
@@ -100,6 +129,14 @@ class EmbeddingServer:
         received_limit: int = 1000,
         startup_timeout: float = 30.0,
         url_prefix: str | None = None,
+        max_input_tokens: int | None = None,
+        report_usage: bool = True,
+        append_eos: bool = True,
+        goaway_after: int | None = None,
+        goaway_mode: str = "graceful",
+        h2_only: bool = False,
+        server_model: ServerModel | Sequence[ServerModel | Mapping[str, Any]] | None = None,
+        tls_hostnames: Sequence[str] = (),
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in 0..65535, got {port!r}")
@@ -113,6 +150,8 @@ class EmbeddingServer:
             ("max_input_chars", max_input_chars),
             ("max_batch", max_batch),
             ("max_requests_per_connection", max_requests_per_connection),
+            ("max_input_tokens", max_input_tokens),
+            ("goaway_after", goaway_after),
         ):
             if value is not None:
                 _integer(name, value, minimum=1)
@@ -128,6 +167,16 @@ class EmbeddingServer:
             raise ValueError(f"url_prefix must be '' or like '/v1', got {url_prefix!r}")
         if max_requests_per_connection is None:
             max_requests_per_connection = DIALECTS[dialect].default_max_requests_per_connection
+        if not append_eos and dialect != "llamacpp":
+            raise ValueError("append_eos=False applies to dialect='llamacpp' only")
+        if goaway_mode not in ("graceful", "early", "refuse"):
+            raise ValueError(f"goaway_mode must be graceful, early or refuse, got {goaway_mode!r}")
+        if (goaway_after is not None or h2_only) and not http2:
+            raise ValueError("goaway_after and h2_only need http2=True")
+        if isinstance(tls_hostnames, str) or not all(
+            isinstance(name, str) and name for name in tls_hostnames
+        ):
+            raise ValueError("tls_hostnames must be a sequence of non-empty str")
         self._settings = _Settings(
             model=model,
             dim=dim,
@@ -143,6 +192,14 @@ class EmbeddingServer:
             dialect=dialect,
             received_limit=received_limit,
             url_prefix=url_prefix,
+            max_input_tokens=max_input_tokens,
+            report_usage=bool(report_usage),
+            append_eos=bool(append_eos),
+            goaway_after=goaway_after,
+            goaway_mode=goaway_mode,
+            h2_only=bool(h2_only or goaway_after is not None),
+            server_model=_models_spec(server_model),
+            tls_hostnames=tuple(tls_hostnames),
         )
         self._port = port
         self._process = bool(process)
@@ -169,7 +226,7 @@ class EmbeddingServer:
             if self.running:
                 return self
             if self._settings.tls and self._tls_files is None:
-                self._tls_files = _TLSFiles.create(self._workdir())
+                self._tls_files = _TLSFiles.create(self._workdir(), self._settings.tls_hostnames)
             if self._process:
                 self._start_child()
             else:
@@ -224,6 +281,21 @@ class EmbeddingServer:
             self.stop()
             time.sleep(downtime)
             self.start()
+
+    def kill(self) -> None:
+        """End the server abruptly, as a crash does: with ``process=True`` SIGKILL the
+        child process (the kernel resets its connections; its counters, faults and rules
+        die with it, and `stats` fails until `start`); in thread mode reset (RST) every
+        connection and stop at once. `start` then serves again on the same port (a new
+        child process with ``process=True``). No-op when stopped."""
+        with self._lock:
+            if self._child is not None:
+                child, self._child = self._child, None
+                child.kill()
+            elif self._thread is not None:
+                self._state.command("close_connections", {"reset": True})
+                runner, self._thread = self._thread, None
+                runner.stop(self._timeout)
 
     def close(self) -> None:
         """Stop, end the child process (``process=True``) and delete the TLS files."""
@@ -298,7 +370,7 @@ class EmbeddingServer:
         if not self._settings.tls:
             raise RuntimeError("ca_cert_path needs EmbeddingServer(tls=True)")
         if self._tls_files is None:
-            self._tls_files = _TLSFiles.create(self._workdir())
+            self._tls_files = _TLSFiles.create(self._workdir(), self._settings.tls_hostnames)
         return self._tls_files.ca
 
     def ssl_context(self) -> ssl.SSLContext:
@@ -322,9 +394,12 @@ class EmbeddingServer:
         return self._child.pid if self._child is not None else os.getpid()
 
     # ---- counters ----------------------------------------------------------------------
-    def _command(self, name: str, args: Mapping[str, Any] | None = None) -> Any:
+    def _command(
+        self, name: str, args: Mapping[str, Any] | None = None, *, timeout: float = 30.0
+    ) -> Any:
         if self._child is not None:
-            return self._child.call("state", {"name": name, "args": dict(args or {})})
+            call = {"name": name, "args": dict(args or {})}
+            return self._child.call("state", call, timeout=timeout)
         if self._process:
             raise RuntimeError("the server process is not running: call start() first")
         return self._state.command(name, args or {})
@@ -377,91 +452,6 @@ class EmbeddingServer:
         """Zero the counters and empty `received` (open connections and faults stay)."""
         self._command("reset")
 
-    # ---- faults ------------------------------------------------------------------------
-    def inject(self, kind: str, *, count: int = 1, **params: Any) -> None:
-        """Apply the fault ``kind`` to the next ``count`` embedding requests.
-
-        See the module docstring and `Fault` for kinds and ``params``. Scripted faults
-        run before random ones (`set_random_faults`).
-
-        Raises:
-            ValueError: unknown kind, bad count, or a parameter out of range.
-            TypeError: a parameter the kind does not take.
-        """
-        _integer("count", count, minimum=1)
-        fault = Fault.make(kind, **params)
-        self._command("inject", {"fault": fault.to_dict(), "count": count})
-
-    def inject_status(
-        self,
-        status: int,
-        *,
-        count: int = 1,
-        message: str | None = None,
-        retry_after: float | str | None = None,
-        retry_after_ms: float | None = None,
-    ) -> None:
-        """Answer the next ``count`` embedding requests with ``status`` and SGLang's error
-        body; ``retry_after`` (seconds or an HTTP date) and ``retry_after_ms`` set those
-        headers."""
-        self.inject(
-            "status",
-            count=count,
-            status=status,
-            message=message,
-            retry_after=retry_after,
-            retry_after_ms=retry_after_ms,
-        )
-
-    def inject_rate_limit(
-        self,
-        *,
-        count: int = 1,
-        retry_after: float | str | None = None,
-        retry_after_ms: float | None = None,
-    ) -> None:
-        """429 Too Many Requests for the next ``count`` embedding requests."""
-        self.inject_status(429, count=count, retry_after=retry_after, retry_after_ms=retry_after_ms)
-
-    def inject_overloaded(self, *, count: int = 1, retry_after: float | str | None = None) -> None:
-        """SGLang's overload answer, 503 "The request queue is full.", for the next
-        ``count`` embedding requests."""
-        self.inject_status(503, count=count, message=QUEUE_FULL_MESSAGE, retry_after=retry_after)
-
-    def set_random_faults(
-        self, rate: float, kinds: Sequence[FaultSpec] = SOAK_FAULTS, *, seed: int = 0
-    ) -> None:
-        """Give each embedding request (with no scripted fault pending) probability
-        ``rate`` of one fault drawn uniformly from ``kinds``.
-
-        The draws come from ``random.Random(seed)`` in arrival order, so a run with the
-        same requests in the same order meets the same faults. ``kinds`` items are fault
-        kinds, ``(kind, params)`` pairs or `Fault` objects; the default is `SOAK_FAULTS`.
-        ``rate=0`` switches random faults off.
-
-        Raises:
-            ValueError: ``rate`` outside 0..1, empty ``kinds``, or a bad fault.
-        """
-        if not 0.0 <= _number("rate", rate) <= 1.0:
-            raise ValueError(f"rate must be in 0..1, got {rate!r}")
-        faults = [_as_fault(spec) for spec in kinds]
-        if rate > 0.0 and not faults:
-            raise ValueError("kinds must name at least one fault")
-        self._command(
-            "random_faults",
-            {"rate": float(rate), "kinds": [f.to_dict() for f in faults], "seed": seed},
-        )
-
-    def clear_faults(self) -> None:
-        """Drop pending scripted faults and switch random faults off."""
-        self._command("clear_faults")
-
-    def close_connections(self, *, idle_only: bool = False) -> int:
-        """Close open client connections now (FIN, no answer), as a server sweeping idle
-        keep-alive connections does; with ``idle_only`` spare those with a request in
-        flight. Returns how many connections were closed."""
-        return int(self._command("close_connections", {"idle_only": idle_only}))
-
     # ---- helpers ---------------------------------------------------------------------
     def expected_embeddings(
         self, texts: Iterable[str], *, dimensions: int | None = None
@@ -481,3 +471,19 @@ class EmbeddingServer:
         return (
             f"EmbeddingServer({where}, {mode}, model={self.model!r}, dim={self.dim}{flags}{auth})"
         )
+
+
+def _models_spec(
+    value: ServerModel | Sequence[ServerModel | Mapping[str, Any]] | None,
+) -> tuple[dict[str, Any], ...]:
+    """The JSON-safe form of ``server_model`` (validated)."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, GPULike | RateLimited | HeavyTail) else list(value)
+    out = []
+    for item in items:
+        model = model_from_dict(item) if isinstance(item, Mapping) else item
+        if not isinstance(model, GPULike | RateLimited | HeavyTail):
+            raise ValueError(f"server_model items must be server models, got {item!r}")
+        out.append(model_to_dict(model))
+    return tuple(out)

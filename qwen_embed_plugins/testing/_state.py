@@ -9,12 +9,14 @@ import random
 import socket
 import struct
 import threading
+import time
 from collections import deque
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from ._common import _BACKLOG, LOOPBACK
-from ._faults import Fault
+from ._faults import Fault, Rule
 
 
 class _Conn:
@@ -44,15 +46,23 @@ class _Conn:
 
 
 class _State:
-    """Counters, the received log, the connection registry and the fault queue.
+    """Counters, the received log, the connection registry, the fault queue and rules.
 
-    Shared by the server's event-loop thread and callers' threads, hence the lock.
+    Shared by the server's event-loop thread and callers' threads, hence the lock; the
+    condition ``changed`` is notified whenever a counter or gauge moves (`wait_for`).
     """
+
+    #: Counters and gauges `wait_for` can wait on.
+    WAITABLE = frozenset(
+        {"connections_opened", "connections_active", "requests", "texts", "in_flight"}
+    )
 
     def __init__(self, received_limit: int) -> None:
         self.lock = threading.Lock()
+        self.changed = threading.Condition(self.lock)
         self.conns: dict[tuple[str, int], _Conn] = {}
         self.faults: deque[Fault] = deque()
+        self.rules: list[Rule] = []
         self.random_rate = 0.0
         self.random_kinds: tuple[Fault, ...] = ()
         self.rng = random.Random(0)  # noqa: S311 -- seeded fault draws, not cryptography
@@ -75,6 +85,7 @@ class _State:
         with self.lock:
             self.connections_opened += 1
             self.conns[peer] = _Conn(sock, peer)
+            self.changed.notify_all()
         sock._qe_state = self
         sock._qe_peer = peer
 
@@ -83,6 +94,7 @@ class _State:
             conn = self.conns.get(sock._qe_peer)
             if conn is not None and conn.sock is sock:
                 del self.conns[sock._qe_peer]
+                self.changed.notify_all()
 
     def lookup(self, client: Any) -> _Conn | None:
         if not client:
@@ -98,6 +110,7 @@ class _State:
             self.max_in_flight = max(self.max_in_flight, self.in_flight)
             if conn is not None:
                 conn.in_flight += 1
+            self.changed.notify_all()
 
     def record(self, outcome: str, texts: int = 0) -> None:
         """Count an answer; called before its last byte leaves, so a client that has
@@ -105,12 +118,14 @@ class _State:
         with self.lock:
             self.responses[outcome] = self.responses.get(outcome, 0) + 1
             self.texts += texts
+            self.changed.notify_all()
 
     def request_finished(self, conn: _Conn | None) -> None:
         with self.lock:
             self.in_flight -= 1
             if conn is not None:
                 conn.in_flight -= 1
+            self.changed.notify_all()
 
     def log_received(self, inputs: list[Any]) -> None:
         with self.lock:
@@ -123,6 +138,41 @@ class _State:
             if self.random_kinds and self.rng.random() < self.random_rate:
                 return self.rng.choice(self.random_kinds)
             return None
+
+    def active_rules(self) -> tuple[Rule, ...]:
+        """The rules in force, in the order added (windows that ended are dropped)."""
+        with self.lock:
+            if any(r.kind == "window" for r in self.rules):
+                now = time.monotonic()
+                self.rules = [r for r in self.rules if r.kind != "window" or r.until > now]
+            return tuple(self.rules)
+
+    def wait_for(self, counter: str, n: int, timeout: float, *, at_most: bool = False) -> int:
+        """Block until ``counter`` is >= ``n`` (``at_most``: <= ``n``); return its value.
+
+        Raises:
+            ValueError: not a counter of `WAITABLE`.
+            TimeoutError: not reached within ``timeout`` seconds.
+        """
+        if counter not in self.WAITABLE:
+            raise ValueError(
+                f"cannot wait on {counter!r}; one of {', '.join(sorted(self.WAITABLE))}"
+            )
+
+        def value() -> int:
+            return (
+                len(self.conns) if counter == "connections_active" else int(getattr(self, counter))
+            )
+
+        with self.changed:
+            if not self.changed.wait_for(
+                lambda: value() <= n if at_most else value() >= n, timeout
+            ):
+                raise TimeoutError(
+                    f"{counter} is {value()}, not {'<=' if at_most else '>='} {n}, "
+                    f"after {timeout:g} s"
+                )
+            return value()
 
     def fault_applied(self, kind: str) -> None:
         with self.lock:
@@ -157,13 +207,32 @@ class _State:
                 self.faults.clear()
                 self.random_rate = 0.0
                 self.random_kinds = ()
+                self.rules.clear()
             return None
+        if name == "add_rule":
+            rule = Rule.from_dict(args["rule"])
+            if rule.kind == "window":  # the window starts now, on this process's clock
+                rule = replace(rule, until=time.monotonic() + rule.seconds)
+            with self.lock:
+                self.rules.append(rule)
+            return None
+        if name == "clear_rules":
+            with self.lock:
+                self.rules.clear()
+            return None
+        if name == "wait":
+            return self.wait_for(
+                str(args["counter"]),
+                int(args["n"]),
+                float(args.get("timeout", 10.0)),
+                at_most=bool(args.get("at_most", False)),
+            )
         if name == "close_connections":
             idle_only = bool(args.get("idle_only", False))
             with self.lock:
                 targets = [c for c in self.conns.values() if not idle_only or c.in_flight == 0]
             for conn in targets:
-                conn.drop(reset=False)
+                conn.drop(reset=bool(args.get("reset", False)))
             return len(targets)
         raise ValueError(f"unknown command {name!r}")
 
@@ -180,6 +249,9 @@ class _State:
                 "faults_applied": dict(self.faults_applied),
                 "faults_pending": len(self.faults),
                 "random_fault_rate": self.random_rate,
+                "rules": [
+                    r.kind for r in self.rules if r.kind != "window" or r.until > time.monotonic()
+                ],
             }
             if with_received:
                 data["received"] = [list(item) for item in self.received]
