@@ -67,9 +67,37 @@ arrival order. ``close`` and ``reset`` act on the whole TCP connection (with HTT
 every stream it carries). Vector faults (``wrong_count``, ``nan``, ``zero``) do nothing
 to a request answered with an error.
 
-This module imports only the standard library, numpy and orjson at import time; the
-server libraries (uvicorn, hypercorn, trustme) are imported when a server starts and
-come with the ``testing`` extra: ``pip install "qwen-embed-plugins[testing]"``.
+Rules (`EmbeddingServer.add_rule`, `Rule`) are persistent and deterministic: each applies
+to every matching request until `EmbeddingServer.clear_rules`. Token figures are
+`count_tokens` (``ceil(chars / 4)``).
+
+================== =====================================================================
+``poison``         a batch holding a poisonous text -> 500 (Ollama's NaN body), NaN in
+                   its vector, or a dropped connection (`EmbeddingServer.poison`)
+``drop_over``      batches of more than N texts -> connection dropped
+                   (`EmbeddingServer.drop_batches_over`)
+``token_cap``      more than N tokens in one request -> 400 "Too many tokens in batch. Max
+                   is N got M" (`EmbeddingServer.cap_batch_tokens`)
+``context_length`` a text over N tokens -> the dialect's context-length answer
+                   (`EmbeddingServer.limit_input_tokens`)
+``base64_error``   ``encoding_format="base64"`` -> 500 (`EmbeddingServer.fail_base64`)
+``truncate``       each text silently cut to N tokens; ``usage`` tells
+                   (`EmbeddingServer.truncate_inputs`)
+``window``         every request -> 429 (or 503) for T seconds (`EmbeddingServer.status_window`)
+================== =====================================================================
+
+Also here: server models for benchmarks (`GPULike`, `SlowStart`, `RateLimited`,
+`HeavyTail`: ``EmbeddingServer(server_model=...)``); a raw HTTP/2 server that sends
+GOAWAY or REFUSED_STREAM after N streams and speaks only h2 (``goaway_after``,
+``h2_only``); `EmbeddingServer.kill` (a crash) and `EmbeddingServer.wait_for_requests`
+(wait without sleeping); llama.cpp's ``/tokenize`` and ``append_eos``; `LoopbackProxy`, a
+counting forward proxy that reaches only 127.0.0.1; `HostileServer`, which breaks HTTP
+framing and JSON on purpose (`HOSTILE_KINDS`).
+
+This package imports only the standard library, numpy and orjson at import time; the
+server libraries (uvicorn, hypercorn, trustme; h2 for the raw HTTP/2 server) are imported
+when a server starts and come with the ``testing`` extra:
+``pip install "qwen-embed-plugins[testing]"``.
 """
 
 from __future__ import annotations
@@ -79,7 +107,14 @@ from ._common import (
     DEFAULT_DIM,
     DEFAULT_MAX_INPUT_CHARS,
     DEFAULT_MODEL,
+    EOS_TOKEN,
+    EOS_TOKEN_ID,
+    NAN_ERROR_BODY,
+    NO_EOS_SUFFIX,
     QUEUE_FULL_MESSAGE,
+    TOKEN_CAP_MESSAGE,
+    TOKEN_CAP_MESSAGE_UNSTATED,
+    count_tokens,
     expected_embedding,
     expected_embeddings,
 )
@@ -94,7 +129,19 @@ from ._dialects import (
     TEIDialect,
     VLLMDialect,
 )
-from ._faults import FAULT_KINDS, SOAK_FAULTS, Fault, FaultKind, FaultSpec
+from ._faults import (
+    FAULT_KINDS,
+    RULE_KINDS,
+    SOAK_FAULTS,
+    Fault,
+    FaultKind,
+    FaultSpec,
+    Rule,
+    RuleKind,
+)
+from ._hostile import HOSTILE_KINDS, HostileServer
+from ._models import GPULike, HeavyTail, RateLimited, ServerModel, SlowStart
+from ._proxy import LoopbackProxy
 from ._server import EmbeddingServer
 
 __all__ = [
@@ -102,21 +149,39 @@ __all__ = [
     "DEFAULT_MAX_INPUT_CHARS",
     "DEFAULT_MODEL",
     "DIALECTS",
+    "EOS_TOKEN",
+    "EOS_TOKEN_ID",
     "FAULT_KINDS",
+    "HOSTILE_KINDS",
+    "NAN_ERROR_BODY",
+    "NO_EOS_SUFFIX",
     "QUEUE_FULL_MESSAGE",
+    "RULE_KINDS",
     "SOAK_FAULTS",
+    "TOKEN_CAP_MESSAGE",
+    "TOKEN_CAP_MESSAGE_UNSTATED",
     "DashScopeDialect",
     "EmbeddingServer",
     "Fault",
     "FaultKind",
     "FaultSpec",
+    "GPULike",
+    "HeavyTail",
+    "HostileServer",
     "InfinityDialect",
     "LlamaCppDialect",
+    "LoopbackProxy",
     "OllamaDialect",
+    "RateLimited",
+    "Rule",
+    "RuleKind",
     "SGLangDialect",
+    "ServerModel",
     "SiliconFlowDialect",
+    "SlowStart",
     "TEIDialect",
     "VLLMDialect",
+    "count_tokens",
     "expected_embedding",
     "expected_embeddings",
     "main",
