@@ -97,8 +97,6 @@ class _H2Protocol(asyncio.Protocol):
         name = transport.get_extra_info("sockname")
         self.sockname = (str(name[0]), int(name[1])) if name else None
         self.runner.protocols.add(self)
-        self.conn.initiate_connection()
-        self.flush()
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
@@ -108,6 +106,10 @@ class _H2Protocol(asyncio.Protocol):
                 self.state.fault_applied("h1_refused")
                 self.abort(reset=False)
                 return
+            if len(self._preface) == len(_PREFACE):
+                # our preface (SETTINGS) only once the client's is checked, so an
+                # HTTP/1.1 client sees a plain close, never binary frames
+                self.conn.initiate_connection()
         try:
             events = self.conn.receive_data(data)
         except h2.exceptions.ProtocolError:
@@ -139,6 +141,7 @@ class _H2Protocol(asyncio.Protocol):
             self.transport.write(data)
 
     def abort(self, *, reset: bool) -> None:
+        """Close the connection (``reset``: at once, dropping unsent data)."""
         if self.transport is not None:
             if reset:
                 self.transport.abort()
@@ -350,6 +353,7 @@ async def serve_h2(
             for task in pending:
                 task.cancel()
         for protocol in list(runner.protocols):
-            protocol.abort(reset=False)
+            protocol.abort(reset=True)  # TLS too: no close_notify exchange left pending
+        await asyncio.sleep(0)  # let the transports run connection_lost
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(server.wait_closed(), _GRACEFUL_SHUTDOWN)
