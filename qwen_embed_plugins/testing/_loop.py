@@ -164,8 +164,10 @@ class _LoopServer:
             pass
         finally:
             writer.close()
-            with contextlib.suppress(Exception):
+            try:
                 await asyncio.wait_for(writer.wait_closed(), 1.0)
+            except Exception:  # a peer that reads nothing: drop what is left unsent
+                writer.transport.abort()
             self._counters.add("connections_active", -1)
             if task is not None:
                 self._tasks.discard(task)
