@@ -412,8 +412,11 @@ class EmbeddingServer(_ServerControls):
         included), ``texts`` (texts answered with vectors, status 200), ``in_flight`` and
         ``max_in_flight`` (embedding requests being answered: now, and at the peak),
         ``responses`` (outcome -> count: the status code as text, or ``"close"`` /
-        ``"reset"``), ``faults_applied`` (kind -> count), ``faults_pending``,
-        ``random_fault_rate``.
+        ``"reset"``), ``faults_applied`` (kind -> count: fault kinds, rule kinds, and
+        ``"rate_limit"`` / ``"queue_full"`` / ``"heavy_tail"`` from server models,
+        ``"goaway"`` / ``"refused_stream"`` / ``"h1_refused"`` from the raw HTTP/2
+        server), ``faults_pending``, ``random_fault_rate``, ``rules`` (kinds of the rules
+        in force, oldest first).
 
         Answers are counted before their last byte is sent, so a client that got an
         answer finds it counted; ``in_flight`` and ``connections_active`` drop a moment
@@ -464,7 +467,7 @@ class EmbeddingServer(_ServerControls):
         mode = "process" if self._process else "thread"
         flags = "".join(
             f", {name}=True"
-            for name in ("tls", "http2", "matryoshka")
+            for name in ("tls", "http2", "h2_only", "matryoshka")
             if getattr(self._settings, name)
         )
         auth = ", api_key=***" if self._settings.api_key is not None else ""
