@@ -347,6 +347,7 @@ def test_wait_for_requests_and_in_flight_block_until_the_request_arrives() -> No
         worker.start()
         assert server.wait_for_requests(1, timeout=60) == 1
         assert server.wait_for_in_flight(1, timeout=60) == 1
+        assert server.wait_for("received_count", 1, timeout=60) == 1  # body read, logged
         assert server.received == [["held"]]
         with pytest.raises(TimeoutError, match="requests is 1, not >= 2"):
             server.wait_for_requests(2, timeout=0.2)

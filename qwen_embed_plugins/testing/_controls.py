@@ -225,10 +225,11 @@ class _ServerControls:
     def wait_for(
         self, counter: str, n: int, *, timeout: float = 10.0, at_most: bool = False
     ) -> int:
-        """Block until the counter or gauge ``counter`` (``"requests"``, ``"in_flight"``,
-        ``"texts"``, ``"connections_opened"``, ``"connections_active"``; see `stats`)
-        is at least ``n`` (``at_most=True``: at most ``n``), on a condition the server
-        notifies: no polling, no sleep. Returns the value reached.
+        """Block until the counter or gauge ``counter`` (``"requests"``,
+        ``"received_count"``, ``"in_flight"``, ``"texts"``, ``"connections_opened"``,
+        ``"connections_active"``; see `stats`) is at least ``n`` (``at_most=True``: at
+        most ``n``), on a condition the server notifies: no polling, no sleep. Returns
+        the value reached.
 
         Raises:
             TimeoutError: not reached within ``timeout`` seconds.
@@ -241,7 +242,8 @@ class _ServerControls:
     def wait_for_requests(self, n: int, *, timeout: float = 10.0) -> int:
         """Block until ``n`` embedding requests have arrived since the last
         `reset_counters` (counted when a request starts, before its body is read):
-        "the request has arrived", without sleeping. Returns the count.
+        "the request has arrived", without sleeping. Returns the count. To wait until
+        their inputs are in `received`, use ``wait_for("received_count", n)``.
 
         Raises:
             TimeoutError: fewer arrived within ``timeout`` seconds.

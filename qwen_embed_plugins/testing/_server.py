@@ -409,7 +409,9 @@ class EmbeddingServer(_ServerControls):
 
         Keys: ``connections_opened`` (TCP connections accepted), ``connections_active``
         (open now), ``requests`` (``POST /v1/embeddings`` received, retries and failures
-        included), ``texts`` (texts answered with vectors, status 200), ``in_flight`` and
+        included; counted on arrival), ``received_count`` (authorised requests whose
+        inputs were read and logged in `received`; not capped by ``received_limit``),
+        ``texts`` (texts answered with vectors, status 200), ``in_flight`` and
         ``max_in_flight`` (embedding requests being answered: now, and at the peak),
         ``responses`` (outcome -> count: the status code as text, or ``"close"`` /
         ``"reset"``), ``faults_applied`` (kind -> count: fault kinds, rule kinds, and

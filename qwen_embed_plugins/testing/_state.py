@@ -54,7 +54,14 @@ class _State:
 
     #: Counters and gauges `wait_for` can wait on.
     WAITABLE = frozenset(
-        {"connections_opened", "connections_active", "requests", "texts", "in_flight"}
+        {
+            "connections_opened",
+            "connections_active",
+            "requests",
+            "received_count",
+            "texts",
+            "in_flight",
+        }
     )
 
     def __init__(self, received_limit: int) -> None:
@@ -73,6 +80,7 @@ class _State:
     def _zero(self) -> None:
         self.connections_opened = 0
         self.requests = 0
+        self.received_count = 0  # requests whose inputs were logged (not capped)
         self.texts = 0
         self.max_in_flight = self.in_flight
         self.responses: dict[str, int] = {}
@@ -130,6 +138,8 @@ class _State:
     def log_received(self, inputs: list[Any]) -> None:
         with self.lock:
             self.received.append(inputs)
+            self.received_count += 1
+            self.changed.notify_all()
 
     def take_fault(self) -> Fault | None:
         with self.lock:
@@ -242,6 +252,7 @@ class _State:
                 "connections_opened": self.connections_opened,
                 "connections_active": len(self.conns),
                 "requests": self.requests,
+                "received_count": self.received_count,
                 "texts": self.texts,
                 "in_flight": self.in_flight,
                 "max_in_flight": self.max_in_flight,
