@@ -286,15 +286,21 @@ def wait_until_status(c: httpx.Client, status: int, limit: float = 60.0) -> list
 def test_status_window_answers_every_request_then_ends(
     srv: EmbeddingServer, client: httpx.Client, status: int, message: str | None
 ) -> None:
-    srv.status_window(0.3, status=status)
+    before = time.monotonic()
+    srv.status_window(1.0, status=status)
+    seen = wait_until_status(client, 200)
+    if time.monotonic() - before < 1.0:  # surely inside the window: it was refused
+        assert seen[0] == status
+    assert set(seen[:-1]) <= {status}
+    windowed = [embed(client, ["b"]) for _ in range(2)]  # after the window: normal
+    assert [r.status_code for r in windowed] == [200, 200]
+    assert srv.stats()["faults_applied"].get("window", 0) == len(seen) - 1
+    assert srv.stats()["rules"] == []  # an ended window removes itself
+    srv.status_window(60.0, status=status)  # a long one, to look at its answer
     r = embed(client, ["a"])
     assert r.status_code == status
     assert "retry-after" not in r.headers
     assert r.json()["message"] == (message or QUEUE_FULL_MESSAGE)
-    seen = wait_until_status(client, 200)
-    assert set(seen[:-1]) <= {status}
-    assert srv.stats()["faults_applied"]["window"] == len(seen)  # the first one + the loop's
-    assert srv.stats()["rules"] == []  # an ended window removes itself
 
 
 def test_status_window_in_a_child_process_with_retry_after() -> None:
@@ -302,10 +308,15 @@ def test_status_window_in_a_child_process_with_retry_after() -> None:
         EmbeddingServer(process=True) as server,
         httpx.Client(base_url=server.base_url) as c,
     ):
-        server.status_window(0.3, retry_after=2)
+        server.status_window(60.0, retry_after=2)
         r = embed(c, ["a"])
         assert (r.status_code, r.headers["retry-after"]) == (429, "2")
-        wait_until_status(c, 200)
+        server.clear_rules()
+        before = time.monotonic()
+        server.status_window(1.0)
+        seen = wait_until_status(c, 200)
+        if time.monotonic() - before < 1.0:
+            assert seen[0] == 429
 
 
 # ---- crashes and restarts on the same port, waits without sleeping ---------------------
@@ -400,7 +411,7 @@ def test_rules_work_in_child_process_mode_and_over_the_admin_endpoint() -> None:
 
 @pytest.mark.parametrize("process", [False, True])
 def test_rate_limited_model_answers_429_past_the_bucket(process: bool) -> None:
-    model = RateLimited(rate=0.5, burst=2)
+    model = RateLimited(rate=0.1, burst=2)
     with (
         EmbeddingServer(server_model=model, process=process) as server,
         httpx.Client(base_url=server.base_url) as c,
@@ -409,11 +420,11 @@ def test_rate_limited_model_answers_429_past_the_bucket(process: bool) -> None:
         statuses = [r.status_code for r in answers]
         assert statuses[:2] == [200, 200]
         limited = [r for r in answers if r.status_code == 429]
-        assert limited  # 3 more within 6 s would need 3 refills at 0.5/s
+        assert limited  # all 3 more would need 3 refills at 0.1/s: 30 s
         assert all(int(r.headers["retry-after"]) >= 1 for r in limited)
         assert server.stats()["faults_applied"] == {"rate_limit": len(limited)}
     with (
-        EmbeddingServer(server_model=RateLimited(rate=0.5, burst=1, retry_after=False)) as server,
+        EmbeddingServer(server_model=RateLimited(rate=0.1, burst=1, retry_after=False)) as server,
         httpx.Client(base_url=server.base_url) as c,
     ):
         answers = [embed(c, ["r"]) for _ in range(3)]

@@ -157,7 +157,7 @@ def test_trickle_sends_a_valid_answer_a_byte_at_a_time() -> None:
                 head, _, body = data.partition(b"\r\n\r\n")
                 if body and len(body) >= int(head.split(b"Content-Length: ")[1].split(b"\r\n")[0]):
                     break
-        assert len(pieces) > 10  # never in one piece
+        assert len(pieces) > 5  # a byte at a time, not in one piece
         assert np.array_equal(vectors(body), expected_embeddings(["a"], 2))
 
 
