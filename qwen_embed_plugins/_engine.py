@@ -119,8 +119,21 @@ class Engine:
         self.headers = _Headers(self._api_key)
         self.fixed = None if config.server == "auto" else servers.get_profile(str(config.server))
         self._contexts: dict[str, ErrorContext] = {}
+        self._gates: dict[str, Any] = {}
         self._insecure_warned = False
         self.append_eos = config.append_eos is True
+
+    def adaptive_gate(self, replica: Replica) -> Any:
+        """The adaptive concurrency gate of ``replica`` when ``max_concurrency="auto"``
+        (``adaptive.gate_for``), else ``None``."""
+        if self.config.max_concurrency != "auto":
+            return None
+        gate = self._gates.get(replica.url)
+        if gate is None:
+            from .adaptive import gate_for
+
+            gate = self._gates[replica.url] = gate_for(replica.key)
+        return gate
 
     @property
     def secret(self) -> str | None:

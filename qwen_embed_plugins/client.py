@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -37,7 +38,13 @@ from ._run import (
     run_windowed,
 )
 from .config import EmbeddingConfig, OnError
-from .errors import QwenEmbedError
+from .errors import (
+    HTTPStatusError,
+    PoolTimeout,
+    QwenEmbedError,
+    TimeoutException,
+    pool_timeout_error,
+)
 from .protocol import (
     BatchPlan,
     FloatArray,
@@ -99,6 +106,18 @@ class EmbeddingResult:
         if self.errors:
             mask[list(self.errors)] = False
         return mask
+
+
+_AUTO_WINDOW = 256
+_OVERLOAD_STATUS = frozenset({429, 503})
+
+
+def _overload(exc: QwenEmbedError) -> bool:
+    """Whether a failed exchange says the server is past its capacity (a sample that
+    should shrink an adaptive limit)."""
+    if isinstance(exc, HTTPStatusError):
+        return exc.status in _OVERLOAD_STATUS
+    return isinstance(exc, TimeoutException) and not isinstance(exc, PoolTimeout)
 
 
 # --------------------------------------------------------------------------- sinks
@@ -228,7 +247,8 @@ class _ClientBase:
 
     def _window(self, plan: BatchPlan) -> int:
         concurrency = self._config.max_concurrency
-        return concurrency if isinstance(concurrency, int) else 4
+        # "auto": the endpoint's adaptive gate bounds the requests in flight
+        return concurrency if isinstance(concurrency, int) else _AUTO_WINDOW
 
     @staticmethod
     def _batch_counts(plan: BatchPlan) -> list[int]:
@@ -387,6 +407,24 @@ class EmbeddingClient(_ClientBase):
     # ----------------------------------------------------------------- internals
 
     def _send(self, op: Send) -> Reply:
+        gate = self._engine.adaptive_gate(op.replica)
+        if gate is None:
+            return self._exchange(op)
+        if not gate.acquire(op.request.timeouts.pool):
+            raise pool_timeout_error(op.request.ctx)
+        started = time.perf_counter()
+        overload = True
+        try:
+            reply = self._exchange(op)
+            overload = reply.status in _OVERLOAD_STATUS
+            return reply
+        except QwenEmbedError as exc:
+            overload = _overload(exc)
+            raise
+        finally:
+            gate.release(time.perf_counter() - started, overload)
+
+    def _exchange(self, op: Send) -> Reply:
         if self._config.use_sdk:
             return self._send_sdk(op)
         key = op.replica.key
@@ -567,6 +605,24 @@ class AsyncEmbeddingClient(_ClientBase):
     # ----------------------------------------------------------------- internals
 
     async def _send(self, op: Send) -> Reply:
+        gate = self._engine.adaptive_gate(op.replica)
+        if gate is None:
+            return await self._exchange(op)
+        if not await gate.aacquire(op.request.timeouts.pool):
+            raise pool_timeout_error(op.request.ctx)
+        started = time.perf_counter()
+        overload = True
+        try:
+            reply = await self._exchange(op)
+            overload = reply.status in _OVERLOAD_STATUS
+            return reply
+        except QwenEmbedError as exc:
+            overload = _overload(exc)
+            raise
+        finally:
+            gate.release(time.perf_counter() - started, overload)
+
+    async def _exchange(self, op: Send) -> Reply:
         if self._config.use_sdk:
             return await self._send_sdk(op)
         key = op.replica.key
