@@ -24,9 +24,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from qwen_embed_plugins import DEFAULT_QUERY_TASK, format_query, reset_metrics
-from qwen_embed_plugins._relay import Relay
-from qwen_embed_plugins.bench import MODES, corpus, iter_texts
+from qwen_embed_plugins._bench.corpus import corpus
+from qwen_embed_plugins._bench.relay import Relay
+from qwen_embed_plugins._bench.results import MODES
 from qwen_embed_plugins.cli import INSTALL_HINT, get_command, main
+from qwen_embed_plugins.cli._inputs import iter_texts
 from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
 
 
@@ -286,8 +288,9 @@ def test_embed_lines_to_npy_streams_in_chunks(server: EmbeddingServer, tmp_path:
     assert arr.dtype == np.float32
     expected = np.stack([expected_embedding(t) for t in texts])
     np.testing.assert_allclose(arr, expected, rtol=0, atol=1e-6)
-    # chunks of 4 (4, 4, 3 texts) in batches of 3: 2 + 2 + 1 requests
-    assert server.requests == 5
+    # 11 texts in batches of 3 (3, 3, 3, 2), at most one chunk of 4 texts in flight
+    assert server.requests == 4
+    assert [len(batch) for batch in server.received] == [3, 3, 3, 2]
 
 
 def test_embed_jsonl_queries_to_jsonl(server: EmbeddingServer, tmp_path: Path) -> None:
