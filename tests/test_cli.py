@@ -7,12 +7,9 @@ relay), as a first run on a fresh machine does.
 
 from __future__ import annotations
 
-import os
 import re
-import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -362,25 +359,6 @@ def test_embed_failed_run_leaves_the_output_as_it_was(
         got = np.array([orjson.loads(line)["embedding"] for line in out.read_bytes().splitlines()])
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-6)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", out.name]
-
-
-def test_embed_interrupted_run_leaves_the_output_as_it_was(tmp_path: Path) -> None:
-    src = tmp_path / "in.txt"
-    src.write_text("".join(f"line {i}\n" for i in range(6)), encoding="utf-8")
-    out = tmp_path / "out.npy"
-    out.write_bytes(b"the previous good output")
-    with EmbeddingServer() as srv:
-        srv.inject("delay", seconds=0.0)
-        srv.inject("delay", seconds=5.0)  # the second chunk waits: Ctrl-C meanwhile
-        timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
-        try:
-            result = _embed_small_chunks(srv.base_url, src, out)
-        finally:
-            timer.join()
-    assert result.exit_code == 1  # click: "Aborted!"
-    assert out.read_bytes() == b"the previous good output"
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.txt", "out.npy"]
 
 
 @pytest.mark.parametrize("query", [False, True])

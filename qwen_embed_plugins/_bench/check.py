@@ -99,12 +99,15 @@ def dimensions_advice(server: str | None) -> str:
     return _DIMENSIONS_ADVICE.get(server or "", _DIMENSIONS_UNKNOWN)
 
 
-def _identify(client: EmbeddingClient) -> ServerIdentity | None:
+def _identify(client: EmbeddingClient) -> tuple[ServerIdentity | None, str | None]:
+    """The server the client detected, and the embeddings URL it found instead of
+    ``{base_url}/embeddings`` (Infinity without ``--url-prefix /v1``), if any."""
     detection = client.server
     if detection is None:
-        return None
+        return None, None
     profile = detection.profile
-    return ServerIdentity(str(profile.name), str(profile.title), str(detection.source))
+    identity = ServerIdentity(str(profile.name), str(profile.title), str(detection.source))
+    return identity, detection.embeddings_url
 
 
 def _first_vector(body: bytes) -> np.ndarray[Any, np.dtype[np.float32]] | None:
@@ -129,6 +132,7 @@ class _Probe:
         self.verify = verify
         self.model = model
         self.url = f"{base_url}/embeddings"
+        self.moved_from: str | None = None
         self.server: ServerIdentity | None = None
 
     @property
@@ -257,7 +261,9 @@ def check_server(
         # client's server detection, which names the server for the advice below
         say("latency")
         cfg = EmbeddingConfig(base_url=base_url, api_key=api_key, verify=verify, model=chosen)
-        latency, probe.server = _latency_sample(cfg, samples)
+        latency, (probe.server, moved) = _latency_sample(cfg, samples)
+        if moved is not None:  # the API is not where base_url says: probe it there
+            probe.url, probe.moved_from = moved, probe.url
 
         # ---- embedding
         say("embedding")
@@ -341,6 +347,14 @@ def _embedding_finding(
     summary = f"{probe.model}: {dim} dimensions, norm {norm:.4f}"
     if status == "info":
         summary += " (not unit length)"
+    if probe.moved_from is not None:
+        root = probe.url.rsplit("/", 1)[0]
+        status = "warn"
+        summary += f", served at {probe.url} (not {probe.moved_from})"
+        advice = (
+            f"pass --base-url {root}: the API is at the server root (Infinity started "
+            "without --url-prefix /v1); this client finds it, other tools may not"
+        )
     value = {"dim": dim, "norm": round(norm, 6)}
     return CheckFinding("embedding", status, summary, value, advice), vec
 
@@ -522,7 +536,7 @@ def _keepalive_finding(
 
 def _latency_sample(
     cfg: EmbeddingConfig, samples: int
-) -> tuple[CheckFinding, ServerIdentity | None]:
+) -> tuple[CheckFinding, tuple[ServerIdentity | None, str | None]]:
     """Single-text queries through the pooled client, as an application sends them;
     and the server the client detected on the way."""
     client = EmbeddingClient(cfg)
