@@ -83,8 +83,7 @@ def test_missing_v1_is_diagnosed_as_such(dialect: str) -> None:
     assert embedding["status"] == "fail"
     assert embedding["value"] == 404
     assert embedding["advice"] == (
-        f"the OpenAI API of this server is under {root}/v1, not {root}: "
-        f"pass --base-url {root}/v1"
+        f"the OpenAI API of this server is under {root}/v1, not {root}: pass --base-url {root}/v1"
     )
     assert "--model" not in embedding["advice"]
     assert "--api-key" not in embedding["advice"]

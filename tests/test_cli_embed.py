@@ -285,3 +285,46 @@ def test_input_changed_during_the_run_writes_nothing(
     assert f"{src} changed while it was being embedded" in err
     assert out.read_bytes() == b"old"
     assert files(tmp_path) == sorted(["out.npy"] + ([] if change == "removed" else ["in.txt"]))
+
+
+# --------------------------------------------------------------------------- memory
+
+
+@pytest.mark.slow
+def test_peak_rss_is_flat_from_10k_to_100k_texts(tmp_path: Path) -> None:
+    """The job holds only the batches in flight: 10x the texts, the same peak RSS
+    (the child's own ``ru_maxrss``, from ``wait4``)."""
+    import subprocess
+    import sys
+
+    from qwen_embed_plugins._bench.corpus import corpus
+
+    peak: dict[int, int] = {}
+    with EmbeddingServer(process=True) as srv:
+        for n in (10_000, 100_000):
+            src = tmp_path / f"in{n}.txt"
+            src.write_text("".join(text + "\n" for text in corpus(n)), encoding="utf-8")
+            out = tmp_path / f"out{n}.npy"
+            main = "from qwen_embed_plugins.cli import main; main()"
+            proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-c",
+                    main,
+                    "embed",
+                    "--base-url",
+                    srv.base_url,
+                    str(src),
+                    str(out),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            assert proc.returncode == 0
+            assert np.load(out, mmap_mode="r").shape == (n, 1024)
+            out.unlink()
+            peak[n] = usage.ru_maxrss  # KiB
+    # 100k x 1024 float32 is 400 MB: none of it may stay in memory
+    assert peak[100_000] <= peak[10_000] + 16 * 1024, peak

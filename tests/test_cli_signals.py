@@ -224,3 +224,17 @@ def test_serve_stops_on_a_signal(signum: int) -> None:
     # (the server's own log lines come before: uvicorn names the h2c probe of check)
     assert stderr.splitlines()[-1] == f"qwen-embed: {_WORDS[signum]}"
     assert "Traceback" not in stderr
+
+
+def test_a_killed_bench_leaves_no_helper_process_behind() -> None:
+    # SIGKILL gives the CLI no chance to stop its children: they notice on their own
+    # (their stdin, a pipe from the CLI, reaches end of file) and exit.
+    proc = CliProcess(
+        ["bench", "--requests", "100000", "--rtt-ms", "5", "--mode", "pooled_threads"],
+        new_session=True,
+    )
+    proc.wait_for_line("measuring", stream="stderr")
+    pgid = os.getpgid(proc.proc.pid)
+    proc.signal(signal.SIGKILL)
+    assert proc.finish()[0] == -signal.SIGKILL
+    wait_until(lambda: not _group_alive(pgid), "the helper processes to exit")
