@@ -29,8 +29,28 @@ class QwenEmbedGroup(click.Group):
             raise click.exceptions.Exit(exit_status(exc)) from None
 
 
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib import metadata
+
+    try:
+        version = metadata.version("qwen-embed-plugins")
+    except metadata.PackageNotFoundError:  # running from a source tree
+        version = "0.0.0"
+    click.echo(f"qwen-embed, version {version}")
+    ctx.exit()
+
+
 @click.group(cls=QwenEmbedGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="qwen-embed-plugins", prog_name="qwen-embed")
+@click.option(
+    "--version",
+    is_flag=True,
+    expose_value=False,
+    is_eager=True,
+    callback=_print_version,
+    help="Show the version and exit.",
+)
 def cli() -> None:
     """Is my embedding service slow, or is my client?
 
