@@ -75,9 +75,7 @@ def test_concurrent_batches_land_in_input_order(server: EmbeddingServer, tmp_pat
     src = tmp_path / "in.txt"
     texts = numbered_texts(src, 203)
     out = tmp_path / "out.npy"
-    # every 3rd request waits: answers come back out of order
-    for i in range(60):
-        server.inject("delay", seconds=0.05 if i % 3 == 0 else 0.0)
+    server.inject("delay", seconds=2.0)  # the first batch is answered after later ones
     code, err = embed(server, src, out, "--concurrency", "6")
     assert code == 0, err
     np.testing.assert_allclose(np.load(out), np.stack([expected_embedding(t) for t in texts]))
@@ -252,18 +250,21 @@ def test_bad_utf8_is_reported_on_its_true_line(server: EmbeddingServer, tmp_path
 
 
 @pytest.mark.parametrize("change", ["rewritten", "same size and mtime", "replaced", "removed"])
-def test_input_changed_during_the_run_writes_nothing(
-    server: EmbeddingServer, tmp_path: Path, change: str
-) -> None:
+def test_input_changed_during_the_run_writes_nothing(tmp_path: Path, change: str) -> None:
+    with EmbeddingServer() as server:  # its own: the held request outlives the test
+        _input_changed_during_the_run(server, tmp_path, change)
+
+
+def _input_changed_during_the_run(server: EmbeddingServer, tmp_path: Path, change: str) -> None:
     src = tmp_path / "in.txt"
     numbered_texts(src, 12)
     out = tmp_path / "out.npy"
     out.write_bytes(b"old")
     server.inject("delay", seconds=0.0)
-    server.inject("delay", seconds=3.0)  # the 2nd request is held while INPUT changes
+    server.inject("delay", seconds=60.0)  # the 2nd request is held while INPUT changes
 
     def meddle() -> None:
-        wait_until(lambda: server.stats()["in_flight"] == 1 and server.requests == 2, "request 2")
+        wait_until(lambda: server.requests == 2 and server.stats()["in_flight"] == 1, "request 2")
         st = src.stat()
         if change == "rewritten":
             src.write_text("".join(f"TEXT {i}\n" for i in range(12)))
@@ -276,6 +277,7 @@ def test_input_changed_during_the_run_writes_nothing(
             os.replace(other, src)
         else:
             src.unlink()
+        server.close_connections()  # let the held request go: the client sends it again
 
     thread = threading.Thread(target=meddle)
     thread.start()
