@@ -146,7 +146,7 @@ class CliProcess:
 
 def journal_batches(path: Path) -> set[int]:
     """The batches an embed job's journal lists as written (complete lines only)."""
-    lines = path.read_bytes().split(b"\n")[1:]
+    lines = path.read_bytes().split(b"\n")[1:-1]  # the last one is "" or torn
     done = set()
     for line in lines:
         parts = line.split()

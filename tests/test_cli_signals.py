@@ -150,8 +150,16 @@ def _sigkill_and_resume(server: EmbeddingServer, tmp_path: Path, n: int, suffix:
     batches = -(-n // batch)
     server.reset_counters()
     out = tmp_path / f"out{suffix}"
+    # a third of the batches go through, then one is held: the job cannot end before
+    # the kill, while the other requests in flight keep going
+    held = batches // 3
+    server.inject("delay", seconds=0.0, count=held)
+    server.inject("delay", seconds=600.0)
     proc = embed_process(server, src, out, "--resume", *args)
-    wait_until(lambda: server.stats()["texts"] >= n // 3, "a third of the texts answered")
+    wait_until(
+        lambda: server.requests > held + 2 and server.stats()["in_flight"] >= 1,
+        "the held request and two more",
+    )
     proc.proc.kill()
     proc.finish()
     written = journal_batches(tmp_path / f".{out.name}.resume")

@@ -90,8 +90,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise SystemExit(1)
         get_command().main(args=list(argv) if argv is not None else None, prog_name="qwen-embed")
     except KeyboardInterrupt:  # before click runs (importing it) or after it returned
-        sys.stderr.write("\nqwen-embed: interrupted (Ctrl-C)\n")
-        _leave(130)
+        sys.stderr.write(
+            ("\n" if sys.stderr.isatty() else "") + "qwen-embed: interrupted (Ctrl-C)\n"
+        )
+        if argv is None:
+            _leave(130)
+        raise SystemExit(130) from None
     except SystemExit as exc:
         if exc.code in _SIGNAL_EXITS and argv is None:
             _leave(int(exc.code))

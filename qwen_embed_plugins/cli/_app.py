@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import click
@@ -25,7 +26,9 @@ class QwenEmbedGroup(click.Group):
             with terminating_raises():
                 return super().invoke(ctx)
         except (KeyboardInterrupt, Terminated) as exc:
-            click.echo(f"qwen-embed: {describe(exc)}", err=True)
+            # on a terminal, end the line the echoed ^C is on
+            newline = "\n" if sys.stderr.isatty() else ""
+            click.echo(f"{newline}qwen-embed: {describe(exc)}", err=True)
             raise click.exceptions.Exit(exit_status(exc)) from None
 
 

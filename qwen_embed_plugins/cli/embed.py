@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -197,7 +198,8 @@ def _run(
     except (QwenEmbedError, JobError, ValueError, OSError) as exc:
         fail(str(exc) + _kept(states, paths, resume))
     except (KeyboardInterrupt, Terminated) as exc:
-        click.echo(f"qwen-embed: {describe(exc)}{_kept(states, paths, resume)}", err=True)
+        newline = "\n" if sys.stderr.isatty() else ""  # end the line of the echoed ^C
+        click.echo(f"{newline}qwen-embed: {describe(exc)}{_kept(states, paths, resume)}", err=True)
         raise click.exceptions.Exit(exit_status(exc)) from None
 
 
