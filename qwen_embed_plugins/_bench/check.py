@@ -32,12 +32,15 @@ from .. import (
     QwenEmbedError,
     close_all,
 )
+from ..servers import identify_models, identify_response
 from .corpus import corpus
 from .probe import (
     api_root,
     get_models,
+    get_models_response,
     headers,
     measure_idle_timeout,
+    models_in,
     probe_http2,
     ssl_context,
     status_error,
@@ -99,10 +102,10 @@ def dimensions_advice(server: str | None) -> str:
     return _DIMENSIONS_ADVICE.get(server or "", _DIMENSIONS_UNKNOWN)
 
 
-def _identify(client: EmbeddingClient) -> tuple[ServerIdentity | None, str | None]:
-    """The server the client detected, and the embeddings URL it found instead of
-    ``{base_url}/embeddings`` (Infinity without ``--url-prefix /v1``), if any."""
-    detection = client.server
+def _identify(detection: Any) -> tuple[ServerIdentity | None, str | None]:
+    """The server a ``servers.Detection`` names (``None`` when generic), and the
+    embeddings URL it found instead of ``{base_url}/embeddings`` (Infinity without
+    ``--url-prefix /v1``), if any."""
     if detection is None:
         return None, None
     profile = detection.profile
@@ -241,36 +244,38 @@ def check_server(
             )
         )
 
-        # ---- models
+        # ---- models (the answer also says which server this is: the client's own
+        # reading of it, servers.identify_models, so advice can name its settings)
         say("models")
         models: list[str] = []
         models_status: int | None = None
+        models_error: str | None = None
+        detection: Any = None
         try:
-            models_status, listed = get_models(http, base_url, api_key)
-            models = listed or []
+            resp = get_models_response(http, base_url, api_key)
         except httpx.HTTPError as exc:
-            models_error: str | None = str(exc)
+            models_error = str(exc)
         else:
-            models_error = None
+            models_status, models = resp.status_code, models_in(resp) or []
+            detection = identify_models(
+                resp.status_code, resp.headers, resp.content, base_url=base_url
+            )
         chosen = model or (models[0] if models else DEFAULT_MODEL)
         probe = _Probe(http, base_url, api_key, verify, chosen)
-
-        findings.append(_models_finding(models, models_status, models_error))
-
-        # ---- latency sample through the pooled client; its first call also runs the
-        # client's server detection, which names the server for the advice below
-        say("latency")
-        cfg = EmbeddingConfig(base_url=base_url, api_key=api_key, verify=verify, model=chosen)
-        latency, (probe.server, moved) = _latency_sample(cfg, samples)
+        probe.server, moved = _identify(detection)
         if moved is not None:  # the API is not where base_url says: probe it there
             probe.url, probe.moved_from = moved, probe.url
+        models_finding = _models_finding(models, models_status, models_error)
+        if models_finding.status != "ok" and (
+            advice := _MODELS_ADVICE.get(probe.server_name or "")
+        ):
+            models_finding = dataclasses.replace(models_finding, advice=advice)
+        findings.append(models_finding)
 
         # ---- embedding
         say("embedding")
         finding, float_vec = _embedding_finding(probe)
         findings.append(finding)
-        if findings[1].status != "ok" and (advice := _MODELS_ADVICE.get(probe.server_name or "")):
-            findings[1] = dataclasses.replace(findings[1], advice=advice)
         if float_vec is None:
             return report(probe)
         dim = int(float_vec.size)
@@ -286,7 +291,9 @@ def check_server(
     findings.append(_http2_finding(base_url, verify, api_key))
     say("keepalive")
     findings.append(_keepalive_finding(base_url, verify, api_key, max_idle))
-    findings.append(latency)
+    say("latency")
+    cfg = EmbeddingConfig(base_url=base_url, api_key=api_key, verify=verify, model=probe.model)
+    findings.append(_latency_sample(cfg, samples))
     return report(probe)
 
 
@@ -327,6 +334,10 @@ def _embedding_finding(
         else:
             advice = "check --model (see the models finding)"
         return CheckFinding("embedding", "fail", message, resp.status_code, advice), None
+    if probe.server_name is None:  # not recognised from /models: its answer may say
+        found = identify_response(resp.headers)
+        if found is not None:
+            probe.server = _identify(found)[0]
     vec = _first_vector(resp.content)
     if vec is None:
         return CheckFinding("embedding", "fail", "the response holds no float embedding"), None
@@ -534,20 +545,17 @@ def _keepalive_finding(
     )
 
 
-def _latency_sample(
-    cfg: EmbeddingConfig, samples: int
-) -> tuple[CheckFinding, tuple[ServerIdentity | None, str | None]]:
-    """Single-text queries through the pooled client, as an application sends them;
-    and the server the client detected on the way."""
+def _latency_sample(cfg: EmbeddingConfig, samples: int) -> CheckFinding:
+    """Single-text queries through the pooled client, as an application sends them."""
     client = EmbeddingClient(cfg)
+    close_all()  # the first request opens a new connection: measured as such
     try:
-        return _timed_queries(client, samples), _identify(client)
+        return _timed_queries(client, samples)
     finally:
         close_all()  # leave no idle connection behind
 
 
 def _timed_queries(client: EmbeddingClient, samples: int) -> CheckFinding:
-    close_all()  # the first request opens a new connection: measured as such
     times: list[float] = []
     texts = corpus(samples + 1)
     try:

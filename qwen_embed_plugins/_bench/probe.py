@@ -23,8 +23,11 @@ if TYPE_CHECKING:
 __all__ = [
     "api_root",
     "discover_models",
+    "get_models",
+    "get_models_response",
     "headers",
     "measure_idle_timeout",
+    "models_in",
     "probe_http2",
     "ssl_context",
     "status_error",
@@ -97,8 +100,22 @@ def get_models(http: Any, base_url: str, api_key: str | None) -> tuple[int, list
     Raises:
         the HTTP library's ``HTTPError``: no answer.
     """
-    resp = http.get(f"{base_url.rstrip('/')}/models", headers=headers(api_key, json_body=False))
+    resp = get_models_response(http, base_url, api_key)
     return int(resp.status_code), _models_in(resp.content) if resp.status_code < 400 else None
+
+
+def get_models_response(http: Any, base_url: str, api_key: str | None) -> Any:
+    """The raw answer to ``GET {base_url}/models`` on ``http`` (status, headers, body).
+
+    Raises:
+        the HTTP library's ``HTTPError``: no answer.
+    """
+    return http.get(f"{base_url.rstrip('/')}/models", headers=headers(api_key, json_body=False))
+
+
+def models_in(resp: Any) -> list[str] | None:
+    """The model ids of a ``GET /models`` answer (``None``: not an OpenAI model list)."""
+    return _models_in(resp.content) if resp.status_code < 400 else None
 
 
 def discover_models(
@@ -113,7 +130,7 @@ def discover_models(
             status, models = get_models(http, base_url, api_key)
     except httpx.HTTPError:
         return []
-    return models or [] if status < 400 else []
+    return (models or []) if status < 400 else []
 
 
 def probe_http2(
