@@ -5,9 +5,10 @@ Probes health, the model list, one embedding (vector size and norm), base64, MRL
 enforces, and a latency sample through the pooled client; returns a ``CheckReport`` with
 one finding per probe and advice for each. Prints nothing (the CLI renders it).
 
-Advice names the server's own settings only for the server that answers: the client's
-detection (``EmbeddingClient.server``) says which one it is, and a server it does not
-recognise gets advice that names each candidate. A base URL without the API's path
+Advice names the server's own settings only for the server that answers: the library's
+own reading of the ``GET /models`` answer (``servers.identify_models``, then the
+embedding answer's headers) says which one it is, and a server it does not recognise
+gets advice that names each candidate. A base URL without the API's path
 (``/v1``) is diagnosed by asking the same server under ``/v1``.
 """
 
