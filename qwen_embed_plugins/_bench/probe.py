@@ -21,7 +21,9 @@ if TYPE_CHECKING:
     from ..errors import HTTPStatusError
 
 __all__ = [
+    "Answer",
     "api_root",
+    "bounded_get",
     "discover_models",
     "get_models",
     "get_models_response",
@@ -93,6 +95,54 @@ def _models_in(body: bytes) -> list[str] | None:
     return [str(m["id"]) for m in cards if isinstance(m, dict) and "id" in m]
 
 
+PROBE_BUDGET = 10.0
+"""Seconds a probe's answer may take in all (a trickling body cannot hold it longer)."""
+PROBE_MAX_BYTES = 1 << 20
+"""The largest probe answer read, in bytes (an endless or huge body is cut)."""
+
+
+class Answer:
+    """A probe's answer, read within ``PROBE_BUDGET`` seconds and ``PROBE_MAX_BYTES``."""
+
+    def __init__(self, status_code: int, headers: Any, content: bytes, http_version: str):
+        self.status_code = status_code
+        self.headers = headers
+        self.content = content
+        self.http_version = http_version
+
+
+def bounded_get(
+    http: Any,
+    url: str,
+    request_headers: dict[str, str],
+    *,
+    budget: float = PROBE_BUDGET,
+    cap: int = PROBE_MAX_BYTES,
+) -> Answer:
+    """``GET url`` on ``http`` (an HTTP library client), reading the body as a stream
+    within ``cap`` bytes (as received: a compressed body is not inflated) and ``budget``
+    seconds in all.
+
+    Raises:
+        the HTTP library's ``HTTPError``: no answer, or the answer broke a bound.
+    """
+    from .._http import httpx
+
+    deadline = time.monotonic() + budget
+    request_headers = {**request_headers, "Accept-Encoding": "identity"}
+    with http.stream("GET", url, headers=request_headers) as resp:
+        chunks: list[bytes] = []
+        size = 0
+        for chunk in resp.iter_raw():
+            size += len(chunk)
+            if size > cap:
+                raise httpx.RemoteProtocolError(f"the answer of {url} is larger than {cap} bytes")
+            if time.monotonic() > deadline:
+                raise httpx.ReadTimeout(f"the answer of {url} took longer than {budget} s")
+            chunks.append(chunk)
+        return Answer(resp.status_code, resp.headers, b"".join(chunks), resp.http_version)
+
+
 def get_models(http: Any, base_url: str, api_key: str | None) -> tuple[int, list[str] | None]:
     """``GET {base_url}/models`` on ``http`` (an HTTP library client): the status and
     the model ids (``None`` when the body is not an OpenAI model list).
@@ -110,7 +160,7 @@ def get_models_response(http: Any, base_url: str, api_key: str | None) -> Any:
     Raises:
         the HTTP library's ``HTTPError``: no answer.
     """
-    return http.get(f"{base_url.rstrip('/')}/models", headers=headers(api_key, json_body=False))
+    return bounded_get(http, f"{base_url.rstrip('/')}/models", headers(api_key, json_body=False))
 
 
 def models_in(resp: Any) -> list[str] | None:
@@ -151,8 +201,8 @@ def probe_http2(
         kwargs["verify"] = ssl_context(verify)
     try:
         with httpx.Client(**kwargs) as client:
-            resp = client.get(
-                f"{base_url.rstrip('/')}/models", headers=headers(api_key, json_body=False)
+            resp = bounded_get(
+                client, f"{base_url.rstrip('/')}/models", headers(api_key, json_body=False)
             )
             return str(resp.http_version)
     except httpx.HTTPError:
