@@ -354,3 +354,47 @@ def test_docs_ray_block_runs(
     printed = iter(s.strip() for s in out.getvalue().splitlines())
     for want in re.findall(r"^\s*print\(.*\)\s+#\s*(.+?)\s*$", code, re.M):
         assert any(s == want for s in printed), (want, out.getvalue())
+
+
+def test_cli_embed_ray_writes_parquet(tmp_path: Path) -> None:
+    """``qwen-embed embed --ray --input corpus.parquet --output out_dir/ --column body``:
+    Parquet readable by plain pyarrow with the fixed-size float32 list column."""
+    from click.testing import CliRunner
+
+    from qwen_embed_plugins.cli._app import cli
+
+    n = 300
+    source = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"id": list(range(n)), "body": _texts(n)}), source)
+    out_dir = tmp_path / "out"
+    with EmbeddingServer() as server:
+        result = CliRunner().invoke(
+            cli,
+            [
+                "embed",
+                "--ray",
+                "--base-url",
+                server.base_url,
+                "--input",
+                str(source),
+                "--output",
+                str(out_dir),
+                "--column",
+                "body",
+                "--actors",
+                "1",
+            ],
+        )
+        assert result.exit_code == 0, result.output
+        assert f"embedded {n} rows" in result.output
+        table = pq.read_table(out_dir)
+        embedding = table.schema.field("embedding").type
+        assert pa.types.is_fixed_size_list(embedding)
+        assert embedding.value_type == pa.float32()
+        assert embedding.list_size == server.dim
+        ids = table.column("id").to_pylist()
+        rows = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+        order = np.argsort(ids)
+        np.testing.assert_array_equal(
+            rows[order], server.expected_embeddings([_texts(n)[i] for i in sorted(ids)])
+        )

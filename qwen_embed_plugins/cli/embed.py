@@ -45,8 +45,33 @@ _OUTPUT_SUFFIXES = (".npy", ".jsonl", ".ndjson")
     ".OUTPUT.resume beside OUTPUT until it completes. Refused if INPUT or the settings "
     "changed.",
 )
-@click.argument("input_path", metavar="INPUT", type=click.Path(exists=True, dir_okay=False))
-@click.argument("output_path", metavar="OUTPUT", type=click.Path(dir_okay=False))
+@click.option(
+    "--ray",
+    "use_ray",
+    is_flag=True,
+    help="Run on Ray Data (extra [ray]): INPUT is Parquet or JSONL (a file or a folder), "
+    "OUTPUT a folder of Parquet files (the input columns plus 'embedding'); one client "
+    "(one pool) per Ray actor.",
+)
+@click.option("--column", default="text", show_default=True, help="--ray: the text column.")
+@click.option(
+    "--address",
+    envvar="RAY_ADDRESS",
+    help="--ray: the Ray cluster to use [env RAY_ADDRESS; default: a local one].",
+)
+@sized("--actors", upper=4096, default=1, help="--ray: Ray actors (client processes).")
+@click.option(
+    "--on-error",
+    type=click.Choice(["raise", "skip"]),
+    default="raise",
+    show_default=True,
+    help="--ray: 'skip' writes a null embedding and an error column for rows the server "
+    "cannot embed, and finishes the job.",
+)
+@click.option("--input", "input_opt", type=click.Path(exists=True), help="Same as INPUT.")
+@click.option("--output", "output_opt", type=click.Path(), help="Same as OUTPUT.")
+@click.argument("input_path", metavar="INPUT", required=False, type=click.Path(exists=True))
+@click.argument("output_path", metavar="OUTPUT", required=False, type=click.Path())
 def embed(
     base_url: str,
     api_key: str | None,
@@ -60,8 +85,15 @@ def embed(
     chunk_size: int,
     http2: bool,
     resume: bool,
-    input_path: str,
-    output_path: str,
+    use_ray: bool,
+    column: str,
+    address: str | None,
+    actors: int,
+    on_error: str,
+    input_opt: str | None,
+    output_opt: str | None,
+    input_path: str | None,
+    output_path: str | None,
 ) -> None:
     """Embed INPUT (one text per line, or JSONL with "text") into OUTPUT.
 
@@ -75,9 +107,38 @@ def embed(
     (Ctrl-C, SIGTERM, SIGHUP) leaves OUTPUT as it was. OUTPUT may not be INPUT.
     With --resume, a killed or failed run continues where it stopped when the same
     command is run again, and ends with the same bytes as an uninterrupted run.
+
+    With --ray, the job runs on Ray Data: see docs/scale-out.md.
     """
     import time
     from pathlib import Path
+
+    input_path = input_path or input_opt
+    output_path = output_path or output_opt
+    if not input_path or not output_path:
+        raise click.UsageError("give INPUT and OUTPUT (or --input and --output)")
+    if use_ray:
+        _run_on_ray(
+            input_path,
+            output_path,
+            base_url=base_url,
+            api_key=api_key,
+            model=model,
+            ca=ca,
+            insecure=insecure,
+            query=query,
+            dimensions=dimensions,
+            batch_size=batch_size,
+            concurrency=concurrency,
+            http2=http2,
+            column=column,
+            address=address,
+            actors=actors,
+            on_error=on_error,
+        )
+        return
+    if Path(input_path).is_dir():
+        raise click.UsageError("INPUT is a folder: only --ray reads folders")
 
     from .. import Limits, QwenEmbedError
     from ._embed_job import Settings, StatePaths, UsageProblem, check_paths
@@ -133,6 +194,60 @@ def embed(
     err.print(
         f"embedded {outcome.total:,} texts ({outcome.dim}-dim) into {output_path} in "
         f"{seconds:.1f} s ({outcome.sent / max(seconds, 1e-9):,.0f} texts/s{resumed})",
+        soft_wrap=True,
+        markup=False,
+    )
+
+
+def _run_on_ray(input_path: str, output_path: str, **opts: Any) -> None:
+    """``embed --ray``: ``qwen_embed_plugins.ray.embed_files`` with the command's
+    settings; one line of summary on stderr."""
+    import os
+    import time
+
+    from ._options import verify_setting
+    from ._output import console, fail
+
+    if opts["query"]:
+        raise click.UsageError("--query is not supported with --ray")
+    try:
+        from ..ray import embed_files
+    except ImportError as exc:
+        fail(f"--ray needs Ray Data: pip install 'qwen-embed-plugins[ray]' ({exc})", 2)
+    if opts["api_key"]:
+        # Ray actors read the key from their environment (it is never pickled); local
+        # actors inherit this process's.
+        os.environ["QWEN_EMBED_API_KEY"] = opts["api_key"]
+    from .. import QwenEmbedError
+
+    settings: dict[str, Any] = {
+        "model": opts["model"],
+        "dimensions": opts["dimensions"],
+        "http2": opts["http2"],
+        "verify": verify_setting(opts["ca"], opts["insecure"]),
+    }
+    started = time.perf_counter()
+    try:
+        result = embed_files(
+            input_path,
+            output_path,
+            column=opts["column"],
+            base_url=opts["base_url"],
+            address=opts["address"],
+            concurrency=opts["actors"],
+            max_in_flight=opts["concurrency"],
+            request_batch_size=opts["batch_size"],
+            on_error=opts["on_error"],
+            **{k: v for k, v in settings.items() if v is not None},
+        )
+    except (QwenEmbedError, ValueError, OSError) as exc:
+        fail(str(exc))
+    seconds = time.perf_counter() - started
+    rows = "?" if result.rows is None else f"{result.rows:,}"
+    failed = f", {result.failed_rows:,} failed (see the error column)" if result.failed_rows else ""
+    console(stderr=True).print(
+        f"embedded {rows} rows into {result.output_dir} ({len(result.files)} Parquet "
+        f"files) in {seconds:.1f} s on Ray{failed}",
         soft_wrap=True,
         markup=False,
     )
