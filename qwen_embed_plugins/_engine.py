@@ -352,9 +352,17 @@ class Engine:
     # ---------------------------------------------------------------- flows
 
     def request_flow(
-        self, call: Call, texts: Sequence[str], indices: Sequence[int], *, bisectable: bool
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        *,
+        bisectable: bool,
+        bisecting: bool = False,
     ) -> Flow:
-        """Send one batch until it is answered, with retries; returns
+        """Send one batch until it is answered, with retries (within a bisection, a
+        failure one input may cause is not retried: its batch already showed it twice);
+        returns
         ``(rows n x dim, squared norms, bad rows, replica, state)``."""
         policy = self.config.retry
         rs = RetryState(policy=policy, started=call.started, deadline=call.deadline)
@@ -488,13 +496,14 @@ class Engine:
             if force_float:
                 force_float = False  # float failed too: base64 is not the cause
             if (
-                bisectable
+                (bisectable or bisecting)
                 and _maybe_input(error)
-                and (fresh or rs.stale_resent)
-                and (rs.attempts >= 1 or classify(error) == "fatal")
+                and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
+                and (rs.attempts >= 1 or bisecting or classify(error) == "fatal")
             ):
                 # failed again (a transient fault rarely repeats): one of the inputs,
-                # or the batch's size, is the likelier cause: bisect
+                # or the batch's size, is the likelier cause: bisect (or, for a single
+                # text, it is that text's error)
                 error._replica = replica  # type: ignore[attr-defined]
                 raise error
             delay = rs.next_delay(error, now=time.monotonic(), fresh_connection=fresh)
@@ -523,7 +532,7 @@ class Engine:
         part = Part()
         try:
             rows, sq, bad, replica, state, dims = yield from self.request_flow(
-                call, texts, indices, bisectable=len(texts) > 1
+                call, texts, indices, bisectable=len(texts) > 1, bisecting=bis is not None
             )
         except _Split as split:
             if split.count is not None:
