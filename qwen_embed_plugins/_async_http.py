@@ -45,6 +45,7 @@ from .transport import (
     _left,
     _limits,
     _timeout_ext,
+    h2_state_error,
     ssl_context,
 )
 
@@ -255,6 +256,11 @@ class AsyncTransport:
             response = await client.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise from_httpx(exc, req.ctx) from exc
+        except Exception as exc:
+            error = h2_state_error(exc, req.ctx)
+            if error is None:
+                raise
+            raise error from exc
         try:
             _declared_too_big(response.headers, req.max_bytes, req.ctx)
             body = _Body(response.headers.get("content-encoding", ""), req.max_bytes, req.ctx)
@@ -264,6 +270,11 @@ class AsyncTransport:
             data = body.result()
         except httpx.HTTPError as exc:
             raise from_httpx(exc, req.ctx).with_received(received) from exc
+        except Exception as exc:
+            error = h2_state_error(exc, req.ctx)
+            if error is None:
+                raise
+            raise error.with_received(received) from exc
         finally:
             await response.aclose()
         return Reply(

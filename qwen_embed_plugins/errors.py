@@ -677,7 +677,9 @@ class ErrorContext:
         return value
 
 
-_REFUSED_WORDS = ("REFUSED_STREAM", "ConnectionTerminated")
+# HTTP/2 answers that mean "not processed, send it again": GOAWAY (ConnectionTerminated)
+# and RST_STREAM with REFUSED_STREAM (error code 7, RFC 9113 section 7).
+_REFUSED = re.compile(r"ConnectionTerminated|REFUSED_STREAM|StreamReset[^>]*error_code:\s*7\b")
 
 
 def _tls_hint(text: str, label: str) -> ConnectError | None:
@@ -750,9 +752,17 @@ def from_httpx(exc: BaseException, ctx: ErrorContext) -> TransportError:
             f"cannot connect to {label}: {text}", url=label
         )
     if isinstance(exc, httpx.RemoteProtocolError):
-        refused = any(word in text for word in _REFUSED_WORDS)
+        refused = _REFUSED.search(text) is not None
         what = "refused the HTTP/2 stream" if refused else "closed the connection"
         return RemoteProtocolError(f"{label} {what}: {text}", url=label, refused=refused)
+    if isinstance(exc, httpx.LocalProtocolError):
+        # The connection's protocol state refused the request (an HTTP/2 connection that
+        # received GOAWAY, a frame h2's state machine rejects): it was not answered.
+        return NetworkError(
+            f"the connection to {label} could not carry the request: {text}",
+            url=label,
+            refused=True,
+        )
     if isinstance(exc, httpx.NetworkError | httpx.ProtocolError):
         return NetworkError(f"connection to {label} broke: {text}", url=label)
     if isinstance(exc, httpx.TooManyRedirects | httpx.UnsupportedProtocol | httpx.InvalidURL):

@@ -42,6 +42,7 @@ from ._http import httpx
 from .config import PoolKey, Timeouts
 from .errors import (
     ErrorContext,
+    NetworkError,
     QwenEmbedError,
     ResponseError,
     from_aiohttp,
@@ -57,6 +58,7 @@ __all__ = [
     "Request",
     "Retired",
     "SyncTransport",
+    "h2_state_error",
     "ssl_context",
 ]
 
@@ -585,6 +587,19 @@ def sdk_cap(body: bytes) -> int:
     inputs = data.get("input") if isinstance(data, dict) else None
     count = len(inputs) if isinstance(inputs, list) else 1
     return max(_SDK_CAP_FLOOR, count * 8192 * 32 + 65_536)
+
+
+def h2_state_error(exc: BaseException, ctx: ErrorContext) -> NetworkError | None:
+    """An ``h2`` exception that escaped the HTTP library: a frame arrived on a
+    connection h2's state machine considers closed (after a GOAWAY), so the stream was
+    not answered: resend it (``refused``). ``None`` for any other exception."""
+    if not type(exc).__module__.startswith("h2."):
+        return None
+    text = str(exc)
+    refused = "ConnectionState.CLOSED" in text
+    return NetworkError(
+        f"the HTTP/2 connection to {ctx.url} failed: {text[:200]}", url=ctx.url, refused=refused
+    )
 
 
 def translate(exc: BaseException, ctx: ErrorContext) -> QwenEmbedError:
