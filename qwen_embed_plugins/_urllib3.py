@@ -48,10 +48,11 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
+import orjson
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
@@ -70,7 +71,7 @@ from urllib3.util.connection import is_connection_dropped
 from urllib3.util.ssl_match_hostname import CertificateError
 
 from ._http import httpx
-from .config import PoolKey
+from .config import PoolKey, Timeouts
 from .errors import (
     ConnectError,
     ConnectTimeout,
@@ -129,7 +130,7 @@ def from_urllib3(
             proxy's).
     """
     label = ctx.url
-    text = scrub(str(exc), ctx.secret) or type(exc).__name__
+    text = scrub(str(exc), _key(ctx)) or type(exc).__name__
     if isinstance(exc, ProtocolError) and len(exc.args) > 1:
         inner = exc.args[1]
         if isinstance(inner, BaseException):
@@ -175,6 +176,17 @@ def from_urllib3(
     if isinstance(exc, ValueError | UnicodeError):
         return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
     return TransportError(f"request to {label} failed: {text}", url=label)
+
+
+def _key(ctx: ErrorContext) -> str | None:
+    """The API key to scrub (``ErrorContext.key()`` where the context holds a secret
+    object, the plain ``secret`` otherwise)."""
+    key = getattr(ctx, "key", None)
+    if callable(key):
+        value: str | None = key()
+        return value
+    secret: str | None = ctx.secret
+    return secret
 
 
 def _marked(error: TransportError, fresh: bool, received: bool = False) -> TransportError:
@@ -597,67 +609,73 @@ class HTTP1Pool:
             return self._bridge
 
     def handle_httpx(self, request: Any) -> Any:
-        """Send one ``httpx.Request`` (the openai SDK's) on this pool and return an
-        ``httpx.Response`` whose body streams from the connection; closing it gives the
-        connection back. Failures raise ``httpx`` exceptions (what the SDK expects),
-        chained from this library's translated error."""
+        """Send one ``httpx.Request`` (the openai SDK's) on this pool, through the same
+        bounded path as the library's own requests (size cap from the request's input
+        count, bounded gzip/deflate decoding), and return the ``httpx.Response`` read.
+
+        Failures raise the ``httpx`` exception the SDK expects (``httpx.ReadTimeout``
+        and so on), chained from this library's translated error (its ``__cause__``).
+        """
         ext = request.extensions.get("timeout") or {}
-        connect, read, write, wait = (ext.get(k) for k in ("connect", "read", "write", "pool"))
+        t = Timeouts(
+            connect=ext.get("connect"),
+            read=ext.get("read"),
+            write=ext.get("write"),
+            pool=ext.get("pool"),
+            total=None,
+        )
         ctx = ErrorContext(
             url=self.key.label,
-            connect=connect,
-            read=read,
-            write=write,
-            pool=wait,
+            connect=t.connect,
+            read=t.read,
+            write=t.write,
+            pool=t.pool,
             max_connections=self.key.limits.max_connections,
         )
         body = request.read()
-        try:
-            head = self._build_head(
-                request.method,
-                str(request.url),
-                request.headers.multi_items(),
-                skip=(),
-            )
-        except ValueError as exc:
-            raise _httpx_error(from_urllib3(exc, ctx), request, "connect") from exc
+        headers = {k: v for k, v in request.headers.multi_items()}
+        req = Request(request.method, str(request.url), body, headers, t, None, _sdk_cap(body), ctx)
         gate = self._gate
-        if gate is not None and not gate.acquire(wait):
-            raise _httpx_error(pool_timeout_error(ctx), request, "connect")
         try:
+            if gate is not None and not gate.acquire(t.pool):
+                raise pool_timeout_error(ctx)
             try:
-                conn = self._checkout(wait)
-            except EmptyPoolError:
-                raise _httpx_error(pool_timeout_error(ctx), request, "connect") from None
-            except Retired:
-                error = TransportError(
-                    f"the pool of {ctx.url} was closed (close_all); send again", url=ctx.url
-                )
-                raise _httpx_error(error, request, "connect") from None
-            fresh = conn.sock is None
-            stage = ["connect"]
-            try:
-                resp = self._start(
-                    conn, head, body, request.method, connect, write, read, fresh, stage
-                )
-            except Exception as exc:
-                self._give_back(conn, False)
-                translated = from_urllib3(exc, ctx, stage=stage[0], proxy=self._manager is not None)
-                raise _httpx_error(_marked(translated, fresh), request, stage[0]) from exc
-        except BaseException:
-            if gate is not None:
-                gate.release()
-            raise
-        stream = _BridgeStream(self, conn, resp, ctx, request, gate)
+                reply = self.exchange(req, None)
+            finally:
+                if gate is not None:
+                    gate.release()
+        except Retired:
+            error = TransportError(
+                f"the pool of {ctx.url} was closed (close_all) while waiting; send again",
+                url=ctx.url,
+                sent=False,
+            )
+            raise _httpx_error(error, request) from error
+        except QwenEmbedError as exc:
+            raise _httpx_error(exc, request) from exc
+        dropped = ("content-encoding", "content-length", "transfer-encoding")
         return httpx.Response(
-            status_code=resp.status,
-            headers=resp.msg.items(),
-            stream=stream,
-            extensions={
-                "http_version": b"HTTP/1.0" if resp.version == 10 else b"HTTP/1.1",
-                "reason_phrase": resp.reason.encode("latin-1", "replace"),
-            },
+            status_code=reply.status,
+            headers=[(k, v) for k, v in reply.headers.items() if k.lower() not in dropped],
+            content=reply.body,
+            extensions={"http_version": reply.http_version.encode("ascii")},
         )
+
+
+_SDK_CAP_FLOOR = 8 << 20
+
+
+def _sdk_cap(body: bytes) -> int:
+    """The response size cap of an SDK request: from the number of inputs of an
+    embeddings request (each up to 8,192 float32 values as JSON floats, 32 bytes each),
+    at least 8 MiB. (The same rule as ``transport.sdk_cap`` on main.)"""
+    try:
+        data = orjson.loads(body) if body else None
+    except orjson.JSONDecodeError:
+        data = None
+    inputs = data.get("input") if isinstance(data, dict) else None
+    count = len(inputs) if isinstance(inputs, list) else 1
+    return max(_SDK_CAP_FLOOR, count * 8192 * 32 + 65_536)
 
 
 def _proxy_parts(proxy: str) -> tuple[str, dict[str, str]]:
@@ -684,7 +702,7 @@ _HTTPX_ERRORS: tuple[tuple[type[QwenEmbedError], str], ...] = (
 )
 
 
-def _httpx_error(error: QwenEmbedError, request: Any, stage: str) -> Exception:
+def _httpx_error(error: QwenEmbedError, request: Any) -> Exception:
     """The ``httpx`` exception the openai SDK understands for ``error``."""
     text = str(error)
     if isinstance(error, ConnectError) and "proxy" in text:
@@ -696,57 +714,8 @@ def _httpx_error(error: QwenEmbedError, request: Any, stage: str) -> Exception:
             break
     else:
         if isinstance(error, NetworkError):
-            kind = httpx.WriteError if stage == "write" else httpx.ReadError
+            kind = httpx.ReadError
     return kind(text, request=request)  # type: ignore[call-arg]
-
-
-class _BridgeStream(httpx.SyncByteStream):
-    """The body of an SDK response, read from the connection; ``close()`` gives the
-    connection back (reusable only when the body was read to its end)."""
-
-    def __init__(
-        self,
-        owner: HTTP1Pool,
-        conn: Any,
-        resp: http.client.HTTPResponse,
-        ctx: ErrorContext,
-        request: Any,
-        gate: Any,
-    ) -> None:
-        self._owner = owner
-        self._conn: Any = conn
-        self._resp = resp
-        self._ctx = ctx
-        self._request = request
-        self._gate = gate
-        self._done = False
-
-    def __iter__(self) -> Iterator[bytes]:
-        resp = self._resp
-        try:
-            while True:
-                chunk = resp.read(_CHUNK)
-                if not chunk:
-                    break
-                yield chunk
-            if resp.length:
-                raise http.client.IncompleteRead(b"", resp.length)
-        except (OSError, http.client.HTTPException, ValueError) as exc:
-            error = from_urllib3(exc, self._ctx, stage="read")
-            raise _httpx_error(error, self._request, "read") from exc
-        self._done = True
-
-    def close(self) -> None:
-        conn, self._conn = self._conn, None
-        if conn is None:
-            return
-        try:
-            reusable = self._done and not self._resp.will_close
-            self._resp.close()
-            self._owner._give_back(conn, reusable)
-        finally:
-            if self._gate is not None:
-                self._gate.release()
 
 
 class _Bridge(httpx.BaseTransport):
