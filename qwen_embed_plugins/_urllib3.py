@@ -262,10 +262,20 @@ class _Pool(HTTPConnectionPool):
 
     def _put_conn(self, conn: Any) -> None:
         q = self.pool
-        if conn is not None and q is not None and conn.sock is not None:
-            now = conn._qwen_idle = time.monotonic()
-            if self._qwen_keep < self._qwen_size or now >= self._qwen_next_sweep:
-                self._tidy(q, conn, now)
+        if conn is not None and q is not None:
+            if conn.sock is not None:
+                now = conn._qwen_idle = time.monotonic()
+                if self._qwen_keep < self._qwen_size or now >= self._qwen_next_sweep:
+                    self._tidy(q, conn, now)
+            if conn.sock is None:
+                # A closed connection goes to the bottom of the LIFO queue (urllib3 puts
+                # its empty slots there too): open idle ones are taken first.
+                with q.not_full:
+                    if len(q.queue) < q.maxsize:
+                        q.queue.insert(0, conn)
+                        q.unfinished_tasks += 1
+                        q.not_empty.notify()
+                        return
         super()._put_conn(conn)
 
     def _tidy(self, q: Any, conn: Any, now: float) -> None:
@@ -552,8 +562,8 @@ class HTTP1Pool:
             headers = urllib3.HTTPHeaderDict(resp.msg.items())
             _declared_too_big(headers, req.max_bytes, ctx)
             body = _Body(headers.get("content-encoding", ""), req.max_bytes, ctx)
-            read = resp.read
-            while True:
+            read = resp.read1  # what has arrived (at most one recv): the deadline is
+            while True:  # checked as a trickling body comes in, as on the httpx path
                 chunk = read(_CHUNK)
                 if not chunk:
                     break
@@ -590,6 +600,7 @@ class HTTP1Pool:
             if resp is not None:
                 resp.close()
             raise
+        resp.close()  # its buffered reader (the socket stays open for reuse)
         self._give_back(conn, not resp.will_close)
         return Reply(
             status=resp.status,
