@@ -578,6 +578,35 @@ def _readable(t: SyncTransport) -> bool:
     return bool(socks) and bool(select.select(socks, [], [], 0)[0])
 
 
+def test_response_heads_are_parsed_like_the_stdlib() -> None:
+    def heads(number: int, sock: socket.socket) -> None:
+        f = sock.makefile("rb")
+        read_request(f)
+        sock.sendall(
+            b"HTTP/1.1 100 Continue\r\n\r\n"
+            b"HTTP/1.1 200 OK\r\nX-Multi: a\r\nx-multi: b\r\nX-Folded: one\r\n two\r\n"
+            b"Content-Length: 2\r\n\r\nok"
+        )
+        read_request(f)  # conflicting lengths: read until the close, never reused
+        sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nContent-Length: 3\r\n\r\nabc")
+        sock.shutdown(socket.SHUT_WR)
+        read_request(f)
+
+    with RawServer(heads) as raw:
+        t = make_transport(raw.base_url)
+        try:
+            first = t.send(make_request(raw.base_url))
+            assert (first.status, first.body) == (200, b"ok")
+            assert first.headers["X-MULTI"] == "a, b"
+            assert first.headers.get("x-folded") == "one two"
+            second = t.send(make_request(raw.base_url))
+            assert not second.fresh
+            assert second.body == b"abc"
+            assert t.send(make_request(raw.base_url)).fresh  # that connection was not kept
+        finally:
+            t.close()
+
+
 def test_redirect_is_returned_as_it_is() -> None:
     with EmbeddingServer() as srv:
         t = make_transport(srv.base_url)
