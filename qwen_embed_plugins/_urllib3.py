@@ -217,11 +217,13 @@ class _TLSConn(_Conn, HTTPSConnection):
 
 class _Pool(HTTPConnectionPool):
     """urllib3's pool with keep-alive expiry, a cap on idle connections kept, counted
-    connections, and waiters woken when it closes.
+    connections, open connections handed out first, and waiters woken when it closes.
 
-    ``_get_conn`` / ``_put_conn`` are urllib3's documented extension points for this
-    (its own ``_get_conn`` closes a connection ``is_connection_dropped`` finds readable;
-    that check is kept here)."""
+    ``_get_conn`` / ``_put_conn`` are the methods through which urllib3's pool hands
+    out and takes back its connections (a LIFO queue of ``maxsize`` slots, blocking);
+    they are overridden here because urllib3 has no keep-alive expiry. Its own check is
+    kept: a connection ``is_connection_dropped`` finds readable (a FIN, stray bytes) is
+    closed, never reused."""
 
     ConnectionCls = _Conn
     _qwen_metrics: EndpointMetrics | None = None
@@ -282,15 +284,16 @@ class _Pool(HTTPConnectionPool):
         """Close expired idle connections; close ``conn`` if the idle ones kept open
         already reach ``max_keepalive_connections``."""
         expiry = self._qwen_expiry
-        kept = 0
         with q.mutex:
-            for idle in q.queue:
-                if idle is None or idle.sock is None:
-                    continue
-                if now - idle._qwen_idle > expiry:
+            items = q.queue
+            for idle in items:
+                if idle is not None and idle.sock is not None and now - idle._qwen_idle > expiry:
                     idle.close()
-                else:
-                    kept += 1
+            # closed connections and empty slots to the bottom: open ones are taken first
+            open_ = [c for c in items if c is not None and c.sock is not None]
+            if open_:
+                items[:] = [c for c in items if c is None or c.sock is None] + open_
+            kept = len(open_)
         self._qwen_next_sweep = now + min(_SWEEP_EVERY, max(expiry, 0.05))
         if kept >= self._qwen_keep:
             conn.close()

@@ -803,6 +803,10 @@ def test_tls_with_the_test_servers_ca() -> None:
         )
         opened = q.pool_stats()[client.config.endpoint]["connections_opened"]
         assert opened == srv.connections_opened >= 1
+        unverified = q.EmbeddingClient(base_url=srv.base_url, verify=False)  # no warning
+        np.testing.assert_array_equal(
+            unverified.embed_documents_array(texts[:2]), expected_embeddings(texts[:2])
+        )
         default = q.EmbeddingClient(
             base_url=srv.base_url, retry=q.RetryConfig(max_attempts=1, query_deadline=1.0)
         )
