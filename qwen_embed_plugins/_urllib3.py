@@ -339,6 +339,41 @@ class _Headers(dict[str, str]):
         return [] if value is None else value.split(", ")
 
 
+_MAX_LINE = 65_536  # bytes per header line, as http.client
+_MAX_HEADERS = 100  # header lines, as http.client
+
+
+def _read_head(fp: Any) -> _Headers:
+    """The header lines of a response up to the blank line, within http.client's limits
+    (``LineTooLong``, ``HTTPException`` past 100 headers)."""
+    headers = _Headers()
+    readline = fp.readline
+    name = ""
+    count = 0
+    while True:
+        raw = readline(_MAX_LINE + 1)
+        if len(raw) > _MAX_LINE:
+            raise http.client.LineTooLong("header line")
+        if raw in (b"\r\n", b"\n", b""):
+            return headers
+        count += 1
+        if count > _MAX_HEADERS:
+            raise http.client.HTTPException(f"got more than {_MAX_HEADERS} headers")
+        line = raw.decode("iso-8859-1").rstrip("\r\n")
+        if line[0] in " \t":  # obsolete line folding: continues the last value
+            if name:
+                dict.__setitem__(headers, name, f"{headers[name]} {line.strip()}")
+            continue
+        name, sep, value = line.partition(":")
+        if not sep:
+            name = ""
+            continue  # not a header line (the email parser would skip it too)
+        name = name.lower()
+        value = value.strip()
+        before = dict.get(headers, name)
+        dict.__setitem__(headers, name, value if before is None else f"{before}, {value}")
+
+
 class _Response(http.client.HTTPResponse):
     """``http.client.HTTPResponse`` with its headers parsed into ``_Headers``
     (case-insensitive) instead of through the ``email`` package, which cost about a
@@ -356,7 +391,7 @@ class _Response(http.client.HTTPResponse):
             version, status, reason = self._read_status()
             if status != http.client.CONTINUE:
                 break
-            http.client._read_headers(self.fp)
+            _read_head(self.fp)  # a 100 Continue's headers: skipped
         self.code = self.status = status
         self.reason = reason.strip()
         if version in ("HTTP/1.0", "HTTP/0.9"):
@@ -365,24 +400,7 @@ class _Response(http.client.HTTPResponse):
             self.version = 11
         else:
             raise http.client.UnknownProtocol(version)
-        headers = _Headers()
-        name = ""
-        for raw in http.client._read_headers(self.fp):
-            line = raw.decode("iso-8859-1").rstrip("\r\n")
-            if not line:
-                break
-            if line[0] in " \t":  # obsolete line folding: continues the last value
-                if name:
-                    dict.__setitem__(headers, name, f"{headers[name]} {line.strip()}")
-                continue
-            name, sep, value = line.partition(":")
-            if not sep:
-                name = ""
-                continue  # not a header line (the email parser would skip it too)
-            name = name.lower()
-            value = value.strip()
-            before = dict.get(headers, name)
-            dict.__setitem__(headers, name, value if before is None else f"{before}, {value}")
+        headers = _read_head(self.fp)
         self.qwen_headers = headers
         self.headers = self.msg = headers
         te = headers.get("transfer-encoding")

@@ -607,6 +607,30 @@ def test_response_heads_are_parsed_like_the_stdlib() -> None:
             t.close()
 
 
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-H%d: v\r\n" % i for i in range(101)),
+        b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 70_000 + b"\r\n",
+        b"HTTP/1.1 200 OK\r\n" * 2 + b"X" * 70_000,
+        b"SPDY/3 200 OK\r\n",
+    ],
+    ids=["101 headers", "long header line", "endless line", "not HTTP/1"],
+)
+def test_hostile_response_heads_are_refused(head: bytes) -> None:
+    def hostile(number: int, sock: socket.socket) -> None:
+        read_request(sock.makefile("rb"))
+        sock.sendall(head + b"\r\n")
+
+    with RawServer(hostile) as raw:
+        t = make_transport(raw.base_url)
+        try:
+            with pytest.raises(q.RemoteProtocolError, match="broken response"):
+                t.send(make_request(raw.base_url))
+        finally:
+            t.close()
+
+
 def test_redirect_is_returned_as_it_is() -> None:
     with EmbeddingServer() as srv:
         t = make_transport(srv.base_url)
