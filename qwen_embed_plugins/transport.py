@@ -368,7 +368,7 @@ class SyncTransport:
     HTTP/1.1 runs on urllib3 (``_urllib3.HTTP1Pool``: one connection pool of at most
     ``max_connections`` connections, keep-alive expiry, proxies, ~1.0x the stdlib's
     CPU per exchange); HTTP/2 and cleartext h2c on an ``httpx.Client`` (httpx2 under
-    openai 3.x), whose requests are gated at ``max_connections`` in flight.
+    openai 3.x), which multiplexes requests on its connections.
 
     Args:
         key: the pool's settings (URL, limits, HTTP/2, TLS, proxy).
@@ -406,8 +406,8 @@ class SyncTransport:
             from ._urllib3 import HTTP1Pool
 
             self._http1 = HTTP1Pool(key, metrics, ctx, gate=gate)
-        # HTTP/2 multiplexes: the slots bound requests in flight only for HTTP/1.1
-        # through httpx (never used now: HTTP/1.1 is urllib3's, bounded by its pool).
+        # No per-connection slots: HTTP/2 multiplexes, and HTTP/1.1 requests are
+        # bounded by the urllib3 pool itself (maxsize=max_connections, blocking).
         self._slots: threading.BoundedSemaphore | None = None
         self._gate = gate
         self._urls: dict[str, Any] = {}
@@ -511,8 +511,9 @@ class SyncTransport:
 
     def send_httpx(self, request: Any, **kwargs: Any) -> Any:
         """Send an ``httpx.Request`` built elsewhere (the openai SDK) through this pool:
-        over HTTP/1.1 on the urllib3 pool (same connections, same limit; the gate slot
-        is held until the body is closed), over HTTP/2 on the ``httpx.Client``."""
+        over HTTP/1.1 on the urllib3 pool (same connections, limit, gate, size cap; the
+        body is read before it returns), over HTTP/2 on the ``httpx.Client`` (holding a
+        slot of the gate until its body is closed)."""
         if self._http1 is not None:
             return self.client.send(request, **kwargs)
         timeout = request.extensions.get("timeout", {}).get("pool")
