@@ -98,6 +98,7 @@ from .transport import (
     Retired,
     _Body,
     _declared_too_big,
+    ssl_context,
 )
 
 __all__ = ["HTTP1Pool", "from_urllib3"]
@@ -480,8 +481,8 @@ class HTTP1Pool:
         if key.proxy:
             proxy_url, self._proxy_headers = _proxy_parts(key.proxy)
             extra: dict[str, Any] = {}
-            if proxy_url.startswith("https://"):
-                extra["proxy_ssl_context"] = ssl_ctx
+            if proxy_url.startswith("https://"):  # TLS to the proxy, verified as the key says
+                extra["proxy_ssl_context"] = ssl_context(key.verify, http2=False, cleartext=False)
             manager = urllib3.ProxyManager(
                 proxy_url, proxy_headers=self._proxy_headers, **extra, **kw
             )
