@@ -3,9 +3,9 @@ translated at the boundary.
 
 Two implementations of the same contract, ``send(Request) -> Reply``:
 
-- ``SyncTransport`` (blocking, all threads): an ``httpx.Client`` (``httpx2`` under
-  openai 3.x) whose HTTP/1.1 pool is gated at ``max_connections`` requests in flight
-  (see ``_SlotGate``); HTTP/2 when asked.
+- ``SyncTransport`` (blocking, all threads): urllib3 for HTTP/1.1 (``_urllib3.py``:
+  one connection pool per key, ~1.0x the stdlib's CPU per exchange) and an
+  ``httpx.Client`` (``httpx2`` under openai 3.x) when HTTP/2 is asked.
 - ``AsyncTransport`` (one per event loop): ``aiohttp`` for HTTP/1.1 — 3-5x less CPU
   per request than httpx's async stack on this workload (docs/benchmarks.md) — and an
   ``httpx.AsyncClient`` when HTTP/2 is asked (aiohttp speaks HTTP/1.1 only).
@@ -364,6 +364,11 @@ def _timeout_ext(t: Timeouts, left: float | None) -> dict[str, float | None]:
 class SyncTransport:
     """The blocking transport of one pool (all threads).
 
+    HTTP/1.1 runs on urllib3 (``_urllib3.HTTP1Pool``: one connection pool of at most
+    ``max_connections`` connections, keep-alive expiry, proxies, ~1.0x the stdlib's
+    CPU per exchange); HTTP/2 and cleartext h2c on an ``httpx.Client`` (httpx2 under
+    openai 3.x), which multiplexes requests on its connections.
+
     Args:
         key: the pool's settings (URL, limits, HTTP/2, TLS, proxy).
         metrics: where connections opened are counted.
@@ -385,33 +390,58 @@ class SyncTransport:
         http2 = key.http2 and (not cleartext or h2c)
         self.http2 = http2
         ctx = ssl_context(key.verify, http2=key.http2, cleartext=cleartext)
-        inner = httpx.HTTPTransport(
-            verify=ctx,
-            http1=not (cleartext and http2),
-            http2=http2,
-            limits=_limits(key),
-            proxy=key.proxy,
-        )
-        self.client: Any = httpx.Client(
-            transport=inner,
-            timeout=httpx.Timeout(5.0),
-            follow_redirects=False,
-            trust_env=False,
-            headers={"User-Agent": _USER_AGENT},
-        )
-        # Over HTTP/1.1 a request holds a connection: at most max_connections in
-        # httpcore's pool at once (its sync pool, with queued requests, closed and
-        # replaced connections under thread contention: 21-24 opened at limit 20).
-        self._slots = None if http2 else threading.BoundedSemaphore(key.limits.max_connections)
+        self._client: Any = None
+        self._http1: Any = None
+        if http2:
+            inner = httpx.HTTPTransport(
+                verify=ctx,
+                http1=not cleartext,
+                http2=True,
+                limits=_limits(key),
+                proxy=key.proxy,
+            )
+            self._client = self._httpx_client(inner)
+        else:
+            from ._urllib3 import HTTP1Pool
+
+            self._http1 = HTTP1Pool(key, metrics, ctx, gate=gate)
+        # No per-connection slots: HTTP/2 multiplexes, and HTTP/1.1 requests are
+        # bounded by the urllib3 pool itself (maxsize=max_connections, blocking).
+        self._slots: threading.BoundedSemaphore | None = None
         self._gate = gate
         self._urls: dict[str, Any] = {}
         self._state = threading.Lock()
         self._active = 0
         self._retired = False
 
+    @staticmethod
+    def _httpx_client(inner: Any) -> Any:
+        return httpx.Client(
+            transport=inner,
+            timeout=httpx.Timeout(5.0),
+            follow_redirects=False,
+            trust_env=False,
+            headers={"User-Agent": _USER_AGENT},
+        )
+
+    @property
+    def client(self) -> Any:
+        """The ``httpx.Client`` of this pool: HTTP/2's own, or (HTTP/1.1) one whose
+        transport sends on the urllib3 pool (``_urllib3.HTTP1Pool.bridge``), used by the
+        openai SDK (``send_httpx``)."""
+        client = self._client
+        if client is None:
+            with self._state:
+                client = self._client
+                if client is None:
+                    client = self._client = self._httpx_client(self._http1.bridge())
+        return client
+
     @property
     def is_closed(self) -> bool:
-        return bool(self.client.is_closed)
+        if self._http1 is not None:
+            return bool(self._http1.closed)
+        return bool(self._client.is_closed)
 
     def idle(self) -> bool:
         """If no request is under way, retire the transport (no new request may start
@@ -454,6 +484,17 @@ class SyncTransport:
             self._active += 1
         try:
             deadline = _deadline(req.total)
+            http1 = self._http1
+            if http1 is not None:
+                gate = self._gate
+                if gate is None:
+                    return http1.exchange(req, deadline)  # type: ignore[no-any-return]
+                if not gate.acquire(req.timeouts.pool):
+                    raise pool_timeout_error(req.ctx)
+                try:
+                    return http1.exchange(req, deadline)  # type: ignore[no-any-return]
+                finally:
+                    gate.release()
             self._acquire(req)
             try:
                 return self._exchange(req, deadline)
@@ -468,8 +509,12 @@ class SyncTransport:
                 self._active -= 1
 
     def send_httpx(self, request: Any, **kwargs: Any) -> Any:
-        """Send an ``httpx.Request`` built elsewhere (the openai SDK) through this pool,
-        holding a slot of the gate until its body is closed."""
+        """Send an ``httpx.Request`` built elsewhere (the openai SDK) through this pool:
+        over HTTP/1.1 on the urllib3 pool (same connections, limit, gate, size cap; the
+        body is read before it returns), over HTTP/2 on the ``httpx.Client`` (holding a
+        slot of the gate until its body is closed)."""
+        if self._http1 is not None:
+            return self.client.send(request, **kwargs)
         timeout = request.extensions.get("timeout", {}).get("pool")
         ctx = ErrorContext(
             url=self.key.label, pool=timeout, max_connections=self.key.limits.max_connections
@@ -489,7 +534,7 @@ class SyncTransport:
 
         request.extensions.setdefault("trace", trace)
         try:
-            response = self.client.send(request, **kwargs)
+            response = self._client.send(request, **kwargs)
         except BaseException:
             self._release()
             raise
@@ -520,7 +565,7 @@ class SyncTransport:
         )
         received = False
         try:
-            response = self.client.send(request, stream=True)
+            response = self._client.send(request, stream=True)
         except httpx.HTTPError as exc:
             raise from_httpx(exc, req.ctx) from exc
         try:
@@ -546,9 +591,14 @@ class SyncTransport:
         )
 
     def close(self) -> None:
+        """Close every connection of the pool (those in use once their exchange ends);
+        requests waiting for one are resent on the pool's next transport."""
         with self._state:
             self._retired = True
-        self.client.close()
+        if self._http1 is not None:
+            self._http1.close()
+        if self._client is not None:
+            self._client.close()
 
 
 class _ReleasingStream(httpx.SyncByteStream):
