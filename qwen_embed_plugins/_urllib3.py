@@ -52,23 +52,14 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-import orjson
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import (
     ClosedPoolError,
-    ConnectTimeoutError,
     EmptyPoolError,
-    NewConnectionError,
-    ProtocolError,
-    ProxyError,
-    ReadTimeoutError,
 )
-from urllib3.exceptions import SSLError as Urllib3SSLError
-from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
 from urllib3.util.connection import is_connection_dropped
-from urllib3.util.ssl_match_hostname import CertificateError
 
 from ._http import httpx
 from .config import PoolKey, Timeouts
@@ -83,9 +74,8 @@ from .errors import (
     RemoteProtocolError,
     TransportError,
     WriteTimeout,
-    _tls_hint,
+    from_urllib3,
     pool_timeout_error,
-    scrub,
     total_timeout_error,
 )
 from .metrics import EndpointMetrics
@@ -98,10 +88,11 @@ from .transport import (
     Retired,
     _Body,
     _declared_too_big,
+    sdk_cap,
     ssl_context,
 )
 
-__all__ = ["HTTP1Pool", "from_urllib3"]
+__all__ = ["HTTP1Pool"]
 
 _SWEEP_EVERY = 1.0  # seconds between two sweeps of expired idle connections (at most)
 _HEAD_CACHE = 256  # request heads kept (one per method, URL and header set)
@@ -109,85 +100,6 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _BAD_VALUE = re.compile(r"[\r\n\x00]")
 _PATH_SAFE = "/%:@!$&'()*+,;=-._~?"
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
-
-
-# --------------------------------------------------------------------------- translation
-
-
-def from_urllib3(
-    exc: BaseException, ctx: ErrorContext, *, stage: str = "read", proxy: bool = False
-) -> TransportError:
-    """Translate an exception of the urllib3 / ``http.client`` / socket stack into this
-    library's tree (the blocking HTTP/1.1 transport's boundary; see ``from_httpx``).
-
-    Args:
-        exc: what the exchange raised.
-        ctx: how the error describes the endpoint.
-        stage: where it was raised: ``"connect"`` (TCP, TLS, proxy tunnel: nothing was
-            sent), ``"write"`` (sending the request) or ``"read"`` (waiting for or
-            reading the response). It tells the builtin ``TimeoutError`` / ``OSError``
-            apart, which carry no stage of their own.
-        proxy: the connection goes through a proxy (a failure while connecting is the
-            proxy's).
-    """
-    label = ctx.url
-    text = scrub(str(exc), _key(ctx)) or type(exc).__name__
-    if isinstance(exc, ProtocolError) and len(exc.args) > 1:
-        inner = exc.args[1]
-        if isinstance(inner, BaseException):
-            return from_urllib3(inner, ctx, stage=stage, proxy=proxy)
-    if isinstance(exc, EmptyPoolError):
-        return pool_timeout_error(ctx)
-    if isinstance(exc, ClosedPoolError):
-        return TransportError(f"the pool of {label} was closed: {text}", url=label, sent=False)
-    # urllib3's NewConnectionError subclasses ConnectTimeoutError (for compatibility):
-    # a refused connection is not a timeout.
-    timeout = isinstance(exc, TimeoutError | Urllib3TimeoutError) and not isinstance(
-        exc, NewConnectionError
-    )
-    if (isinstance(exc, ConnectTimeoutError) and timeout) or (timeout and stage == "connect"):
-        what = "connecting to the proxy of" if proxy else "connecting to"
-        return ConnectTimeout(
-            f"{what} {label} took longer than {ctx.connect} s (Timeouts.connect)", url=label
-        )
-    if isinstance(exc, ReadTimeoutError) or (timeout and stage == "read"):
-        return ReadTimeout(f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label)
-    if timeout and stage == "write":
-        return WriteTimeout(
-            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)", url=label
-        )
-    tls = isinstance(exc, ssl.SSLError | CertificateError | Urllib3SSLError)
-    if stage == "connect" or isinstance(exc, NewConnectionError | ProxyError):
-        hint = _tls_hint(text, label) if tls or "CERTIFICATE" in text else None
-        if hint is not None:
-            return hint
-        if proxy or isinstance(exc, ProxyError):
-            return ConnectError(f"the proxy for {label} failed: {text}", url=label)
-        return ConnectError(f"cannot connect to {label}: {text}", url=label)
-    if isinstance(exc, http.client.RemoteDisconnected):
-        return RemoteProtocolError(
-            f"{label} closed the connection: Server disconnected without sending a response",
-            url=label,
-        )
-    if isinstance(exc, http.client.HTTPException):
-        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label)
-    if isinstance(exc, OSError):
-        when = "sending the request" if stage == "write" else "reading the response"
-        return NetworkError(f"connection to {label} broke while {when}: {text}", url=label)
-    if isinstance(exc, ValueError | UnicodeError):
-        return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
-    return TransportError(f"request to {label} failed: {text}", url=label)
-
-
-def _key(ctx: ErrorContext) -> str | None:
-    """The API key to scrub (``ErrorContext.key()`` where the context holds a secret
-    object, the plain ``secret`` otherwise)."""
-    key = getattr(ctx, "key", None)
-    if callable(key):
-        value: str | None = key()
-        return value
-    secret: str | None = ctx.secret
-    return secret
 
 
 def _marked(error: TransportError, fresh: bool, received: bool = False) -> TransportError:
@@ -757,7 +669,7 @@ class HTTP1Pool:
         )
         body = request.read()
         headers = {k: v for k, v in request.headers.multi_items()}
-        req = Request(request.method, str(request.url), body, headers, t, None, _sdk_cap(body), ctx)
+        req = Request(request.method, str(request.url), body, headers, t, None, sdk_cap(body), ctx)
         gate = self._gate
         try:
             if gate is not None and not gate.acquire(t.pool):
@@ -786,19 +698,6 @@ class HTTP1Pool:
 
 
 _SDK_CAP_FLOOR = 8 << 20
-
-
-def _sdk_cap(body: bytes) -> int:
-    """The response size cap of an SDK request: from the number of inputs of an
-    embeddings request (each up to 8,192 float32 values as JSON floats, 32 bytes each),
-    at least 8 MiB. (The same rule as ``transport.sdk_cap`` on main.)"""
-    try:
-        data = orjson.loads(body) if body else None
-    except orjson.JSONDecodeError:
-        data = None
-    inputs = data.get("input") if isinstance(data, dict) else None
-    count = len(inputs) if isinstance(inputs, list) else 1
-    return max(_SDK_CAP_FLOOR, count * 8192 * 32 + 65_536)
 
 
 def _proxy_parts(proxy: str) -> tuple[str, dict[str, str]]:

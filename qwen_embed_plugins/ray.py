@@ -200,7 +200,8 @@ def _embed_skipping(
     good = [i for i, e in enumerate(errors) if e is None]
     if not good:
         return [], errors
-    result = client.embed_documents_array([texts[i] for i in good], on_error="skip")  # type: ignore[misc]
+    sendable = [str(texts[i]) for i in good]  # every one a str (checked above)
+    result = client.embed_documents_array(sendable, on_error="skip")
     for j, exc in result.errors.items():
         errors[good[j]] = _row_error(exc)
     if result.vectors.shape[1] == 0:  # every input failed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Iterator
 
 import numpy as np
@@ -74,18 +75,25 @@ def test_h2c_is_given_up_only_for_a_server_that_never_spoke_it() -> None:
 # --------------------------------------------------------------------------- proxies
 
 
-@pytest.fixture
-def proxy() -> Iterator[LoopbackProxy]:
-    with LoopbackProxy(aliases=(ALIAS,)) as p:
-        yield p
+@contextlib.contextmanager
+def server_behind_proxy(**settings: object) -> Iterator[tuple[EmbeddingServer, LoopbackProxy]]:
+    """A server and a proxy in front of it; on exit the client pools and the proxy (its
+    kept-alive upstream connections) close before the server does."""
+    with EmbeddingServer(**settings) as srv:  # type: ignore[arg-type]
+        try:
+            with LoopbackProxy(aliases=(ALIAS,)) as proxy:
+                try:
+                    yield srv, proxy
+                finally:
+                    q.close_all()
+        finally:
+            q.close_all()
 
 
-def test_env_proxy_is_used_by_sync_and_async_alike(
-    proxy: LoopbackProxy, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_env_proxy_is_used_by_sync_and_async_alike(monkeypatch: pytest.MonkeyPatch) -> None:
     """A host reachable only through the proxy: HTTP_PROXY routes both clients through it
     (the host name never resolves here), NO_PROXY exempts it, loopback is never proxied."""
-    with EmbeddingServer() as srv:
+    with server_behind_proxy() as (srv, proxy):
         remote = f"http://{ALIAS}:{srv.port}/v1"
         monkeypatch.setenv("HTTP_PROXY", proxy.url)
         monkeypatch.delenv("NO_PROXY", raising=False)
@@ -117,13 +125,10 @@ def test_env_proxy_is_used_by_sync_and_async_alike(
         explicit = q.EmbeddingClient(base_url=remote, proxy=proxy.url, trust_env=False)
         explicit.embed_query("explicit")
         assert proxy.requests == 3
-    q.close_all()
 
 
-def test_https_through_the_proxy_tunnels(
-    proxy: LoopbackProxy, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with EmbeddingServer(tls=True, tls_hostnames=(ALIAS,)) as srv:
+def test_https_through_the_proxy_tunnels(monkeypatch: pytest.MonkeyPatch) -> None:
+    with server_behind_proxy(tls=True, tls_hostnames=(ALIAS,)) as (srv, proxy):
         remote = f"https://{ALIAS}:{srv.port}/v1"
         monkeypatch.setenv("HTTPS_PROXY", proxy.url)
         sync = q.EmbeddingClient(base_url=remote, verify=str(srv.ca_cert_path))
@@ -132,4 +137,3 @@ def test_https_through_the_proxy_tunnels(
         asyncio.run(aclient.embed_query("tls two"))
         assert proxy.connects == 2
         assert srv.requests == 2
-    q.close_all()

@@ -1,0 +1,243 @@
+"""What servers say, as text: error bodies, stated limits, request ids, and the
+scrubbing of credentials from anything a server sends back.
+
+Pure functions with no I/O, used by ``errors.error_from_response`` (which builds the
+exceptions) and by the tools. Re-exported by ``errors``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import orjson
+
+__all__ = [
+    "endpoint_label",
+    "parse_batch_limit",
+    "parse_error_body",
+    "parse_token_limit",
+    "response_request_id",
+    "scrub",
+]
+
+
+def endpoint_label(url: str) -> str:
+    """``url`` reduced to scheme://host[:port]/path: no user info, query or fragment.
+
+    Used everywhere a URL reaches a message, a log line or a metric label.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "<invalid url>"
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6 literal
+        host = f"[{host}]"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    netloc = f"{host}:{port}" if port is not None else host
+    return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+_BEARER = re.compile(r"(?i)\b(bearer|basic|token)(\s+|%20|\+)([^\s\"',;&<>]{4,})")
+_SECRET_RUN = re.compile(r"[A-Za-z0-9_\-.~+/=:]{6,}")
+_MIN_ECHO = 8  # characters: a shorter piece of a key identifies nothing
+
+
+def _overlap(token: str, secret: str) -> tuple[int, int] | None:
+    """The span of ``token`` holding the longest piece of ``secret`` (case-insensitive)
+    when that piece is long enough to matter, else ``None``."""
+    t, k = token.lower(), secret.lower()
+    need = min(_MIN_ECHO, len(k))
+    if k in t:
+        i = t.index(k)
+        return i, i + len(k)
+    best: tuple[int, int] | None = None
+    # longest common substring, dynamic programming: tokens and keys are short
+    prev = [0] * (len(k) + 1)
+    longest = 0
+    for i in range(1, len(t) + 1):
+        cur = [0] * (len(k) + 1)
+        ti = t[i - 1]
+        for j in range(1, len(k) + 1):
+            if ti == k[j - 1]:
+                cur[j] = prev[j - 1] + 1
+                if cur[j] > longest:
+                    longest = cur[j]
+                    best = (i - longest, i)
+        prev = cur
+    return best if longest >= need else None
+
+
+def scrub(text: str, *secrets: str | None) -> str:
+    """``text`` with credentials replaced by ``***``.
+
+    Removes every ``Bearer``/``Basic``/``token`` value, and every echo of each secret:
+    exact, with its case changed, or truncated (any run of at least 8 characters of the
+    key, or the whole key when shorter). Applied to every server-supplied string
+    (bodies, header values, request ids) before it reaches an exception, a log line or
+    CLI output.
+    """
+    if not text:
+        return text
+    text = _BEARER.sub(lambda m: f"{m.group(1)}{m.group(2)}***", text)
+    keys = [k for k in secrets if k and len(k) >= 4]
+    if not keys:
+        return text
+    for key in keys:
+        if key in text:
+            text = text.replace(key, "***")
+
+    def mask(match: re.Match[str]) -> str:
+        token = match.group(0)
+        for key in keys:
+            while True:
+                span = _overlap(token, key)
+                if span is None:
+                    break
+                token = token[: span[0]] + "***" + token[span[1] :]
+        return token
+
+    return _SECRET_RUN.sub(mask, text)
+
+
+def parse_error_body(body: bytes | str | None) -> tuple[str, Any]:
+    """Extract ``(message, code)`` from an error body of any supported server.
+
+    Returns the raw text (truncated to 500 characters) when the body is not one of the
+    known JSON shapes, and ``""`` for an empty body.
+    """
+    if not body:
+        return "", None
+    raw = body if isinstance(body, str) else body.decode("utf-8", "replace")
+    try:
+        data = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return raw.strip()[:500], None
+    if isinstance(data, Mapping):
+        err = data.get("error")
+        if isinstance(err, Mapping):  # OpenAI / vLLM / DashScope / llama.cpp
+            return str(err.get("message") or err), err.get("code") or err.get("type")
+        if isinstance(err, str):  # TEI / Ollama
+            return err, data.get("error_type")
+        if "message" in data:  # SGLang flat, SiliconFlow {code, message}
+            return str(data["message"]), data.get("code")
+        detail = data.get("detail")
+        if detail is not None:  # FastAPI / Infinity
+            if isinstance(detail, list):
+                parts = []
+                for item in detail:
+                    if isinstance(item, Mapping):
+                        loc = ".".join(str(p) for p in item.get("loc", ()))
+                        parts.append(f"{loc}: {item.get('msg', item)}" if loc else str(item))
+                    else:
+                        parts.append(str(item))
+                return "; ".join(parts), None
+            return str(detail), None
+    return raw.strip()[:500], None
+
+
+_BATCH_LIMIT_PATTERNS = (
+    re.compile(r"maximum allowed batch size (?:is )?(\d+)", re.I),  # TEI, SiliconFlow
+    re.compile(r"should not be larger than (\d+)", re.I),  # DashScope
+    re.compile(r"input: List should have at most (\d+) items", re.I),  # Infinity (FastAPI 422)
+    re.compile(r"(?:batch|input)[^.]*?(?:at most|no more than|<=|maximum(?: of)?) (\d+)", re.I),
+    re.compile(r"(?:max(?:imum)?|limit)[ _]?(?:batch|inputs?)[^\d]{0,20}(\d+)", re.I),
+)
+_BATCH_WORDS = re.compile(
+    r"batch|too many (?:inputs|texts)|number of (?:inputs|texts)|input: List should have at most",
+    re.I,
+)
+_CONTEXT_WORDS = re.compile(
+    r"context length|maximum context|too long|exceeds? the max|max(?:imum)?[_ ]model[_ ]len"
+    r"|input (?:tokens|length)|token limit|must have less than",
+    re.I,
+)
+
+
+def parse_batch_limit(message: str) -> int | None:
+    """The server's maximum texts per request stated in ``message``, if any.
+
+    Recognises TEI ("batch size 64 > maximum allowed batch size 32"), DashScope
+    ("batch size is invalid, it should not be larger than 10") and similar wordings.
+    """
+    if not _BATCH_WORDS.search(message):
+        return None
+    for pattern in _BATCH_LIMIT_PATTERNS:
+        match = pattern.search(message)
+        if match:
+            limit = int(match.group(1))
+            return limit if limit > 0 else None
+    return None
+
+
+_TOKEN_WORDS = re.compile(
+    r"tokens?\b[^.]{0,40}\b(?:in|per|of)\s+(?:the\s+|this\s+)?(?:batch|request)"
+    r"|(?:batch|request)[^.]{0,40}\btokens?\b|too many tokens|total tokens|max_batch_tokens",
+    re.I,
+)
+_TOKEN_LIMIT_PATTERNS = (
+    re.compile(r"max(?:imum)?\s+is\s+(\d[\d,]*)", re.I),  # "Max is 16384 got 29000"
+    re.compile(r"max(?:imum)?\s+(?:of\s+)?(\d[\d,]*)\s+tokens", re.I),  # "max 300000 tokens"
+    re.compile(r"(\d[\d,]*)\s+tokens\s+per\s+(?:request|batch)", re.I),
+    re.compile(r"(?:limit|max(?:imum)?)[^\d]{0,30}(\d[\d,]*)", re.I),
+)
+
+
+def parse_token_limit(message: str) -> tuple[bool, int | None]:
+    """Whether ``message`` refuses a request for its total tokens, and the cap it states.
+
+    Recognises wordings such as "Too many tokens in batch. Max is 16384 got 29000"
+    (TEI-style), "Requested 320000 tokens, max 300000 tokens per request" (OpenAI) and
+    "total tokens of the batch exceed ...". A per-text context-length refusal ("This
+    model's maximum context length is 8192 tokens") is not one.
+
+    Returns:
+        ``(is_token_cap, cap or None)``.
+    """
+    if not _TOKEN_WORDS.search(message) or "context length" in message.lower():
+        return False, None
+    for pattern in _TOKEN_LIMIT_PATTERNS:
+        match = pattern.search(message)
+        if match:
+            value = int(match.group(1).replace(",", ""))
+            if value > 0:
+                return True, value
+    return True, None
+
+
+_REQUEST_ID_HEADERS = (
+    "x-request-id",
+    "request-id",
+    "x-dashscope-request-id",
+    "x-siliconcloud-trace-id",
+)
+
+
+def response_request_id(
+    headers: Mapping[str, str] | None, body: bytes | str | None = None, *, secret: str | None
+) -> str | None:
+    """The server's request id (``x-request-id`` and similar headers, or a body's
+    ``request_id``), scrubbed of credentials and cut to 128 characters; ``None`` if
+    absent."""
+    request_id: Any = None
+    if headers is not None:
+        for name in _REQUEST_ID_HEADERS:
+            if headers.get(name):
+                request_id = headers[name]
+                break
+    if request_id is None and body:
+        try:
+            data = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            data = None
+        if isinstance(data, Mapping):
+            request_id = data.get("request_id")
+    if not isinstance(request_id, str) or not request_id:
+        return None
+    return scrub(request_id, secret)[:128]
