@@ -314,7 +314,9 @@ def test_a_replica_failing_every_request_is_ejected_and_blames_no_input(
         texts = _texts(200, f"bad-{kind}")
         result = client.embed_documents(texts, on_error="skip")
         assert result.errors == {}, sorted(result.errors.items())[:3]
-        np.testing.assert_array_equal(np.asarray(result, dtype=np.float32), expected_embeddings(texts))
+        np.testing.assert_array_equal(
+            np.asarray(result, dtype=np.float32), expected_embeddings(texts)
+        )
         assert good.texts == len(texts)
         replica = next(
             r for r in balance.endpoint_for(client.config).replicas if r.url == bad.base_url
@@ -419,7 +421,8 @@ def test_server_is_identified_per_replica() -> None:
         np.testing.assert_array_equal(
             client.embed_documents_array(texts), expected_embeddings(texts)
         )
-        assert sglang.requests > 0 and vllm.requests > 0
+        assert sglang.requests > 0
+        assert vllm.requests > 0
         states = _states(client)
         assert states[sglang.base_url].profile.name == "sglang"
         assert states[vllm.base_url].profile.name == "vllm"
