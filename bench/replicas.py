@@ -118,6 +118,7 @@ def _run_scenario(
     servers: list[Any],
     texts: list[str],
     *,
+    latencies: list[float],
     batch: int,
     concurrency: int,
     per_replica: int | None,
@@ -139,7 +140,7 @@ def _run_scenario(
             cpu0, t0 = _cpu(), time.perf_counter()
             arr = run[variant](texts)
             wall, cpu = time.perf_counter() - t0, _cpu() - cpu0
-            latencies = list(handler.ms)
+            batch_ms = list(handler.ms)
             if r == 0:
                 np.testing.assert_array_equal(arr, expected_embeddings(texts))
             else:
@@ -152,15 +153,15 @@ def _run_scenario(
                     "texts_per_s": len(texts) / wall,
                     "wall_s": wall,
                     "client_cpu_s": cpu,
-                    "p50_batch_ms": _percentile(latencies, 50),
-                    "p99_batch_ms": _percentile(latencies, 99),
-                    "batches": len(latencies),
+                    "p50_batch_ms": _percentile(batch_ms, 50),
+                    "p99_batch_ms": _percentile(batch_ms, 99),
+                    "batches": len(batch_ms),
                     "batches_per_replica": per_server,
                 }
             )
             print(
                 f"{name} round {r + 1}/{rounds} {variant}: {len(texts) / wall:,.0f} texts/s, "
-                f"p99 {_percentile(latencies, 99):.1f} ms, batches per replica {per_server}",
+                f"p99 {_percentile(batch_ms, 99):.1f} ms, batches per replica {per_server}",
                 file=sys.stderr,
             )
     summary: dict[str, dict[str, Any]] = {}
@@ -176,14 +177,47 @@ def _run_scenario(
         "scenario": name,
         "per_replica_connections": per_replica,
         "concurrency": concurrency,
+        "ceiling_texts_per_s": ceilings(latencies, batch, concurrency, per_replica),
         "summary": summary,
         "rounds": samples,
     }
 
 
+def ceilings(
+    latencies: list[float], batch: int, concurrency: int, per_replica: int | None
+) -> dict[str, float]:
+    """Texts/s each variant would reach if the client cost nothing: the latency model's
+    bound (``latencies`` in seconds, the first replica is the single one).
+
+    Capped (``per_replica`` requests at once per replica): fewest-in-flight keeps every
+    replica at its cap, ``sum(k / latency)``; round-robin gives each replica the same
+    number of batches, so the slowest sets the pace, ``R * min(k / latency)``; a single
+    replica ``k / latency``. Uncapped: fewest-in-flight keeps ``C / R`` in flight on each,
+    ``sum(C / R / latency)``; round-robin, by Little's law, ``C / mean(latency)``; a
+    single replica ``C / latency``.
+    """
+    r = len(latencies)
+    if per_replica:
+        k = per_replica
+        rates = {
+            "fewest_in_flight": sum(k / lat for lat in latencies),
+            "round_robin": r * min(k / lat for lat in latencies),
+            "single": k / latencies[0],
+        }
+    else:
+        c = concurrency
+        rates = {
+            "fewest_in_flight": sum(c / r / lat for lat in latencies),
+            "round_robin": c / (sum(latencies) / r),
+            "single": c / latencies[0],
+        }
+    return {v: batch * rate for v, rate in rates.items()}
+
+
 def _table(result: dict[str, Any]) -> str:
     summary = result["summary"]
     rr = summary["round_robin"]
+    ceiling = result["ceiling_texts_per_s"]
     rows = []
     for variant in VARIANTS:
         s = summary[variant]
@@ -193,6 +227,7 @@ def _table(result: dict[str, Any]) -> str:
                 f"{s['texts_per_s'] / rr['texts_per_s']:.2f}x",
                 f"{s['p99_batch_ms'] / rr['p99_batch_ms']:.2f}x",
                 s["texts_per_s"],
+                f"{s['texts_per_s'] / ceiling[variant]:.0%} of {ceiling[variant]:,.0f}",
                 s["p99_batch_ms"],
                 s["p50_batch_ms"],
                 " / ".join(f"{b:.0f}" for b in s["batches_per_replica"]),
@@ -205,6 +240,7 @@ def _table(result: dict[str, Any]) -> str:
             "texts/s vs round-robin",
             "p99 batch latency vs round-robin",
             "texts/s",
+            "of the latency bound",
             "p99 batch ms",
             "p50 batch ms",
             "batches: fast / fast / slow",
@@ -252,6 +288,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "capped",
                 servers,
                 texts,
+                latencies=latencies,
                 batch=args.batch,
                 concurrency=concurrency,
                 per_replica=args.per_replica,
@@ -262,6 +299,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 "uncapped",
                 servers,
                 texts,
+                latencies=latencies,
                 batch=args.batch,
                 concurrency=concurrency,
                 per_replica=None,
