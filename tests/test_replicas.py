@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import signal
 import threading
@@ -323,6 +324,80 @@ def test_a_replica_failing_every_request_is_ejected_and_blames_no_input(
         )
         assert replica.ejections >= 1
         assert replica.state(client.config.model or "").batch_limit is None
+
+
+@pytest.mark.parametrize(
+    ("kind", "params"),
+    [
+        ("status", {"status": 503}),
+        ("status", {"status": 502}),
+        ("delay", {"seconds": 30.0}),
+        ("close", {}),
+        ("reset", {"after_bytes": 0}),
+    ],
+    ids=["503", "502", "read-timeout", "close", "reset"],
+)
+def test_a_batch_whose_replica_failed_is_resent_on_another_at_once(
+    kind: str, params: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 15: "a batch whose replica failed is resent on another at once". Every
+    retry of a batch that failed on the bad replica, while the good one is available,
+    goes without a backoff wait (the library logs each retry with its wait)."""
+    caplog.set_level(logging.WARNING, logger="qwen_embed_plugins")
+    with _servers({"latency": 0.005}, {"latency": 0.005}) as (bad, good):
+        bad.inject(kind, count=100_000, **params)
+        client = q.EmbeddingClient(
+            base_url=[bad.base_url, good.base_url],
+            batch_size=10,
+            max_concurrency=4,
+            retry=q.RetryConfig(backoff_initial=1.0, backoff_max=1.0, circuit_cooldown=60.0),
+            timeout=q.Timeouts(read=1.0),
+        )
+        texts = _texts(100, f"at-once-{kind}")
+        result = client.embed_documents(texts, on_error="skip")
+        np.testing.assert_array_equal(
+            np.asarray(result, dtype=np.float32), expected_embeddings(texts)
+        )
+    waits = [
+        (r.args[1], r.args[2])
+        for r in caplog.records
+        if isinstance(r.args, tuple)
+        and r.msg.startswith("retrying")
+        and r.args[0] == _label(bad.base_url)
+    ]
+    assert waits, "the bad replica's failures were not retried"
+    assert all(wait == 0.0 for _, wait in waits), waits
+
+
+def test_an_ejected_replica_is_probed_by_one_request_at_a_time() -> None:
+    """After the cool-down one request probes the ejected replica; the other batches
+    keep going to the healthy one until the probe is answered."""
+    with _servers({"latency": 0.005}, {"latency": 0.02}) as (bad, good):
+        bad.inject("delay", seconds=0.8, count=100_000)  # each request hangs past read=0.5
+        client = q.EmbeddingClient(
+            base_url=[bad.base_url, good.base_url],
+            batch_size=10,
+            max_concurrency=4,
+            retry=FAST.replace(circuit_cooldown=1.0),
+            timeout=q.Timeouts(read=0.5),
+        )
+        texts = _texts(400, "probe-once")
+        np.testing.assert_array_equal(
+            client.embed_documents_array(texts), expected_embeddings(texts)
+        )
+        replica = next(
+            r for r in balance.endpoint_for(client.config).replicas if r.url == bad.base_url
+        )
+        assert replica.ejections >= 1
+        while bad.stats()["in_flight"]:  # the hung requests end on the server's side
+            time.sleep(0.01)
+        bad.reset_counters()
+        time.sleep(max(0.0, replica.ejected_until - time.monotonic()))  # the cool-down
+        np.testing.assert_array_equal(
+            client.embed_documents_array(texts), expected_embeddings(texts)
+        )
+        assert bad.requests >= 1  # it was probed
+        assert bad.stats()["max_in_flight"] == 1, bad.stats()
 
 
 # --------------------------------------------------------------------------- all down
