@@ -549,6 +549,47 @@ def test_base64_refusal_is_learned_for_that_replica_only(monkeypatch: pytest.Mon
         assert refusals <= 3  # learned at once, not once per batch
 
 
+class _Base64BreaksDialect(testing.SGLangDialect):
+    """A server whose base64 path is broken: 500 for base64, float works."""
+
+    name: ClassVar[str] = "sglang-base64-500"
+
+    def encoding(self, value: Any) -> Any:
+        if value == "base64":
+            return self.error(500, "Internal Server Error", err_type="InternalServerError")
+        return super().encoding(value)
+
+
+def test_base64_failure_is_pinned_on_the_replica_that_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A 500 with base64 that a float resend does not reproduce teaches *that* replica
+    to use float: the float resend goes to the same replica, and a healthy replica that
+    happens to answer it is not taught anything."""
+    monkeypatch.setitem(testing.DIALECTS, _Base64BreaksDialect.name, _Base64BreaksDialect)
+    # The broken replica is slower: after its 500 the healthy one has the lower latency
+    # EWMA, so a resend left to the balancer goes there.
+    with _servers({"dialect": _Base64BreaksDialect.name, "latency": 0.3}, {"latency": 0.005}) as (
+        broken,
+        healthy,
+    ):
+        client = q.EmbeddingClient(
+            base_url=[broken.base_url, healthy.base_url],
+            batch_size=8,
+            max_concurrency=1,
+            retry=FAST,
+        )
+        texts = _texts(80, "b64-500")
+        np.testing.assert_array_equal(
+            client.embed_documents_array(texts), expected_embeddings(texts)
+        )
+        assert broken.texts > 0  # it took batches, in float
+        states = _states(client)
+        assert states[broken.base_url].base64_ok is False
+        assert states[healthy.base_url].base64_ok is True
+        assert "float_encoding" not in q.stats()[_label(healthy.base_url)]["fallbacks"]
+
+
 def test_dimensions_fallback_is_learned_per_replica() -> None:
     with _servers({"matryoshka": True, "latency": 0.005}, {"latency": 0.005}) as (mrl, plain):
         client = q.EmbeddingClient(
