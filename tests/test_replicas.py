@@ -100,6 +100,23 @@ def test_list_and_env_name_one_endpoint_in_any_order(
     assert set(pair.replicas) < set(endpoint.replicas)
 
 
+def test_each_configs_breaker_settings_apply_to_shared_replicas() -> None:
+    """Equal lists share replicas (pools, health, learned state), but the breaker
+    settings are each config's own: a client with ``circuit_cooldown=0.5`` must not get
+    the cool-down of whichever config named these replicas first."""
+    urls = ["http://127.0.0.1:9/v1", "http://127.0.0.1:7/v1"]  # never contacted
+    slow = q.EmbeddingConfig(
+        base_url=urls, retry=q.RetryConfig(circuit_cooldown=30.0, circuit_open_after=20.0)
+    )
+    quick = q.EmbeddingConfig(
+        base_url=urls, retry=q.RetryConfig(circuit_cooldown=0.5, circuit_open_after=1.0)
+    )
+    first, second = balance.endpoint_for(slow), balance.endpoint_for(quick)
+    assert set(first.replicas) == set(second.replicas)  # the same process-wide replicas
+    assert (first.cooldown, first.open_after) == (30.0, 20.0)
+    assert (second.cooldown, second.open_after) == (0.5, 1.0)
+
+
 def test_clients_of_equal_lists_share_pools(trio: list[EmbeddingServer]) -> None:
     urls = [s.base_url for s in trio]
     first = q.EmbeddingClient(base_url=urls, batch_size=4)
