@@ -193,18 +193,20 @@ class Engine:
         return fmt, servers.wire_dimensions(profile, want, self.model)
 
     def batch_limits(self) -> tuple[int | None, int | None]:
-        """The smallest known (texts, tokens) per request over the replicas: server
-        profiles and learned limits, so a plan can respect them up front."""
-        count: int | None = None
-        tokens = self.config.max_batch_tokens
-        assert tokens is None or isinstance(tokens, int)
+        """The (texts, tokens) per request a plan can respect up front: the most capable
+        replica's known limits (server profiles, learned limits); a batch sent to a more
+        limited replica is split there."""
+        counts: list[int | None] = []
+        token_caps: list[int | None] = []
+        configured = self.config.max_batch_tokens
         for replica in self.endpoint.replicas:
             state = replica.state(self.model)
-            for limit in (state.batch_limit, self.profile(replica, state).batch_limit):
-                if limit is not None and (count is None or limit < count):
-                    count = limit
-            if state.token_limit is not None and (tokens is None or state.token_limit < tokens):
-                tokens = state.token_limit
+            limits = [x for x in (state.batch_limit, self.profile(replica, state).batch_limit) if x]
+            counts.append(min(limits) if limits else None)
+            caps = [x for x in (state.token_limit, configured) if x]
+            token_caps.append(min(caps) if caps else None)
+        count = None if None in counts else max(c for c in counts if c is not None)
+        tokens = None if None in token_caps else max(t for t in token_caps if t is not None)
         return count, tokens
 
     def max_bytes(self, texts: int, state: ReplicaState) -> int:
@@ -367,13 +369,18 @@ class Engine:
         policy = self.config.retry
         rs = RetryState(policy=policy, started=call.started, deadline=call.deadline)
         avoid: Replica | None = None
+        failed_on: dict[Replica, QwenEmbedError] = {}  # where this batch failed, maybe their fault
+        pin: Replica | None = None  # the float retry of a base64 500 goes to the same replica
+        multi = len(self.endpoint.replicas) > 1
         force_float = False
         tried_float = False
         moved_prefix = False
         attempt = 0
         while True:
             attempt += 1
-            replica = self.endpoint.choose(avoid)
+            replica = pin if pin is not None else self.endpoint.choose(list(failed_on) or avoid)
+            pin = None
+            probe = replica.probing  # chosen as the probe of an ejected replica
             state = replica.state(self.model)
             profile = self.profile(replica, state)
             limit = state.batch_limit
@@ -425,6 +432,9 @@ class Engine:
                         else:
                             outcome = "ok"
                             replica.succeeded(time.perf_counter() - started)
+                            for other, why in failed_on.items():
+                                if other is not replica:  # it failed where this one did not
+                                    self.endpoint.failed(other, why, health=True)
                             if fmt == "base64":
                                 state.base64_ok = True
                             elif force_float:
@@ -439,6 +449,8 @@ class Engine:
                             return rows, sq, bad_rows(sq), replica, state, dims
             finally:
                 replica.end()
+                if probe:
+                    replica.probing = False
                 elapsed = time.perf_counter() - started
                 metrics.request_finished(outcome, elapsed, len(texts) if outcome == "ok" else 0)
                 if _log.isEnabledFor(logging.DEBUG):
@@ -453,7 +465,11 @@ class Engine:
             # ---- a failed attempt
             assert error is not None
             self.endpoint.failed(replica, error)
-            if isinstance(error, HTTPStatusError) and not is_health_failure(error):
+            if (
+                isinstance(error, HTTPStatusError)
+                and not is_health_failure(error)
+                and not (multi and isinstance(error, ServerError))
+            ):
                 replica.succeeded(time.perf_counter() - started)  # it answered: alive
             if (
                 isinstance(error, TransportError)
@@ -492,14 +508,33 @@ class Engine:
                 and not tried_float
             ):
                 tried_float = force_float = True  # does float work where base64 failed?
+                pin = replica  # on the same replica
                 continue
             if force_float:
                 force_float = False  # float failed too: base64 is not the cause
             if (
+                multi
+                and _replica_suspect(error)
+                and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
+            ):
+                failed_on.setdefault(replica, error)
+                now = time.monotonic()
+                left = call.remaining()
+                if (left is None or left > 0) and any(
+                    r not in failed_on and r.available(now) for r in self.endpoint.replicas
+                ):
+                    self._on_retry(replica, error, 0.0)
+                    continue  # the batch may be fine: resend it on another replica at once
+            if (
                 (bisectable or bisecting)
                 and _maybe_input(error)
                 and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
-                and (rs.attempts >= 1 or bisecting or classify(error) == "fatal")
+                and (
+                    rs.attempts >= 1
+                    or bisecting
+                    or classify(error) == "fatal"
+                    or len(failed_on) >= 2
+                )
             ):
                 # failed again (a transient fault rarely repeats): one of the inputs,
                 # or the batch's size, is the likelier cause: bisect (or, for a single
@@ -509,6 +544,8 @@ class Engine:
             delay = rs.next_delay(error, now=time.monotonic(), fresh_connection=fresh)
             if delay is None:
                 error._replica = replica  # type: ignore[attr-defined]
+                if multi and classify(error) != "fatal":
+                    self._name_every_replica(error)
                 raise error
             if classify(error) == "outage" and len(self.endpoint.replicas) > 1:
                 avoid = replica
@@ -520,6 +557,14 @@ class Engine:
             self._on_retry(replica, error, delay)
             if delay > 0:
                 yield Sleep(delay)
+
+    def _name_every_replica(self, error: QwenEmbedError) -> None:
+        """Say in ``error`` what every replica of the endpoint last failed with."""
+        failures = {r.label: r.last_error for r in self.endpoint.replicas if r.last_error}
+        if failures:
+            said = "; ".join(f"{label}: {err}" for label, err in failures.items())
+            error.args = (f"{error.args[0]} (every replica failed; last failures: {said})",)
+            error.failures = failures  # type: ignore[attr-defined]
 
     def batch_flow(
         self,
@@ -867,6 +912,14 @@ def _pin(exc: QwenEmbedError, index: int) -> None:
         and "input index" not in text
     ):
         exc.args = (f"{text} [input index {index} of this call]",)
+
+
+def _replica_suspect(exc: BaseException) -> bool:
+    """A failure the replica may have caused rather than the batch: worth one resend on
+    another replica before anything else (connection errors and drops, timeouts, 5xx)."""
+    if isinstance(exc, ServerError):
+        return True
+    return isinstance(exc, TransportError) and classify(exc) in ("outage", "transient")
 
 
 def _maybe_input(exc: BaseException) -> bool:

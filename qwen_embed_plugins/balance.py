@@ -23,7 +23,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,9 +119,12 @@ class Replica:
                 self.ejected_until = 0.0
                 self.probing = False
 
-    def failed(self, exc: BaseException, *, eject_after: int, cooldown: float) -> None:
-        """A request failed; health failures may eject the replica."""
-        if not is_health_failure(exc):
+    def failed(
+        self, exc: BaseException, *, eject_after: int, cooldown: float, health: bool = False
+    ) -> None:
+        """A request failed; health failures may eject the replica. ``health``: count it
+        as one whatever its kind (the same batch then succeeded on another replica)."""
+        if not (health or is_health_failure(exc)):
             return
         now = time.monotonic()
         with self._lock:
@@ -157,7 +160,7 @@ class Replica:
 
 _registry_lock = threading.Lock()
 _replicas: dict[PoolKey, Replica] = {}
-_endpoints: dict[tuple[PoolKey, ...], Endpoint] = {}
+_endpoints: dict[tuple[tuple[PoolKey, ...], tuple[float, ...]], Endpoint] = {}
 
 
 def replica_for(key: PoolKey) -> Replica:
@@ -228,7 +231,7 @@ class Endpoint:
         )
         raise error from last
 
-    def choose(self, avoid: Replica | None = None) -> Replica:
+    def choose(self, avoid: Replica | Collection[Replica] | None = None) -> Replica:
         """The replica for the next request: available ones first, fewest in flight,
         then lowest latency EWMA, then in turn; ``avoid`` (the one that just failed) only
         when no other is available. With every replica ejected, the one whose cooldown
@@ -242,25 +245,28 @@ class Endpoint:
         now = time.monotonic()
         turn = next(self._turn)
         n = len(self.replicas)
+        avoided: Collection[Replica] = (
+            () if avoid is None else (avoid,) if isinstance(avoid, Replica) else avoid
+        )
         best: Replica | None = None
         best_rank: tuple[float, float, int] | None = None
         for offset in range(n):
             replica = self.replicas[(turn + offset) % n]
-            if replica is avoid or not replica.available(now):
-                continue
+            if replica in avoided or not replica.available(now) or replica.probing:
+                continue  # a replica being probed takes no other request meanwhile
             rank = (replica.in_flight, replica.ewma or 0.0, offset)
             if best_rank is None or rank < best_rank:
                 best, best_rank = replica, rank
         if best is None:
-            candidates = [r for r in self.replicas if r is not avoid] or list(self.replicas)
+            candidates = [r for r in self.replicas if r not in avoided] or list(self.replicas)
             best = min(candidates, key=lambda r: r.ejected_until)
         if best.ejected_until and best.ejected_until <= now:
             with best._lock:
                 best.probing = True
         return best
 
-    def failed(self, replica: Replica, exc: BaseException) -> None:
-        replica.failed(exc, eject_after=self.eject_after, cooldown=self.cooldown)
+    def failed(self, replica: Replica, exc: BaseException, *, health: bool = False) -> None:
+        replica.failed(exc, eject_after=self.eject_after, cooldown=self.cooldown, health=health)
 
     def p95(self) -> float | None:
         """The endpoint's recent 95th-percentile latency (seconds), over its replicas."""
@@ -269,19 +275,28 @@ class Endpoint:
 
 
 def endpoint_for(config: EmbeddingConfig) -> Endpoint:
-    """The process-wide ``Endpoint`` of ``config``'s replicas (equal lists share it)."""
+    """The process-wide ``Endpoint`` of ``config``'s replicas (equal lists share it;
+    configs with other breaker settings get their own ``Endpoint`` over the same
+    process-wide replicas)."""
     keys = tuple(config.pool_key_for(url) for url in config.replicas)
-    found = _endpoints.get(keys)
+    retry = config.retry
+    eject_after = 3 if len(keys) > 1 else max(1, retry.circuit_failure_threshold)
+    settings = (
+        eject_after,
+        retry.circuit_cooldown,
+        retry.circuit_open_after,
+        retry.circuit_failure_threshold,
+    )
+    found = _endpoints.get((keys, settings))
     if found is not None:
         return found
-    retry = config.retry
     replicas = [replica_for(k) for k in keys]
     with _registry_lock:
-        found = _endpoints.get(keys)
+        found = _endpoints.get((keys, settings))
         if found is None:
-            found = _endpoints[keys] = Endpoint(
+            found = _endpoints[(keys, settings)] = Endpoint(
                 replicas,
-                eject_after=3 if len(keys) > 1 else max(1, retry.circuit_failure_threshold),
+                eject_after=eject_after,
                 cooldown=retry.circuit_cooldown,
                 open_after=retry.circuit_open_after,
                 threshold=retry.circuit_failure_threshold,
