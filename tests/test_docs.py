@@ -121,6 +121,7 @@ def test_snippet_runs(snippet: Snippet, srv: EmbeddingServer) -> None:
     _assert_documented_output(snippet, printed)
 
 
+@pytest.mark.unit
 def test_not_run_snippets_compile() -> None:
     for snippet in ALL:
         if snippet.not_run is not None:
@@ -128,6 +129,7 @@ def test_not_run_snippets_compile() -> None:
             compile(snippet.code, snippet.id, "exec")
 
 
+@pytest.mark.unit
 def test_snippet_inventory() -> None:
     files = {s.path for s in ALL}
     for name in ("README.md", "docs/index.md", "docs/metrics.md", "docs/errors.md"):
@@ -139,12 +141,14 @@ def test_snippet_inventory() -> None:
         assert doc.name in runner, f"{test.name} no longer runs {doc.name}"
 
 
+@pytest.mark.unit
 def test_output_check_catches_a_wrong_comment() -> None:
     wrong = Snippet(ROOT / "README.md", 1, "print(1 + 1)  # 3\n", None)
     with pytest.raises(AssertionError, match="expected a printed line '3'"):
         _assert_documented_output(wrong, "2\n")
 
 
+@pytest.mark.unit
 def test_placeholder_hosts_are_rewritten() -> None:
     code = 'a = "http://gpu-box:30000/v1"\nb = "https://embed.example.org/v1"\n'
     assert _PLACEHOLDER_URL.sub("http://127.0.0.1:1/v1", code) == (

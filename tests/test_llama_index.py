@@ -190,6 +190,7 @@ class TestConformance:
 # --------------------------------------------------------------------------- idioms
 
 
+@pytest.mark.unit
 def test_lazy_import_and_class_name() -> None:
     assert q.QwenPooledEmbedding is QwenPooledEmbedding
     assert QwenPooledEmbedding.class_name() == "QwenPooledEmbedding"
@@ -203,6 +204,7 @@ def test_constructing_opens_nothing() -> None:
     assert model.config.endpoint not in pool_stats()
 
 
+@pytest.mark.unit
 def test_fields_map_onto_the_core_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QWEN_EMBED_BASE_URL", "http://127.0.0.1:9/v1/")
     monkeypatch.setenv(API_KEY_ENV, SECRET)
@@ -245,6 +247,7 @@ def test_fields_map_onto_the_core_config(monkeypatch: pytest.MonkeyPatch) -> Non
     assert model.config.batch_size == 11
 
 
+@pytest.mark.unit
 def test_invalid_settings() -> None:
     with pytest.raises(ConfigError, match="base_url"):
         QwenPooledEmbedding(base_url="ftp://example.org")
@@ -257,6 +260,7 @@ def test_invalid_settings() -> None:
         QwenPooledEmbedding(base_url="http://127.0.0.1:9/v1", no_such_field=1)  # type: ignore[call-arg]
 
 
+@pytest.mark.unit
 def test_to_dict_round_trip_never_holds_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     model = QwenPooledEmbedding(
@@ -311,6 +315,7 @@ def test_pickle_drops_the_key_and_reattaches_to_the_pool(
             keyless.get_text_embedding("no key")
 
 
+@pytest.mark.unit
 def test_pickling_skips_unpicklable_fields_without_touching_the_original() -> None:
     class LockedHandler(LlamaDebugHandler):
         def __init__(self) -> None:

@@ -6,7 +6,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import qwen_embed_plugins as q
+
+pytestmark = pytest.mark.unit  # no server, no socket
 
 
 def test_all_is_exactly_the_public_api() -> None:

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -68,20 +69,26 @@ async def test_soak_async_with_random_faults(srv: EmbeddingServer) -> None:
     _soak_check(srv, arr, client.config.endpoint, before)
 
 
-def test_server_down_two_seconds_mid_run() -> None:
+def test_server_down_two_seconds_mid_run(wait_until: Any) -> None:
     with EmbeddingServer(latency=0.002) as srv:
         client = q.EmbeddingClient(
             base_url=srv.base_url, retry=BATCH_RETRY, batch_size=16, max_concurrency=2
         )
-        restarter = threading.Timer(0.3, lambda: srv.restart(downtime=2.0))
+        retries_before = _retries(client.config.endpoint)
+
+        def outage() -> None:  # once the run is under way (250 requests in all)
+            wait_until(lambda: srv.requests >= 10, "the run to reach the server")
+            srv.restart(downtime=2.0)
+
+        restarter = threading.Thread(target=outage)
         restarter.start()
-        started = time.monotonic()
         try:
             arr = client.embed_documents_array(SOAK_TEXTS[:4000])
         finally:
             restarter.join()
-        assert time.monotonic() - started >= 2.0  # the outage really happened mid-run
         np.testing.assert_array_equal(arr, expected_embeddings(SOAK_TEXTS[:4000]))
+        # the outage really happened mid-run: requests failed and were retried
+        assert _retries(client.config.endpoint) > retries_before
 
 
 def test_rate_limit_retry_after_is_honoured(srv: EmbeddingServer) -> None:
@@ -153,16 +160,41 @@ def test_circuit_breaker_fails_fast_on_dead_endpoint() -> None:
     client = q.EmbeddingClient(
         base_url=url,
         retry=q.RetryConfig(
-            max_attempts=2, backoff_initial=0.01, circuit_failure_threshold=4, circuit_cooldown=30.0
+            max_attempts=2,
+            backoff_initial=0.01,
+            circuit_failure_threshold=4,
+            circuit_cooldown=600.0,  # no probe while the test runs, however slow the machine
         ),
     )
     for _ in range(2):
         with pytest.raises(q.ConnectError, match="cannot connect"):
             client.embed_query("down")
-    started = time.monotonic()
-    with pytest.raises(q.CircuitOpenError, match="circuit open"):
+    with pytest.raises(q.CircuitOpenError, match="4 consecutive failed requests"):
         client.embed_query("down")
-    assert time.monotonic() - started < 0.1
+
+
+def test_open_circuit_sends_nothing() -> None:
+    """Failing fast means no request leaves: counted on the server, not timed."""
+    with EmbeddingServer() as srv:  # its own endpoint: a breaker of its own
+        srv.inject_status(503, count=4)
+        client = q.EmbeddingClient(
+            base_url=srv.base_url,
+            retry=q.RetryConfig(
+                max_attempts=2,
+                backoff_initial=0.01,
+                circuit_failure_threshold=4,
+                circuit_cooldown=600.0,
+            ),
+        )
+        for _ in range(2):
+            with pytest.raises(q.ServerError):
+                client.embed_query("down")
+        assert srv.requests == 4
+        with pytest.raises(q.CircuitOpenError, match="circuit open") as info:
+            client.embed_query("healthy again, but the circuit is open")
+        assert info.value.retry_in > 0
+        assert srv.requests == 4  # nothing was sent
+        assert srv.stats()["faults_pending"] == 0
 
 
 def test_batch_too_large_is_split_and_remembered() -> None:
@@ -181,7 +213,7 @@ def test_batch_too_large_is_split_and_remembered() -> None:
 
 def test_distinct_timeouts() -> None:
     with EmbeddingServer() as srv:
-        srv.inject("delay", seconds=1.0)
+        srv.inject("delay", seconds=600.0)  # ended when the server stops, below
         slow = q.EmbeddingClient(
             base_url=srv.base_url,
             timeout=q.Timeouts(read=0.2),
@@ -195,18 +227,34 @@ def test_distinct_timeouts() -> None:
         dead.embed_query("nobody home")
 
 
-def test_pool_timeout_is_its_own_error() -> None:
-    with EmbeddingServer(latency=0.5) as srv:
+def test_pool_timeout_is_its_own_error(wait_until: Any) -> None:
+    with EmbeddingServer() as srv:
+        srv.inject("delay", seconds=600.0)  # the holder's request, until we drop it
         client = q.EmbeddingClient(
             base_url=srv.base_url,
             limits=q.Limits(max_connections=1),
             timeout=q.Timeouts(pool=0.1),
             retry=q.RetryConfig(max_attempts=1),
-            batch_size=1,
-            max_concurrency=2,
         )
-        with pytest.raises(q.PoolTimeout, match=r"Timeouts\.pool"):
+        held: list[BaseException] = []
+
+        def hold() -> None:
+            try:
+                client.embed_query("holder")
+            except q.QwenEmbedError as exc:
+                held.append(exc)
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        wait_until(lambda: srv.requests == 1, "the holder's request to reach the server")
+        with pytest.raises(q.PoolTimeout, match=r"Timeouts\.pool") as info:
             client.embed_documents(["a", "b"])
+        assert isinstance(info.value, q.TimeoutException)
+        assert not isinstance(info.value, q.ReadTimeout | q.ConnectTimeout)
+        srv.close_connections()  # the holder fails and frees the slot
+        holder.join()
+        assert len(held) == 1  # the holder failed when its connection was dropped
+        assert srv.requests == 1
 
 
 async def test_no_pool_timeout_under_500_concurrent_calls() -> None:

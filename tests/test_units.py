@@ -14,6 +14,8 @@ import qwen_embed_plugins as q
 from qwen_embed_plugins import errors, protocol, retry
 from qwen_embed_plugins.config import EmbeddingConfig, Limits, RetryConfig, Timeouts
 
+pytestmark = pytest.mark.unit  # no server, no socket
+
 # ----------------------------------------------------------------------------- config
 
 
