@@ -19,6 +19,9 @@ import pytest
 if TYPE_CHECKING:
     from qwen_embed_plugins.testing import EmbeddingServer
 
+SERVER_FIXTURES = frozenset({"embedding_server", "server", "srv", "realserver"})
+"""Fixtures that start a server: a ``unit`` test may not use them."""
+
 WAIT_GUARD_S = 120.0
 """How long ``wait_until`` waits before failing: a guard against a hang, not a speed
 requirement (a condition that holds after 0.01 s on an idle machine may take seconds on a
@@ -37,6 +40,9 @@ def _no_network_in_unit_tests(request: pytest.FixtureRequest) -> Iterator[None]:
     if request.node.get_closest_marker("unit") is None:
         yield
         return
+    servers = sorted(set(request.fixturenames) & SERVER_FIXTURES)
+    if servers:
+        pytest.fail(f"a test marked 'unit' uses server fixtures {servers}", pytrace=False)
     real_connect, real_connect_ex, real_bind = (
         socket.socket.connect,
         socket.socket.connect_ex,
@@ -46,6 +52,7 @@ def _no_network_in_unit_tests(request: pytest.FixtureRequest) -> Iterator[None]:
     def guard(real: Callable[..., Any]) -> Callable[..., Any]:
         def call(sock: socket.socket, *args: Any) -> Any:
             if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.close()  # the test fails anyway; no unclosed-socket warning on top
                 raise AssertionError(
                     f"a test marked 'unit' used the network ({real.__name__}{args!r}); "
                     "drop the marker or the network use"

@@ -607,6 +607,7 @@ async def _openai_embeddings(srv: EmbeddingServer) -> dict[str, Any]:
     return {"server": srv.connections_opened, "requests": srv.requests, "seconds": elapsed}
 
 
+@pytest.mark.slow  # ~25-50 s on a loaded 2-core machine; CI runs it
 async def test_twenty_instances_share_a_bounded_pool(srv: EmbeddingServer) -> None:
     ours = await _ours(srv)
     theirs = await _openai_embeddings(srv)

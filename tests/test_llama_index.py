@@ -474,6 +474,7 @@ def test_asyncio_run_twice_on_one_instance(model: QwenPooledEmbedding) -> None:
     np.testing.assert_array_equal(as_array(query), query_vector("loop query"))
 
 
+@pytest.mark.slow  # ~25-50 s on a loaded 2-core machine; CI runs it
 def test_async_fan_out_is_bounded_vs_openai_like(srv: EmbeddingServer) -> None:
     from llama_index.embeddings.openai_like import (  # type: ignore[import-untyped]
         OpenAILikeEmbedding,

@@ -611,6 +611,7 @@ def _retrieval_corpus(corpus: dict[str, Any]) -> tuple[list[str], list[str], lis
     return passages, [qq for qq, _ in corpus["pairs"]], answers
 
 
+@pytest.mark.slow  # ~25-50 s on a loaded 2-core machine; CI runs it
 def test_retrieval_langchain_in_memory_vector_store(
     realserver: Any,
     corpus: dict[str, Any],
@@ -643,6 +644,7 @@ def test_retrieval_langchain_in_memory_vector_store(
     assert async_hits == len(queries)
 
 
+@pytest.mark.slow  # ~25-50 s on a loaded 2-core machine; CI runs it
 def test_retrieval_llama_index_vector_store_index(
     realserver: Any,
     corpus: dict[str, Any],
