@@ -294,6 +294,7 @@ def test_http2_over_tls_is_negotiated() -> None:
             max_concurrency=4,
         )
         texts = SOAK_TEXTS[:64]
+        retries_before = _retries(client.config.endpoint)
         try:
             arr = client.embed_documents_array(texts)
             shared = pool.get_sync_client(client.config.pool_key)
@@ -302,9 +303,12 @@ def test_http2_over_tls_is_negotiated() -> None:
             q.close_all()  # let the server shut down without waiting for our connections
         np.testing.assert_array_equal(arr, expected_embeddings(texts))
         assert version == "HTTP/2"
-        # 16 requests multiplexed: at most one connection per batch racing the first h2
-        # handshake (httpcore opens them before it knows the server speaks h2)
-        assert srv.requests == 16
+        # 16 batches: a request resent after its connection was dropped (seen once on a
+        # loaded machine: "Server disconnected", retried) reached the server twice and is
+        # counted by the client as a retry; nothing else is sent twice
+        assert srv.requests == 16 + _retries(client.config.endpoint) - retries_before
+        # multiplexed: at most one connection per batch racing the first h2 handshake
+        # (httpcore opens them before it knows the server speaks h2)
         assert srv.connections_opened <= 4
 
 
