@@ -276,10 +276,17 @@ async def test_dimensions_async(realserver: Any, corpus: dict[str, Any]) -> None
 # --------------------------------------------------------------------------- keep-alive
 
 
-def _server_closed_our_socket(realserver: Any, tcp_count: Any) -> Callable[[], bool]:
-    """True once this process holds no ESTABLISHED socket to the server (it closed its
-    side after its keep-alive: ours sits in CLOSE_WAIT or is gone)."""
-    return lambda: tcp_count(realserver.port, states=("01",)) == 0
+def _no_socket_established(realserver: Any, tcp_count: Any) -> Callable[[], bool]:
+    """A predicate for ``wait_until``: true once three readings in a row find no
+    ESTABLISHED socket of this process to the server (one reading of the kernel's table
+    can miss a socket while other sockets come and go)."""
+    zeros = [0]
+
+    def none_left() -> bool:
+        zeros[0] = zeros[0] + 1 if tcp_count(realserver.port, states=("01",)) == 0 else 0
+        return zeros[0] >= 3
+
+    return none_left
 
 
 def test_idle_past_server_keepalive_default_limits(
@@ -291,9 +298,9 @@ def test_idle_past_server_keepalive_default_limits(
     assert client.config.limits.keepalive_expiry < SERVER_KEEPALIVE_S
     client.embed_documents(["before the pause"])
     before = endpoint_row(realserver.base_url)
-    assert tcp_count(realserver.port, states=("01",)) >= 1  # the pooled, idle connection
     time.sleep(SERVER_KEEPALIVE_S)  # the premise: idle at least the server's keep-alive
-    wait_until(_server_closed_our_socket(realserver, tcp_count), "Infinity's keep-alive close")
+    # ... and until the server has closed its side (ours is then in CLOSE_WAIT)
+    wait_until(_no_socket_established(realserver, tcp_count), "Infinity's keep-alive close")
     client.embed_documents(["after the pause"])  # no error
     d = delta(before, endpoint_row(realserver.base_url))
     assert d["requests"] == 1
@@ -314,8 +321,9 @@ def test_idle_past_server_keepalive_long_client_expiry(
     client.embed_documents(["before the pause"])
     before = endpoint_row(realserver.base_url)
     time.sleep(SERVER_KEEPALIVE_S)  # the premise: idle at least the server's keep-alive
+    # ... and until Infinity has closed its side: our socket, kept 30 s, sits in CLOSE_WAIT
     wait_until(
-        lambda: tcp_count(realserver.port, states=("08",)) >= 1,  # CLOSE_WAIT: closed by it
+        _no_socket_established(realserver, tcp_count),
         "Infinity to close the idle connection (its keep-alive is 5 s)",
     )
     vectors = client.embed_documents(["after the pause", "and one more"])
@@ -341,7 +349,7 @@ async def test_idle_past_server_keepalive_async(
         await asyncio.sleep(SERVER_KEEPALIVE_S)  # idle at least the server's keep-alive
         await asyncio.to_thread(
             wait_until,
-            _server_closed_our_socket(realserver, tcp_count),
+            _no_socket_established(realserver, tcp_count),
             f"Infinity's keep-alive close (client expiry {expiry} s)",
         )
         assert len(await client.embed_documents(["after the pause"])) == 1
@@ -399,9 +407,9 @@ def test_unknown_model_400_with_server_message(realserver: Any, flavour: str) ->
 # --------------------------------------------------------------------------- pool limits
 #
 # "Within the pool limit" is checked on this process's own sockets to the server: at no
-# sample do more than ``max_connections`` of them stand ESTABLISHED (``tcp_count`` reads
-# /proc/self only, never the machine's table: other processes, earlier test runs and other
-# users of the server cannot be counted). ``pool_stats()["connections_opened"]`` counts
+# sample do more than ``max_connections`` of them stand ESTABLISHED (``tcp_count`` counts
+# only the sockets this process holds: other processes, other test runs and other users of
+# the server are never counted). ``pool_stats()["connections_opened"]`` counts
 # every TCP connect over the run; it is checked against the sockets seen, not against the
 # limit: a pooled connection that the server closes (Infinity drops a connection idle for
 # 5 s, which happens when this process is starved of CPU for a few seconds on a loaded
@@ -443,13 +451,10 @@ def _no_connection_left(realserver: Any, tcp_count: Any, wait_until: Any) -> Non
     """Start from no ESTABLISHED socket of ours to the server (an earlier test's idle
     connections are closed by the server's keep-alive within 5 s)."""
     q.close_all()
-    zeros = [0]  # consecutive samples with none: one reading of the table can miss one
-
-    def none_left() -> bool:
-        zeros[0] = zeros[0] + 1 if tcp_count(realserver.port, states=("01",)) == 0 else 0
-        return zeros[0] >= 3
-
-    wait_until(none_left, "no connection of this process left open to the server")
+    wait_until(
+        _no_socket_established(realserver, tcp_count),
+        "no connection of this process left open to the server",
+    )
 
 
 def _check_within_limit(d: dict[str, int], peak: int, limit: int, what: str = "") -> None:
