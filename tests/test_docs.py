@@ -126,6 +126,7 @@ def test_snippet_runs(snippet: Snippet, srv: EmbeddingServer) -> None:
     _assert_documented_output(snippet, printed)
 
 
+@pytest.mark.unit
 def test_not_run_snippets_compile() -> None:
     for snippet in ALL:
         if snippet.not_run is not None:
@@ -133,6 +134,7 @@ def test_not_run_snippets_compile() -> None:
             compile(snippet.code, snippet.id, "exec")
 
 
+@pytest.mark.unit
 def test_snippet_inventory() -> None:
     files = {s.path for s in ALL}
     for name in ("README.md", "docs/index.md", "docs/metrics.md", "docs/errors.md"):
@@ -144,14 +146,64 @@ def test_snippet_inventory() -> None:
         assert doc.name in runner, f"{test.name} no longer runs {doc.name}"
 
 
+@pytest.mark.unit
 def test_output_check_catches_a_wrong_comment() -> None:
     wrong = Snippet(ROOT / "README.md", 1, "print(1 + 1)  # 3\n", None)
     with pytest.raises(AssertionError, match="expected a printed line '3'"):
         _assert_documented_output(wrong, "2\n")
 
 
+@pytest.mark.unit
 def test_placeholder_hosts_are_rewritten() -> None:
     code = 'a = "http://gpu-box:30000/v1"\nb = "https://embed.example.org/v1"\n'
     assert _PLACEHOLDER_URL.sub("http://127.0.0.1:1/v1", code) == (
         'a = "http://127.0.0.1:1/v1"\nb = "http://127.0.0.1:1/v1"\n'
     )
+
+
+# ------------------------------------------------------------- README facts that drift
+
+
+def _readme() -> str:
+    return (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+def _pyproject_extras() -> set[str]:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    return set(project["optional-dependencies"])
+
+
+@pytest.mark.unit
+def test_readme_lists_every_extra_and_installs_only_real_ones() -> None:
+    readme = _readme()
+    section = readme.split("## Install", 1)[1].split("\n## ", 1)[0]
+    table = set(re.findall(r"^\| `([a-z0-9-]+)` \| .+ \| .+ \|$", section, re.M))
+    extras = _pyproject_extras()
+    assert table == extras, f"README's extras table: {sorted(table)}; pyproject: {sorted(extras)}"
+    install = r"qwen-embed-plugins\[([a-z0-9,-]+)\]|\"\.\[([a-z0-9,-]+)\]\""
+    used = {
+        name
+        for group in re.findall(install, readme)
+        for names in group
+        for name in names.split(",")
+        if name
+    }
+    assert used, "README installs no extra"
+    assert used <= extras, f"README installs unknown extras {sorted(used - extras)}"
+
+
+@pytest.mark.unit
+def test_readme_serve_options_exist(capsys: pytest.CaptureFixture[str]) -> None:
+    from qwen_embed_plugins.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["serve", "--help"])
+    assert info.value.code == 0
+    help_text = capsys.readouterr().out
+    section = _readme().split("## A local server", 1)[1].split("\n## ", 1)[0]
+    options = set(re.findall(r"^\| `(--[a-z0-9-]+)` \|", section, re.M))
+    assert len(options) >= 5, options
+    missing = sorted(o for o in options if o not in help_text)
+    assert not missing, f"README documents serve options that do not exist: {missing}"

@@ -149,6 +149,7 @@ def test_dimensions_and_model_copy_update(srv: EmbeddingServer) -> None:
 # ------------------------------------------------------------------ fields and config
 
 
+@pytest.mark.unit
 def test_every_field_is_documented_with_its_unit_or_values() -> None:
     fields = QwenPooledEmbeddings.model_fields
     assert QwenPooledEmbeddings.model_config.get("extra") == "forbid"
@@ -181,11 +182,13 @@ def test_every_field_is_documented_with_its_unit_or_values() -> None:
     assert "__SAMPLE" not in doc  # the sample output was filled in
 
 
+@pytest.mark.unit
 def test_defaults_are_the_core_defaults() -> None:
     emb = QwenPooledEmbeddings(base_url="http://127.0.0.1:9/v1")
     assert emb.config == q.EmbeddingConfig(base_url="http://127.0.0.1:9/v1", api_key=None)
 
 
+@pytest.mark.unit
 def test_fields_map_one_to_one_onto_the_core_config(tmp_path: Path) -> None:
     ca = tmp_path / "ca.pem"
     ca.write_text("not read until a TLS connection is made")
@@ -232,6 +235,7 @@ def test_fields_map_one_to_one_onto_the_core_config(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.unit
 def test_env_fallbacks_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValidationError, match="QWEN_EMBED_BASE_URL"):
         QwenPooledEmbeddings()
@@ -249,6 +253,7 @@ def test_env_fallbacks_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         QwenPooledEmbeddings(max_connections=0)
 
 
+@pytest.mark.unit
 def test_the_key_never_shows(monkeypatch: pytest.MonkeyPatch) -> None:
     emb = QwenPooledEmbeddings(base_url="http://127.0.0.1:9/v1", api_key=SECRET)
     assert emb.api_key is not None
@@ -441,6 +446,7 @@ async def test_progress_bar_advances_per_batch_async(
     assert sorted(set(_progress_frames(err, 9))) == [0, 3, 6, 9]
 
 
+@pytest.mark.unit
 def test_show_progress_without_tqdm_says_what_to_install(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -603,6 +609,7 @@ async def _openai_embeddings(srv: EmbeddingServer) -> dict[str, Any]:
     return {"server": srv.connections_opened, "requests": srv.requests, "seconds": elapsed}
 
 
+@pytest.mark.slow  # ~25-50 s on a loaded 2-core machine; CI runs it
 async def test_twenty_instances_share_a_bounded_pool(srv: EmbeddingServer) -> None:
     ours = await _ours(srv)
     theirs = await _openai_embeddings(srv)

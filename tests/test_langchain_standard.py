@@ -23,6 +23,8 @@ UNUSED_URL = "http://127.0.0.1:9/v1"
 
 
 class TestQwenPooledEmbeddingsUnit(EmbeddingsUnitTests):
+    pytestmark = pytest.mark.unit  # constructs instances only: nothing connects
+
     @property
     def embeddings_class(self) -> type[QwenPooledEmbeddings]:
         return QwenPooledEmbeddings

@@ -190,6 +190,7 @@ class TestConformance:
 # --------------------------------------------------------------------------- idioms
 
 
+@pytest.mark.unit
 def test_lazy_import_and_class_name() -> None:
     assert q.QwenPooledEmbedding is QwenPooledEmbedding
     assert QwenPooledEmbedding.class_name() == "QwenPooledEmbedding"
@@ -203,6 +204,7 @@ def test_constructing_opens_nothing() -> None:
     assert model.config.endpoint not in pool_stats()
 
 
+@pytest.mark.unit
 def test_fields_map_onto_the_core_config(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QWEN_EMBED_BASE_URL", "http://127.0.0.1:9/v1/")
     monkeypatch.setenv(API_KEY_ENV, SECRET)
@@ -249,6 +251,7 @@ def test_fields_map_onto_the_core_config(monkeypatch: pytest.MonkeyPatch) -> Non
     assert model.config.batch_size == 11
 
 
+@pytest.mark.unit
 def test_invalid_settings() -> None:
     with pytest.raises(ConfigError, match="base_url"):
         QwenPooledEmbedding(base_url="ftp://example.org")
@@ -261,6 +264,7 @@ def test_invalid_settings() -> None:
         QwenPooledEmbedding(base_url="http://127.0.0.1:9/v1", no_such_field=1)  # type: ignore[call-arg]
 
 
+@pytest.mark.unit
 def test_to_dict_round_trip_never_holds_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(API_KEY_ENV, raising=False)
     model = QwenPooledEmbedding(
@@ -316,6 +320,7 @@ def test_pickle_drops_the_key_and_reattaches_to_the_pool(
             keyless.get_text_embedding("no key")
 
 
+@pytest.mark.unit
 def test_pickling_skips_unpicklable_fields_without_touching_the_original() -> None:
     class LockedHandler(LlamaDebugHandler):
         def __init__(self) -> None:
@@ -474,6 +479,7 @@ def test_asyncio_run_twice_on_one_instance(model: QwenPooledEmbedding) -> None:
     np.testing.assert_array_equal(as_array(query), query_vector("loop query"))
 
 
+@pytest.mark.slow  # ~25-50 s on a loaded 2-core machine; CI runs it
 def test_async_fan_out_is_bounded_vs_openai_like(srv: EmbeddingServer) -> None:
     from llama_index.embeddings.openai_like import (  # type: ignore[import-untyped]
         OpenAILikeEmbedding,

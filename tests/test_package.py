@@ -6,7 +6,11 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import qwen_embed_plugins as q
+
+pytestmark = pytest.mark.unit  # no server, no socket
 
 
 def test_all_is_exactly_the_public_api() -> None:
@@ -106,3 +110,99 @@ def test_only_http_module_imports_the_http_library() -> None:
             if stripped.startswith(("import httpx", "from httpx")):
                 offenders.append(f"{path.name}: {stripped}")
     assert not offenders
+
+
+# ------------------------------------------------------------------- dependency hygiene
+
+# Runtime groups: what the package's modules may import. The tool extras (test, docs,
+# lint) are for developing the package and are not imported by it.
+_RUNTIME_GROUPS = ("langchain", "llama-index", "cli", "prometheus", "testing")
+# Imported but rightly not declared by this project:
+_NOT_DECLARED = {
+    "httpx2": "the HTTP library of openai 3.x, which requires it; _http.py imports it only "
+    "when openai 3.x is installed",
+}
+# Declared but never imported by name:
+_NOT_IMPORTED = {
+    "h2": "HTTP/2 support of httpx/httpx2 (http2=True); they import it",
+}
+
+
+def _requirement_name(spec: str) -> str:
+    import re
+
+    name = re.match(r"\s*([A-Za-z0-9][A-Za-z0-9._-]*)", spec)
+    assert name, spec
+    return re.sub(r"[-_.]+", "-", name.group(1)).lower()
+
+
+def _declared() -> dict[str, set[str]]:
+    """Normalised distribution names per group ("core" and each runtime extra)."""
+    import pathlib
+    import tomllib
+
+    pyproject = pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"]
+    groups = {"core": {_requirement_name(s) for s in project["dependencies"]}}
+    extras = project["optional-dependencies"]
+    for group in _RUNTIME_GROUPS:
+        groups[group] = {_requirement_name(s) for s in extras[group]}
+    return groups
+
+
+def _imported_top_level_modules() -> dict[str, set[str]]:
+    """Third-party top-level module -> files of the package importing it (``import``,
+    ``from ... import`` and ``importlib.import_module("...")`` with a literal name)."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(q.__file__).parent
+    found: dict[str, set[str]] = {}
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) == "import_module"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and not node.args[0].value.startswith(".")
+            ):
+                names = [node.args[0].value]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top != "qwen_embed_plugins":
+                    found.setdefault(top, set()).add(str(path.relative_to(root)))
+    return found
+
+
+def test_declared_dependencies_match_the_imports() -> None:
+    """Every third-party module the package imports comes from a distribution that
+    pyproject.toml declares (core or a runtime extra), and every declared runtime
+    distribution is imported somewhere (or is listed above with the reason)."""
+    from importlib.metadata import packages_distributions
+
+    declared = _declared()
+    all_declared = set().union(*declared.values())
+    providers = packages_distributions()
+    imported = _imported_top_level_modules()
+    undeclared = {}
+    used: set[str] = set()
+    for module, files in sorted(imported.items()):
+        if module in _NOT_DECLARED:
+            continue
+        dists = {_requirement_name(d) for d in providers.get(module, [])}
+        assert dists, f"{module} (imported by {sorted(files)}) is not installed"
+        if dists & all_declared:
+            used |= dists & all_declared
+        else:
+            undeclared[module] = (sorted(dists), sorted(files))
+    assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
+    unused = all_declared - used - set(_NOT_IMPORTED)
+    assert not unused, f"declared but never imported by the package: {sorted(unused)}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import email.utils
 import random
+import socket
 
 import numpy as np
 import orjson
@@ -13,6 +14,8 @@ import pytest
 import qwen_embed_plugins as q
 from qwen_embed_plugins import errors, protocol, retry
 from qwen_embed_plugins.config import EmbeddingConfig, Limits, RetryConfig, Timeouts
+
+pytestmark = pytest.mark.unit  # no server, no socket
 
 # ----------------------------------------------------------------------------- config
 
@@ -514,3 +517,17 @@ def test_circuit_breaker_opens_fails_fast_and_recovers() -> None:
     breaker.record_success()
     assert breaker.state == "closed"
     breaker.before_request()
+
+
+# ----------------------------------------------------------------------------- the suite
+
+
+def test_unit_tests_cannot_use_the_network() -> None:
+    """tests/conftest.py guards every ``unit`` test: a connect or bind fails it."""
+    with pytest.raises(AssertionError, match="marked 'unit' used the network"):
+        socket.create_connection(("127.0.0.1", 9), timeout=1)
+    with (
+        socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock,
+        pytest.raises(AssertionError, match="marked 'unit' used the network"),
+    ):
+        sock.bind(("127.0.0.1", 0))

@@ -407,24 +407,39 @@ def reference(realserver: RealServer, corpus: dict[str, Any]) -> dict[str, np.nd
 # --------------------------------------------------------------------------- sockets
 
 
-def count_tcp(port: int, *, states: tuple[str, ...] = ("01",)) -> int:
-    """Client-side TCP sockets to 127.0.0.1:``port`` in the given states (01 = ESTABLISHED,
-    08 = CLOSE_WAIT), read from /proc/net/tcp. Only this machine's loopback is looked at."""
-    count = 0
-    try:
-        lines = Path("/proc/net/tcp").read_text().splitlines()[1:]
-    except OSError:  # pragma: no cover - not Linux
-        return -1
-    for line in lines:
-        fields = line.split()
-        remote, state = fields[2], fields[3]
-        rhost, rport = remote.split(":")
-        if int(rport, 16) == port and rhost == "0100007F" and state in states:
-            count += 1
-    return count
+def own_tcp_count(port: int, *, states: tuple[str, ...] = ("01",)) -> int:
+    """TCP sockets held by THIS process (the client under test) to ``port`` in the given
+    states (01 = ESTABLISHED, 08 = CLOSE_WAIT).
+
+    Only this process's own file descriptors count (``/proc/self/fd``, matched by socket
+    inode against ``/proc/self/net/tcp{,6}``): sockets of other processes, other test
+    runs or other users of the server never do. Linux only.
+    """
+    inodes: set[str] = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:  # closed between listdir and readlink
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[len("socket:[") : -1])
+    found: set[str] = set()
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except FileNotFoundError:  # no IPv6 table
+            continue
+        for line in lines:
+            fields = line.split()
+            remote, state, inode = fields[2], fields[3], fields[9]
+            if inode in inodes and state in states and int(remote.rsplit(":", 1)[1], 16) == port:
+                found.add(inode)
+    # A set: the kernel builds these tables in chunks, and while other sockets come and go
+    # (a busy machine) one reading can list the same socket more than once (seen: 3 times).
+    return len(found)
 
 
 @pytest.fixture(scope="session")
-def tcp_count() -> Any:
-    """``count_tcp`` for the tests (conftest modules are not imported by tests)."""
-    return count_tcp
+def tcp_count() -> Callable[..., int]:
+    """``own_tcp_count`` for the tests (conftest modules are not imported by tests)."""
+    return own_tcp_count
