@@ -268,6 +268,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rounds = args.rounds or (1 if args.quick else 5)
 
     from qwen_embed_plugins.bench import corpus
+
     from qwen_embed_plugins.testing import EmbeddingServer
 
     texts = corpus(n, unique=True)

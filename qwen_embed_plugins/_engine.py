@@ -463,7 +463,8 @@ class Engine:
                         attempt,
                     )
             # ---- a failed attempt
-            assert error is not None
+            if error is None:  # cannot happen
+                raise RuntimeError("internal error: error is None")
             self.endpoint.failed(replica, error)
             if (
                 isinstance(error, HTTPStatusError)

@@ -144,7 +144,8 @@ def run_sync(
                 except QwenEmbedError as exc:
                     error = exc
             else:
-                assert type(op) is Sleep
+                if type(op) is not Sleep:
+                    raise TypeError(f"a flow yielded {op!r}")
                 if abandon is None:
                     time.sleep(op.seconds)
                 elif abandon.wait(op.seconds):
@@ -170,7 +171,8 @@ async def run_async(flow: Flow, send: Callable[[Send], Any]) -> Any:
                 except QwenEmbedError as exc:
                     error = exc
             else:
-                assert type(op) is Sleep
+                if type(op) is not Sleep:
+                    raise TypeError(f"a flow yielded {op!r}")
                 await asyncio.sleep(op.seconds)
     finally:
         flow.close()  # a cancelled call finishes its accounting ("cancelled")
@@ -325,7 +327,8 @@ def hedged(first: Callable[[threading.Event], Any], delay: float, budget: HedgeB
     finally:
         stop_one.set()
         stop_two.set()
-    assert error is not None
+    if error is None:  # cannot happen
+        raise RuntimeError("internal error: error is None")
     raise error
 
 
@@ -354,5 +357,6 @@ async def ahedged(first: Callable[[], Any], delay: float, budget: HedgeBudget) -
             task.cancel()
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
-    assert error is not None
+    if error is None:  # cannot happen
+        raise RuntimeError("internal error: error is None")
     raise error

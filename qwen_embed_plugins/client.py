@@ -181,7 +181,8 @@ class _Sink:
     def list_result(self) -> tuple[list[Any], dict[int, QwenEmbedError]]:
         plan = self.plan
         rows = self.rows
-        assert rows is not None
+        if rows is None:  # cannot happen
+            raise RuntimeError("internal error: rows is None")
         if plan.positions is not None:
             seen: set[int] = set()
             out: list[Any] = []
@@ -239,7 +240,6 @@ class _ClientBase:
 
     def _plan(self, texts: list[str]) -> BatchPlan:
         size = self._config.batch_size
-        assert isinstance(size, int)
         count, tokens = self._engine.batch_limits()
         if count is not None and count < size:
             size = count

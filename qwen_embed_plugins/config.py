@@ -702,7 +702,8 @@ class EmbeddingConfig(_Replaceable):
     def replicas(self) -> tuple[str, ...]:
         """The base URL of every replica (one for a single server), sorted."""
         base = self.base_url
-        assert base is not None
+        if base is None:  # cannot happen
+            raise RuntimeError("internal error: base is None")
         return (base,) if isinstance(base, str) else tuple(base)
 
     def proxy_for(self, url: str) -> str | None:
@@ -743,8 +744,10 @@ class EmbeddingConfig(_Replaceable):
     @property
     def timeouts(self) -> Timeouts:
         """``timeout`` as a ``Timeouts``."""
-        assert isinstance(self.timeout, Timeouts)
-        return self.timeout
+        timeout = self.timeout
+        if not isinstance(timeout, Timeouts):  # __post_init__ made it one
+            raise TypeError("timeout is not a Timeouts")
+        return timeout
 
     def api_key_value(self) -> str | None:
         """The API key as a plain string, or ``None``."""

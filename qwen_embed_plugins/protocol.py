@@ -388,7 +388,8 @@ def decode_rows(payload: object, input_indices: Sequence[int]) -> tuple[FloatArr
             )
         out[row] = vec
         filled[row] = 1
-    assert out is not None  # count >= 1 and every row filled (len(data) == count, no dups)
+    if out is None:  # cannot happen: count >= 1 and every row filled (no duplicates)
+        raise RuntimeError("internal error: out is None")
     return out, _squared_norms(out)
 
 

@@ -21,6 +21,7 @@ from qwen_embed_plugins.testing import (
     expected_embeddings,
 )
 
+
 @pytest.fixture
 def srv(embedding_server: EmbeddingServer) -> EmbeddingServer:
     """A fresh server per test: what a test teaches the client about a server (a batch
@@ -126,7 +127,8 @@ def test_token_cap_per_request_splits_and_is_learned(srv: EmbeddingServer, state
     client = q.EmbeddingClient(base_url=srv.base_url, batch_size=40, retry=FAST)
     np.testing.assert_allclose(client.embed_documents(texts), expected_embeddings(texts), atol=1e-6)
     cap = replica_state(client).token_limit
-    assert cap is not None and cap <= 16_384
+    assert cap is not None
+    assert cap <= 16_384
     srv.reset_counters()
     more = [t + " more" for t in texts]
     client.embed_documents(more)

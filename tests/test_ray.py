@@ -278,7 +278,7 @@ def test_skip_isolates_inputs_the_server_refuses_without_naming_them() -> None:
         parts, errors = qray._embed_skipping(client, texts)
     assert [i for i, e in enumerate(errors) if e is not None] == [5, 12]
     assert all("HTTP 413" in str(errors[i]) for i in (5, 12))
-    (rows, vectors), = parts  # one part: every row sent, failed rows NaN
+    ((rows, vectors),) = parts  # one part: every row sent, failed rows NaN
     assert rows == list(range(16))
     good = [i for i in range(16) if i not in (5, 12)]
     np.testing.assert_array_equal(

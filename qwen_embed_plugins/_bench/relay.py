@@ -73,7 +73,8 @@ class _RelayCore:
 
     async def _handle(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
-        assert task is not None
+        if task is None:  # cannot happen
+            raise RuntimeError("internal error: task is None")
         self._tasks.add(task)
         self.connections += 1
         loop = asyncio.get_running_loop()
@@ -220,7 +221,8 @@ class Relay:
         cmd.append("--watch-stdin")
         proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # noqa: S603
         self._proc = proc
-        assert proc.stdout is not None
+        if proc.stdout is None:  # cannot happen
+            raise RuntimeError("internal error: proc.stdout is None")
         line = proc.stdout.readline().decode().split()
         if len(line) != 2 or line[0] != "LISTENING":
             self.close()

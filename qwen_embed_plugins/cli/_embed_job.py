@@ -607,7 +607,8 @@ def _finish(input_path: str, paths: StatePaths, scan: Scan, state: _State, fmt: 
 
 def _convert_to_jsonl(input_path: str, paths: StatePaths, scan: Scan, state: _State) -> None:
     """Write ``{"index": line - 1, "id": ..., "embedding": [...]}`` per record."""
-    assert state.dim is not None
+    if state.dim is None:  # cannot happen
+        raise RuntimeError("internal error: state.dim is None")
     dim = state.dim
     row_bytes = dim * _DTYPE.itemsize
     digest = new_digest()

@@ -434,7 +434,8 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
         if isinstance(texts, list) and not texts:
             return []
         client = self._clients().sync
-        assert client is not None
+        if client is None:  # cannot happen
+            raise RuntimeError("internal error: client is None")
         with self._progress(len(texts)) as progress:
             return client.embed_documents(texts, progress=progress)
 
@@ -449,7 +450,8 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
             QwenEmbedError: the server or the network failed after retries.
         """
         client = self._clients().sync
-        assert client is not None
+        if client is None:  # cannot happen
+            raise RuntimeError("internal error: client is None")
         return client.embed_query(text)
 
     async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
@@ -465,7 +467,8 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
         if isinstance(texts, list) and not texts:
             return []
         client = self._clients().async_
-        assert client is not None
+        if client is None:  # cannot happen
+            raise RuntimeError("internal error: client is None")
         with self._progress(len(texts)) as progress:
             return await client.embed_documents(texts, progress=progress)
 
@@ -476,5 +479,6 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
             InputError, QwenEmbedError: as ``embed_query``.
         """
         client = self._clients().async_
-        assert client is not None
+        if client is None:  # cannot happen
+            raise RuntimeError("internal error: client is None")
         return await client.embed_query(text)

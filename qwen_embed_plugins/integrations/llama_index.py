@@ -521,7 +521,8 @@ class QwenPooledEmbedding(BaseEmbedding):
         if call is None:
             return await self._aembed_batch(texts)
         offset = call.start_batch()  # before any await: batches start in their order
-        assert call.window is not None
+        if call.window is None:  # cannot happen
+            raise RuntimeError("internal error: call.window is None")
         async with call.window:
             with _caller_index(offset):
                 return await self._aembed_batch(texts)

@@ -220,7 +220,8 @@ class _EmbeddingApp:
     ) -> None:
         """Answer (or drop) a request a rule stopped."""
         rule = verdict.rule
-        assert rule is not None
+        if rule is None:  # cannot happen
+            raise RuntimeError("internal error: rule is None")
         self.state.fault_applied(rule.kind)
         if rule.action in ("close", "reset"):
             await self._drop(receive, conn, reset=rule.action == "reset")

@@ -265,14 +265,16 @@ class _ChildProcess:
 
     def _read(self) -> None:
         stdout = self._proc.stdout
-        assert stdout is not None
+        if stdout is None:  # cannot happen
+            raise RuntimeError("internal error: stdout is None")
         for line in stdout:
             self._lines.put(line)
         self._lines.put(None)
 
     def _exchange(self, message: Mapping[str, Any], timeout: float) -> Any:
         stdin = self._proc.stdin
-        assert stdin is not None
+        if stdin is None:  # cannot happen
+            raise RuntimeError("internal error: stdin is None")
         with self._lock:
             try:
                 stdin.write(orjson.dumps(message).decode("utf-8") + "\n")
