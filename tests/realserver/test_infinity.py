@@ -748,8 +748,9 @@ def test_20_llama_index_instances_5000_texts_within_pool_limit(
     instances = [
         llama_index_embedding(
             realserver,
-            limits=q.Limits(max_connections=limit, max_keepalive_connections=limit),
-            timeout=NO_POOL_TIMEOUT,
+            max_connections=limit,
+            max_keepalive_connections=limit,
+            pool_timeout=None,
         )
         for _ in range(20)
     ]
