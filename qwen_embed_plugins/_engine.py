@@ -427,6 +427,8 @@ class Engine:
                             rows, sq = decode_rows(payload, indices)
                         except ResponseError as exc:
                             exc.url = exc.url or replica.label
+                            if exc.args:  # it may quote the body: never the key
+                                exc.args = (scrub(str(exc.args[0]), self.secret),)
                             error = exc
                             outcome = "rejected"
                         else:

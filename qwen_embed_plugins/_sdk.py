@@ -119,13 +119,14 @@ def sdk_kwargs(model: str, body: bytes) -> dict[str, Any]:
     return kwargs
 
 
-def sdk_reply(response: Any) -> Reply:
-    """An SDK ``CreateEmbeddingResponse`` as the ``Reply`` the engine decodes."""
-    data = response.data
-    if not isinstance(data, list):
-        raise TypeError("no embedding data received")
-    payload = {"data": [{"index": d.index, "embedding": list(d.embedding)} for d in data]}
-    return Reply(status=200, headers={}, body=orjson.dumps(payload), fresh=True)
+def sdk_reply(raw: Any) -> Reply:
+    """The answer of ``embeddings.with_raw_response.create`` as the ``Reply`` the engine
+    decodes: the SDK built and sent the request; the body is read by this package's
+    codec, so a malformed answer (``{"error": ...}`` in a 200, booleans or strings as
+    components) is refused with the same ``ResponseError`` as on the codec path rather
+    than coerced by the SDK's models."""
+    http = raw.http_response
+    return Reply(status=http.status_code, headers=http.headers, body=http.content, fresh=True)
 
 
 class SDKError(Exception):

@@ -437,10 +437,10 @@ class EmbeddingClient(_ClientBase):
         engine = self._engine
         ctx = engine.ctx(op.replica)
         try:
-            response = self.openai_client().embeddings.create(
+            raw = self.openai_client().embeddings.with_raw_response.create(
                 **_sdk.sdk_kwargs(engine.model, op.request.body)
             )
-            return _sdk.sdk_reply(response)
+            return _sdk.sdk_reply(raw)
         except Exception as exc:
             error = self._sdk_error(exc, op, ctx)
             raise error from error.__cause__
@@ -635,10 +635,10 @@ class AsyncEmbeddingClient(_ClientBase):
         engine = self._engine
         ctx = engine.ctx(op.replica)
         try:
-            response = await self.openai_client().embeddings.create(
+            raw = await self.openai_client().embeddings.with_raw_response.create(
                 **_sdk.sdk_kwargs(engine.model, op.request.body)
             )
-            return _sdk.sdk_reply(response)
+            return _sdk.sdk_reply(raw)
         except Exception as exc:
             error = EmbeddingClient._sdk_error(self, exc, op, ctx)  # type: ignore[arg-type]
             raise error from error.__cause__

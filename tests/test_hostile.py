@@ -1,0 +1,218 @@
+"""Hostile servers: bounded memory and time, nothing secret echoed back, every malformed
+answer a ResponseError. Each case runs against `HostileServer` (loopback, bounded loops);
+memory is the process's peak RSS delta, time is guarded only against hangs (the
+assertions are on the error raised)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import resource
+import traceback
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+import qwen_embed_plugins as q
+from qwen_embed_plugins import servers
+from qwen_embed_plugins.testing import HostileServer, expected_embeddings
+
+KEY = "sk-hostile-0123456789abcdef"
+ONCE = q.RetryConfig(max_attempts=1)
+MIB = 1 << 20
+
+
+def peak_rss() -> int:
+    """This process's peak resident set, in bytes (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+@pytest.fixture
+def hostile() -> Iterator[HostileServer]:
+    with HostileServer() as server:
+        yield server
+    q.close_all()
+
+
+# --------------------------------------------------------------------------- size
+
+
+@pytest.mark.parametrize("kind", ["huge_content_length", "endless_chunked", "gzip_bomb"])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_oversized_bodies_end_in_a_response_error_with_bounded_memory(
+    hostile: HostileServer, kind: str, mode: str
+) -> None:
+    hostile.set(kind, on="embeddings")
+    before = peak_rss()
+    if mode == "sync":
+        client = q.EmbeddingClient(base_url=hostile.base_url, retry=ONCE)
+        with pytest.raises(q.ResponseError, match="cap") as info:
+            client.embed_documents(["a", "b"])
+    else:
+        aclient = q.AsyncEmbeddingClient(base_url=hostile.base_url, retry=ONCE)
+        with pytest.raises(q.ResponseError, match="cap") as info:
+            asyncio.run(aclient.embed_documents(["a", "b"]))
+    grown = peak_rss() - before
+    assert grown < 128 * MIB, f"{kind}: peak RSS grew {grown / MIB:.0f} MiB"
+    assert "max_response_bytes" in str(info.value)
+
+
+def test_the_cap_is_a_setting(hostile: HostileServer) -> None:
+    hostile.set("ok")
+    small = q.EmbeddingClient(base_url=hostile.base_url, max_response_bytes=4096, retry=ONCE)
+    with pytest.raises(q.ResponseError, match="4,096 bytes"):
+        small.embed_documents(["a", "b", "c"])  # 3 x 1024 floats: over 4 KiB
+
+
+def test_the_detection_probe_is_bounded_in_size_and_time(hostile: HostileServer) -> None:
+    hostile.set("endless_chunked", on="models")
+    before = peak_rss()
+    found = servers.probe_models(q.EmbeddingConfig(base_url=hostile.base_url), budget=3.0)
+    assert found.profile is servers.GENERIC
+    assert "ResponseError" in found.source
+    assert peak_rss() - before < 64 * MIB
+    hostile.set("trickle", on="models", interval=0.2)
+    found = servers.probe_models(q.EmbeddingConfig(base_url=hostile.base_url), budget=1.0)
+    assert "ReadTimeout" in found.source  # cut by the budget, not by the read timeout
+
+
+# --------------------------------------------------------------------------- time
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_trickling_body_is_cut_by_the_total_deadline(hostile: HostileServer, mode: str) -> None:
+    """One byte every 0.2 s beats a 3 s read timeout forever; the call's 2 s deadline
+    still ends it (a total timer, not only the per-read timeout)."""
+    hostile.set("trickle", on="embeddings", interval=0.2)
+    settings = {
+        "base_url": hostile.base_url,
+        "timeout": q.Timeouts(read=3.0),
+        "retry": q.RetryConfig(max_attempts=1, query_deadline=2.0),
+    }
+    if mode == "sync":
+        with pytest.raises(q.ReadTimeout, match="in all"):
+            q.EmbeddingClient(**settings).embed_query("slow")  # type: ignore[arg-type]
+    else:
+        client = q.AsyncEmbeddingClient(**settings)  # type: ignore[arg-type]
+        with pytest.raises(q.ReadTimeout, match="in all"):
+            asyncio.run(client.embed_query("slow"))
+
+
+def test_total_timeout_per_exchange(hostile: HostileServer) -> None:
+    hostile.set("trickle", on="embeddings", interval=0.2, headers=True)
+    client = q.EmbeddingClient(
+        base_url=hostile.base_url, timeout=q.Timeouts(read=3.0, total=1.5), retry=ONCE
+    )
+    with pytest.raises(q.ReadTimeout, match="in all"):
+        client.embed_documents(["x"])
+
+
+# --------------------------------------------------------------------------- secrets
+
+
+@pytest.mark.parametrize("transform", ["exact", "upper", "lower", "truncate", "bare"])
+@pytest.mark.parametrize("where", ["body", "header"])
+def test_an_echoed_key_is_scrubbed_everywhere(
+    hostile: HostileServer, caplog: pytest.LogCaptureFixture, transform: str, where: str
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="qwen_embed_plugins")
+    hostile.set("echo_auth", on="embeddings", transform=transform, where=where, status=500)
+    client = q.EmbeddingClient(
+        base_url=hostile.base_url,
+        api_key=KEY,
+        retry=q.RetryConfig(max_attempts=2, backoff_initial=0.01),
+    )
+    with pytest.raises(q.QwenEmbedError) as info:
+        client.embed_query("who am i")
+    shown = [
+        str(info.value),
+        repr(info.value),
+        "".join(traceback.format_exception(info.value)),
+        caplog.text,
+        repr(getattr(info.value, "request_id", "")),
+        repr(vars(info.value)),
+    ]
+    secret_bits = {KEY, KEY.upper(), KEY.lower(), KEY[:-4], KEY[3:]}
+    for text in shown:
+        for bit in secret_bits:
+            assert bit not in text, (transform, where, text[:300])
+
+
+def test_sdk_failures_are_chained_scrubbed(hostile: HostileServer) -> None:
+    hostile.set("echo_auth", on="embeddings", transform="exact", where="body", status=None)
+    client = q.EmbeddingClient(base_url=hostile.base_url, api_key=KEY, use_sdk=True, retry=ONCE)
+    with pytest.raises(q.QwenEmbedError) as info:
+        client.embed_query("sdk")
+    text = "".join(traceback.format_exception(info.value))
+    assert KEY not in text
+    assert info.value.__cause__ is not None  # the SDK's failure, as a scrubbed copy
+
+
+# --------------------------------------------------------------------------- shapes
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"),
+    [
+        ("redirect", "redirect"),
+        ("error_200", "error while processing your request"),
+        ("nested", "flat list of numbers"),
+        ("string_components", "str values"),
+        ("bool_components", "bool values"),
+        ("html", "not valid JSON"),
+    ],
+)
+@pytest.mark.parametrize("use_sdk", [False, True])
+def test_every_malformed_answer_is_a_response_error(
+    hostile: HostileServer, kind: str, words: str, use_sdk: bool
+) -> None:
+    hostile.set(kind, on="embeddings")
+    client = q.EmbeddingClient(base_url=hostile.base_url, use_sdk=use_sdk, retry=ONCE)
+    with pytest.raises(q.ResponseError) as info:
+        client.embed_documents(["a", "b"])
+    if not use_sdk or kind in ("redirect", "error_200"):
+        assert words in str(info.value), str(info.value)
+    if kind == "redirect":
+        assert hostile.stats()["paths"].get("/redirected", 0) == 0  # never followed
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05])
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_stray_response_is_never_taken_for_the_next_answer(
+    hostile: HostileServer, delay: float, mode: str
+) -> None:
+    """After a valid answer the server writes a second, unrequested one on the same
+    keep-alive connection (in the same write, or 50 ms later while the connection is
+    idle in the pool): the next call must get its own vectors, not the stray's. (A stray
+    that arrives after the next request was sent cannot be told from its answer in
+    HTTP/1.1; the guarantee is that a connection with unread bytes is never reused.)"""
+    hostile.set("stray_response", on="embeddings", delay=delay)
+    client = q.EmbeddingClient(base_url=hostile.base_url, retry=q.RetryConfig(backoff_initial=0.01))
+    aclient = q.AsyncEmbeddingClient(client.config)
+
+    def texts_of(i: int) -> list[str]:
+        return [f"{mode} call {i} text {j}" for j in range(3)]
+
+    if mode == "sync":
+        for i in range(4):
+            got = client.embed_documents(texts_of(i))
+            np.testing.assert_allclose(got, expected_embeddings(texts_of(i)), atol=1e-6)
+            hostile.wait_for("stray_sent", i + 1)  # the stray is on the idle connection
+        return
+
+    async def run() -> None:
+        for i in range(4):
+            got = await aclient.embed_documents(texts_of(i))
+            np.testing.assert_allclose(got, expected_embeddings(texts_of(i)), atol=1e-6)
+            await asyncio.to_thread(hostile.wait_for, "stray_sent", i + 1)
+
+    asyncio.run(run())
+
+
+def test_a_key_echoed_in_a_non_json_200_is_scrubbed(hostile: HostileServer) -> None:
+    hostile.set("echo_auth", on="embeddings", transform="exact", where="body", status=None)
+    client = q.EmbeddingClient(base_url=hostile.base_url, api_key=KEY, retry=ONCE)
+    with pytest.raises(q.ResponseError, match="not valid JSON") as info:
+        client.embed_query("echo")
+    assert KEY not in "".join(traceback.format_exception(info.value))
