@@ -3,8 +3,12 @@
 One process-wide pooled HTTP client per endpoint (sync, and async per event loop) for
 OpenAI-compatible ``/v1/embeddings`` servers serving Qwen3-Embedding, with a LangChain
 ``Embeddings`` (``QwenPooledEmbeddings``) and a LlamaIndex ``BaseEmbedding``
-(``QwenPooledEmbedding``) on top. Importing this package imports no framework: the two
-adapters are resolved lazily, on first access.
+(``QwenPooledEmbedding``) on top.
+
+Importing this package is light: settings, errors and metrics, with numpy the only heavy
+import. The clients (and with them the HTTP libraries: httpx 0.28 alone also imports
+click, rich and pygments for its own CLI), the pool functions and the framework adapters
+are resolved on first access (PEP 562).
 """
 
 from __future__ import annotations
@@ -12,7 +16,6 @@ from __future__ import annotations
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
-from .client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingList, EmbeddingResult
 from .config import (
     DEFAULT_MODEL,
     DEFAULT_QUERY_TASK,
@@ -50,12 +53,13 @@ from .errors import (
     WriteTimeout,
 )
 from .metrics import reset_metrics, stats
-from .pool import aclose_all, close_all, pool_stats
 from .protocol import format_query
 
 if TYPE_CHECKING:
+    from .client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingList, EmbeddingResult
     from .integrations.langchain import QwenPooledEmbeddings
     from .integrations.llama_index import QwenPooledEmbedding
+    from .pool import aclose_all, close_all, pool_stats
 
 try:
     __version__ = _metadata.version("qwen-embed-plugins")
@@ -111,24 +115,41 @@ __all__ = [
 ]
 
 _LAZY = {
-    "QwenPooledEmbeddings": ("langchain", "langchain-core", "langchain"),
-    "QwenPooledEmbedding": ("llama_index", "llama-index-core", "llama-index"),
+    "QwenPooledEmbeddings": ("integrations.langchain", "langchain-core", "langchain"),
+    "QwenPooledEmbedding": ("integrations.llama_index", "llama-index-core", "llama-index"),
+}
+_CORE_LAZY = {
+    "AsyncEmbeddingClient": "client",
+    "EmbeddingClient": "client",
+    "EmbeddingList": "client",
+    "EmbeddingResult": "client",
+    "aclose_all": "pool",
+    "close_all": "pool",
+    "pool_stats": "pool",
 }
 
 
 def __getattr__(name: str) -> Any:
-    """Resolve the framework adapters on first access (PEP 562)."""
-    if name not in _LAZY:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module_name, dist, extra = _LAZY[name]
+    """Resolve the clients, the pool functions and the framework adapters on first
+    access (PEP 562)."""
     import importlib
 
-    try:
-        module = importlib.import_module(f".integrations.{module_name}", __name__)
-    except ImportError as exc:
-        raise ImportError(
-            f"{name} needs {dist}: pip install 'qwen-embed-plugins[{extra}]'"
-        ) from exc
-    value = getattr(module, name)
+    if name in _CORE_LAZY:
+        value = getattr(importlib.import_module(f".{_CORE_LAZY[name]}", __name__), name)
+    elif name in _LAZY:
+        module_name, dist, extra = _LAZY[name]
+        try:
+            module = importlib.import_module(f".{module_name}", __name__)
+        except ImportError as exc:
+            raise ImportError(
+                f"{name} needs {dist}: pip install 'qwen-embed-plugins[{extra}]'"
+            ) from exc
+        value = getattr(module, name)
+    else:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     globals()[name] = value
     return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -653,8 +653,8 @@ class Engine:
         for start, stop in ((0, mid), (mid, len(texts))):
             sub = yield from self.batch_flow(call, texts[start:stop], indices[start:stop], bis)
             part.merge(sub, start)
-            if call.stop:
-                break
+            if call.stop and call.lowest is not None and indices[0] > call.lowest:
+                break  # raising anyway, for a lower index than any here
         if (
             top
             and isinstance(first, NetworkError)
@@ -725,6 +725,7 @@ class Engine:
         _pin(exc, index)
         if call.on_error == "raise":
             call.stop = True
+            call.lowest = index if call.lowest is None else min(call.lowest, index)
             raise exc
         call.failures[index] = exc
         part.failed[offset] = exc

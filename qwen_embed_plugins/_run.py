@@ -82,7 +82,9 @@ class Call:
         deadline: seconds the call may take in all (``None``: no deadline).
         on_error: ``"raise"`` or ``"skip"`` for inputs the server cannot embed.
         failures: the caller's index -> its error, for inputs that failed.
-        stop: set once an input error decided a ``"raise"`` call: no new batch starts.
+        stop: set once an input error decided a ``"raise"`` call: no new batch starts
+            (batches under way with lower indices finish, so the lowest is raised).
+        lowest: the lowest input index found failing so far (``"raise"``).
     """
 
     started: float
@@ -90,6 +92,7 @@ class Call:
     on_error: OnError = "raise"
     failures: dict[int, QwenEmbedError] = field(default_factory=dict)
     stop: bool = False
+    lowest: int | None = None
 
     def remaining(self) -> float | None:
         if self.deadline is None:
