@@ -135,7 +135,26 @@ class GPU:
             sim.at(0.05, lambda: self.tick(sim))
 
 
+VARIANTS: dict[str, dict[str, Any]] = {
+    # other shapes, same algorithm defaults (robustness, not tuning)
+    "gpu-4slots": {"kind": "gpu", "slots": 4, "queue_limit": 8},
+    "gpu-32slots": {"kind": "gpu", "slots": 32, "queue_limit": 32},
+    "gpu-slow": {"kind": "gpu", "slots": 8, "base": 0.15, "queue_limit": 16},
+    "rate-20": {"kind": "rate", "rate": 20.0},
+    "rate-400": {"kind": "rate", "rate": 400.0},
+    "rate-slow": {"kind": "rate", "rate": 10.0, "base": 0.15},
+    "slow_start-fast": {"kind": "slow_start", "ramp": 3.0},
+    "slow_start-16": {"kind": "slow_start", "slots": 16, "queue_limit": 16},
+}
+
+
 def make_server(kind: str) -> GPU:
+    if kind in VARIANTS:
+        spec = dict(VARIANTS[kind])
+        server = make_server(spec.pop("kind"))
+        for name, value in spec.items():
+            setattr(server, name, value)
+        return server
     if kind == "gpu":
         # 8 slots of ~17 ms; 503 past 16 waiting
         return GPU(slots=8, base=0.004, per_token=0.00002, queue_limit=16)
