@@ -202,7 +202,7 @@ class SimGate:
 
     def release(self, latency: float, overload: bool, retry_after: float = 0.0) -> None:
         if self.limit is not None:
-            self.limit.on_sample(latency, self.used, overload)
+            self.limit.on_sample(latency, self.used, overload, retry_after or None)
             self.trace.append((self.sim.now, self.limit.limit))
             if overload:
                 rtt = self.limit.min_rtt

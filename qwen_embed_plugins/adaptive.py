@@ -189,6 +189,8 @@ class ConcurrencyLimit:
         self._peak = 0
         self._served: deque[float] = deque()
         self._last_drop = -math.inf
+        self._last_overload = -math.inf
+        self._last_wait = 0.0
         self._ceiling: int | None = None
         self._quiet_for = self.quiet
         self._quiet_until = -math.inf
@@ -241,7 +243,13 @@ class ConcurrencyLimit:
 
     # ------------------------------------------------------------------ samples
 
-    def on_sample(self, latency: float, in_flight: int, overload: bool) -> None:
+    def on_sample(
+        self,
+        latency: float,
+        in_flight: int,
+        overload: bool,
+        retry_after: float | None = None,
+    ) -> None:
         """Record one finished request.
 
         Args:
@@ -249,6 +257,11 @@ class ConcurrencyLimit:
                 wait for a slot is not part of it.
             in_flight: requests in flight when it finished, itself included.
             overload: the server pushed back (429, 503, a timeout).
+            retry_after: with ``overload``, the server's ``Retry-After`` in seconds, if
+                it sent one. The caller then waits that long (``AdaptiveGate`` holds
+                the slot), which backs off by itself: the first such answer only stops
+                the limit from growing; the limit falls when another comes within that
+                wait.
 
         Raises:
             ValueError: ``latency`` negative or not finite.
@@ -260,8 +273,12 @@ class ConcurrencyLimit:
             self.sample_count += 1
             if overload:
                 self.overload_count += 1
-                if now - latency >= self._last_drop:
-                    self._on_overload(now)
+                if now - latency >= self._last_drop:  # else sent before the last decrease
+                    waited = retry_after is not None and retry_after > (self._min_rtt or 0.0)
+                    again = now - self._last_overload < self._last_wait
+                    self._on_overload(now, decrease=not waited or again)
+                    self._last_overload = now
+                    self._last_wait = retry_after if waited and retry_after else 0.0
                 return
             self._served.append(now)
             self._trim_served(now)
@@ -297,22 +314,25 @@ class ConcurrencyLimit:
     def _set(self, value: float) -> None:
         self._estimate = max(float(self.min_limit), min(float(self.max_limit), value))
 
-    def _on_overload(self, now: float) -> None:
+    def _on_overload(self, now: float, *, decrease: bool) -> None:
         self._end_probe()
         before = self.limit
-        target = min(self._estimate * self.backoff, self._estimate - 1.0)
-        served = self._served_concurrency(now)
-        if served is not None and served < self._estimate:
-            # never below what the server did serve lately (Little's law): a rate limit
-            # just a little under the limit costs one level, not a third of it
-            target = max(target, served)
-        self._set(target)
-        self.decrease_count += 1
+        if decrease:
+            target = min(self._estimate * self.backoff, self._estimate - 1.0)
+            served = self._served_concurrency(now)
+            if served is not None and served < self._estimate:
+                # never below what the server did serve lately (Little's law): a rate
+                # limit a little under the limit costs one level, not a third of it
+                target = max(target, served)
+            self._set(target)
+            self.decrease_count += 1
+            self._last_drop = now
+            self._samples, self._peak, self._window_start = [], 0, now
         if self._startup:
             self._startup = False
             self._next_probe = now  # measured during the climb: the baseline may be queued
-        if self._ceiling is not None and now - self._last_drop < self.window:
-            # the same episode (the first decreases did not stop the pushback at once):
+        if self._ceiling is not None and now - self._last_overload < self.window:
+            # the same episode (the first decrease did not stop the pushback at once):
             # the level that broke is still the one the episode began at
             pass
         else:
@@ -322,8 +342,6 @@ class ConcurrencyLimit:
                 self._quiet_for = self.quiet
             self._ceiling = before
         self._quiet_until = now + self._quiet_for
-        self._last_drop = now
-        self._samples, self._peak, self._window_start = [], 0, now
 
     def _on_window(self, now: float, samples: list[float], peak: int) -> None:
         samples.sort()
@@ -503,7 +521,7 @@ class AdaptiveGate(ProcessGate):
         if latency is None:
             super().release()
             return
-        self.limit.on_sample(latency, self._used, overload)
+        self.limit.on_sample(latency, self._used, overload, retry_after if overload else None)
         if overload:
             rtt = self.limit.min_rtt
             hold = self.default_hold if rtt is None else rtt
