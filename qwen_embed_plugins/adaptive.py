@@ -470,6 +470,8 @@ class AdaptiveGate(ProcessGate):
             latency is still unknown (default 0.05 s); afterwards the hold is
             ``min_rtt`` (or the server's ``Retry-After``, if longer).
         max_hold: the longest hold in seconds (default 30 s).
+        call_later: ``call_later(seconds, fn)`` runs ``fn`` later, to end a hold
+            (default: one timer thread per process; injectable for tests).
     """
 
     def __init__(
@@ -479,10 +481,12 @@ class AdaptiveGate(ProcessGate):
         cap: int | None = None,
         default_hold: float = 0.05,
         max_hold: float = 30.0,
+        call_later: Callable[[float, Callable[[], None]], None] | None = None,
     ) -> None:
         self.limit = limit if limit is not None else ConcurrencyLimit()
         self.default_hold = default_hold
         self.max_hold = max_hold
+        self._call_later = call_later
         self._cap = self.limit.max_limit
         super().__init__(cap if cap is not None else self.limit.max_limit)
 
@@ -529,7 +533,7 @@ class AdaptiveGate(ProcessGate):
                 hold = min(retry_after, self.max_hold)
             hold -= latency
             if hold > 0:
-                _timer.call_later(hold, super().release)
+                (self._call_later or _timer.call_later)(hold, super().release)
                 return
         super().release()
 
