@@ -303,19 +303,20 @@ def run_one(kind: str, mode: str, seconds: float, seed: int) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--seconds", type=float, default=20.0)
-    ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--models", default="gpu,rate,slow_start")
-    ap.add_argument("--json", type=Path)
-    args = ap.parse_args(argv)
+MAIN_MODELS = ("gpu", "rate", "slow_start")
+
+
+def simulate(
+    seconds: float = 30.0, seeds: int = 3, models: tuple[str, ...] | list[str] = MAIN_MODELS
+) -> dict[str, Any]:
+    """Every setting on every model; medians over ``seeds`` random seeds."""
     modes = [str(c) for c in STATIC] + ["auto"]
-    report: dict[str, Any] = {"simulation": True, "seconds": args.seconds, "models": {}}
-    for kind in args.models.split(","):
+    report: dict[str, Any] = {"simulation": True, "seconds": seconds, "seeds": seeds}
+    report["models"] = {}
+    for kind in models:
         rows: dict[str, Any] = {}
         for mode in modes:
-            runs = [run_one(kind, mode, args.seconds, seed) for seed in range(args.seeds)]
+            runs = [run_one(kind, mode, seconds, seed) for seed in range(seeds)]
             rows[mode] = {
                 "texts_per_s": statistics.median(r["texts_per_s"] for r in runs),
                 "p99_ms": statistics.median(r["p99_ms"] for r in runs),
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
                 rows[mode]["median_limit_2nd_half"] = [r["median_limit_2nd_half"] for r in runs]
         best = max(STATIC, key=lambda c: rows[str(c)]["texts_per_s"])
         auto, ref, default = rows["auto"], rows[str(best)], rows["4"]
-        verdict = {
+        verdict: dict[str, Any] = {
             "best_static": best,
             "throughput_ratio": auto["texts_per_s"] / ref["texts_per_s"],
             "p99_ratio": auto["p99_ms"] / ref["p99_ms"],
@@ -338,7 +339,48 @@ def main(argv: list[str] | None = None) -> int:
             and verdict["p99_ratio"] <= 1.3
             and (auto["overloads"] < default["overloads"] or auto["overloads"] == 0)
         )
-        report["models"][kind] = {"rows": rows, "verdict": verdict}
+        spec = dict(VARIANTS.get(kind, {"kind": kind}))
+        report["models"][kind] = {"server": spec, "rows": rows, "verdict": verdict}
+    return report
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The simulation's results as markdown (marked as a simulation)."""
+    lines = [
+        "## Adaptive concurrency (SIMULATION, not a measurement)",
+        "",
+        f"`python bench/adaptive_sim.py --seconds {report['seconds']:.0f} "
+        f"--seeds {report['seeds']}`: virtual time, medians over {report['seeds']} seeds; the "
+        "real `ConcurrencyLimit` driven by a discrete-event model of the gate, the call "
+        "engine and the server (see the script's docstring).",
+        "",
+        "| model | best static | auto texts/s vs best | auto p99 vs best | overloads auto / "
+        "static 4 | limits (2nd half) | verdict |",
+        "|---|---:|---:|---:|---:|---|---|",
+    ]
+    for kind, data in report["models"].items():
+        v, auto = data["verdict"], data["rows"]["auto"]
+        lines.append(
+            f"| {kind} | {v['best_static']} | {v['throughput_ratio']:.2f}x | "
+            f"{v['p99_ratio']:.2f}x | {v['overloads_auto']:.0f} / {v['overloads_static4']:.0f} | "
+            f"{auto['median_limit_2nd_half']} | {'met' if v['met'] else 'missed'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--models", default=",".join(MAIN_MODELS))
+    ap.add_argument("--variants", action="store_true", help="also the other shapes (VARIANTS)")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+    models = args.models.split(",") + (list(VARIANTS) if args.variants else [])
+    report = simulate(args.seconds, args.seeds, models)
+    modes = [str(c) for c in STATIC] + ["auto"]
+    for kind, data in report["models"].items():
+        rows, verdict = data["rows"], data["verdict"]
         print(f"\n== {kind} (simulation, {args.seconds:.0f} s, median of {args.seeds} seeds)")
         print(f"{'setting':>8} {'texts/s':>9} {'p99 ms':>8} {'overloads':>9}")
         for mode in modes:
@@ -348,10 +390,13 @@ def main(argv: list[str] | None = None) -> int:
                 f"{mode:>8} {r['texts_per_s']:9.0f} {r['p99_ms']:8.1f} {r['overloads']:9.0f}{extra}"
             )
         print(
-            f"best static {best}: throughput x{verdict['throughput_ratio']:.2f}, "
-            f"p99 x{verdict['p99_ratio']:.2f}, overloads {auto['overloads']:.0f} vs "
-            f"static-4 {default['overloads']:.0f} -> {'MET' if verdict['met'] else 'MISSED'}"
+            f"best static {verdict['best_static']}: throughput x{verdict['throughput_ratio']:.2f}, "
+            f"p99 x{verdict['p99_ratio']:.2f}, overloads {verdict['overloads_auto']:.0f} vs "
+            f"static-4 {verdict['overloads_static4']:.0f} -> "
+            f"{'MET' if verdict['met'] else 'MISSED'}"
         )
+    print()
+    print(markdown(report))
     if args.json:
         args.json.write_text(json.dumps(report, indent=2, default=str) + "\n")
     return 0

@@ -117,7 +117,7 @@ class ConcurrencyLimit:
         min_limit: lowest limit, in requests (default 1).
         max_limit: highest limit, in requests (default 256).
         tolerance: how far above the baseline latency the window median may be before
-            it counts as queueing, as a fraction (default 0.15: 15%). Also the queue
+            it counts as queueing, as a fraction (default 0.3: 30%). Also the queue
             the limit keeps on a slot-bound server: about ``tolerance`` x its slots.
         smoothing: weight of a new latency-driven estimate, 0..1 (default 0.5).
         backoff: the limit is multiplied by this on an overload answer, 0.3..0.95
@@ -141,7 +141,7 @@ class ConcurrencyLimit:
         initial_limit: int = 4,
         min_limit: int = 1,
         max_limit: int = 256,
-        tolerance: float = 0.15,
+        tolerance: float = 0.3,
         smoothing: float = 0.5,
         backoff: float = 0.7,
         window: float = 0.5,
@@ -372,15 +372,14 @@ class ConcurrencyLimit:
     def _grow(self, now: float) -> None:
         new = self._estimate * 2.0 if self._startup else self._estimate + 1.0
         ceiling = self._ceiling
+        if ceiling is not None and now < self._quiet_until:
+            return  # pushed back lately: no growth until `quiet` seconds of calm
         if ceiling is not None and _level(new) >= ceiling:
-            if now < self._quiet_until:
-                new = min(new, max(self._estimate, ceiling - 0.501))
-            else:
-                # calm for long enough: one step at or past the old level, then wait again
-                new = min(new, _level(self._estimate) + 1.0)
-                self._quiet_until = now + self._quiet_for
-                if _level(new) > ceiling + 1:
-                    self._ceiling, self._quiet_for = None, self.quiet  # well past it: forget
+            # calm for long enough: one step at or past the old level, then wait again
+            new = min(new, _level(self._estimate) + 1.0)
+            self._quiet_until = now + self._quiet_for
+            if _level(new) > ceiling + 1:
+                self._ceiling, self._quiet_for = None, self.quiet  # well past it: forget
         self._set(new)
 
     def _start_probe(self, now: float) -> None:
