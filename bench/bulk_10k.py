@@ -117,7 +117,7 @@ def worker_main(worker: str, base_url: str, model: str, n: int) -> None:
     """Runs in the subprocess: embed, check, print one JSON line."""
     import numpy as np
 
-    from qwen_embed_plugins.bench import corpus
+    from qwen_embed_plugins._bench.corpus import corpus
     from qwen_embed_plugins.testing import expected_embedding
 
     texts = corpus(n, unique=True)
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         srv = stack.enter_context(EmbeddingServer(process=True))
         base_url = srv.base_url
         if args.rtt_ms > 0:
-            from qwen_embed_plugins._relay import Relay
+            from qwen_embed_plugins._bench.relay import Relay
 
             relay = stack.enter_context(
                 Relay(("127.0.0.1", srv.port), rtt=args.rtt_ms / 1000.0, process=True)

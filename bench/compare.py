@@ -97,11 +97,11 @@ def server(**kwargs: Any) -> Iterator[EmbeddingServer]:
 
 def relay_class() -> Any:
     """The library's RTT relay, wherever it lives (it may move to ``_bench``)."""
-    for name in ("qwen_embed_plugins._bench.relay", "qwen_embed_plugins._relay"):
+    for name in ("qwen_embed_plugins._bench.relay",):
         with contextlib.suppress(ImportError):
             module = __import__(name, fromlist=["Relay"])
             return module.Relay
-    raise ImportError("no RTT relay found (qwen_embed_plugins._relay / _bench.relay)")
+    raise ImportError("no RTT relay found (qwen_embed_plugins._bench.relay)")
 
 
 def check(name: str, result: Any, text: str) -> None:

@@ -33,7 +33,7 @@ from _common import command_line, environment, markdown_table, save
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import pool
-from qwen_embed_plugins.bench import corpus
+from qwen_embed_plugins._bench.corpus import corpus
 
 
 def _burn(stop_at: float) -> None:  # pragma: no cover - a CPU load for the benchmark

@@ -44,7 +44,7 @@ from qwen_embed_plugins import (
     format_query,
 )
 from qwen_embed_plugins._http import httpx
-from qwen_embed_plugins.bench import corpus
+from qwen_embed_plugins._bench.corpus import corpus
 from qwen_embed_plugins.testing import EmbeddingServer
 
 MODES = ("naive_sdk", "shared_sdk", "ours_sync", "ours_async", "raw_sync", "raw_async")

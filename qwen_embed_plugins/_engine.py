@@ -27,19 +27,18 @@ A batch flow decides:
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import time
-from collections.abc import Callable, Generator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import orjson
 
 from . import pool, servers
+from ._run import Call, Flow, Part, Send, Sleep
 from .balance import Endpoint, Replica, ReplicaState, endpoint_for
 from .config import EmbeddingConfig, OnError, insecure_key_target, known_model_dims
 from .errors import (
@@ -72,7 +71,7 @@ from .protocol import (
 from .retry import RetryState, classify, is_health_failure, parse_retry_after, retry_reason
 from .transport import Reply, Request
 
-__all__ = ["Call", "Engine", "Send", "Sleep", "run_async", "run_sync"]
+__all__ = ["Engine"]
 
 _log = logging.getLogger("qwen_embed_plugins")
 
@@ -88,33 +87,6 @@ _SERVER_WIDE_LEAVES = 3
 _MAX_WARNINGS = 5
 
 
-# --------------------------------------------------------------------------- operations
-
-
-class Send:
-    """Operation: perform ``request`` on ``replica``'s pool; the flow receives the
-    ``Reply`` (or has the translated ``QwenEmbedError`` thrown in)."""
-
-    __slots__ = ("replica", "request")
-
-    def __init__(self, replica: Replica, request: Request) -> None:
-        self.replica = replica
-        self.request = request
-
-
-class Sleep:
-    """Operation: wait ``seconds`` before going on."""
-
-    __slots__ = ("seconds",)
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-
-
-Op = Send | Sleep
-Flow = Generator[Op, Any, Any]
-
-
 class _Split(Exception):
     """The chosen replica accepts fewer texts (or tokens) per request than this batch."""
 
@@ -124,54 +96,12 @@ class _Split(Exception):
         self.tokens = tokens
 
 
-# --------------------------------------------------------------------------- call state
-
-
-@dataclass
-class Call:
-    """One embedding call under way.
-
-    Attributes:
-        started: monotonic start time, in seconds.
-        deadline: seconds the call may take in all (``None``: no deadline).
-        on_error: ``"raise"`` or ``"skip"`` for inputs the server cannot embed.
-        failures: the caller's index -> its error, for inputs that failed.
-        stop: set once an input error decided a ``"raise"`` call: no new batch starts.
-    """
-
-    started: float
-    deadline: float | None
-    on_error: OnError = "raise"
-    failures: dict[int, QwenEmbedError] = field(default_factory=dict)
-    stop: bool = False
-
-    def remaining(self) -> float | None:
-        if self.deadline is None:
-            return None
-        return self.deadline - (time.monotonic() - self.started)
-
-
 @dataclass
 class _Bisection:
     ok: int = 0
     max_ok: int = 0
     failed_leaves: int = 0
     input_failed: bool = False
-
-
-class Part:
-    """The result of one planned batch: decoded rows (possibly in pieces, when the
-    batch was split) and the inputs that failed."""
-
-    __slots__ = ("failed", "pieces")
-
-    def __init__(self) -> None:
-        self.pieces: list[tuple[int, FloatArray]] = []  # (offset in the batch, rows)
-        self.failed: dict[int, QwenEmbedError] = {}  # offset in the batch -> error
-
-    def merge(self, other: Part, offset: int) -> None:
-        self.pieces.extend((offset + o, rows) for o, rows in other.pieces)
-        self.failed.update({offset + o: e for o, e in other.failed.items()})
 
 
 # --------------------------------------------------------------------------- the engine
@@ -183,17 +113,32 @@ class Engine:
     def __init__(self, config: EmbeddingConfig) -> None:
         self.config = config
         self.model: str = config.model or ""
-        self.secret = config.api_key_value()
+        self._api_key = config.api_key  # a Secret: never shown by repr or vars()
         self.endpoint: Endpoint = endpoint_for(config)
         self.timeouts = config.timeouts
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        if self.secret is not None:
-            headers["Authorization"] = f"Bearer {self.secret}"
-        self.headers = headers
+        self.headers = _Headers(self._api_key)
         self.fixed = None if config.server == "auto" else servers.get_profile(str(config.server))
         self._contexts: dict[str, ErrorContext] = {}
+        self._gates: dict[str, Any] = {}
         self._insecure_warned = False
         self.append_eos = config.append_eos is True
+
+    def adaptive_gate(self, replica: Replica) -> Any:
+        """The adaptive concurrency gate of ``replica`` when ``max_concurrency="auto"``
+        (``adaptive.gate_for``), else ``None``."""
+        if self.config.max_concurrency != "auto":
+            return None
+        gate = self._gates.get(replica.url)
+        if gate is None:
+            from .adaptive import gate_for
+
+            gate = self._gates[replica.url] = gate_for(replica.key)
+        return gate
+
+    @property
+    def secret(self) -> str | None:
+        """The API key (for scrubbing and the SDK); ``None`` without one."""
+        return self.config.api_key_value()
 
     # ---------------------------------------------------------------- per replica
 
@@ -203,7 +148,7 @@ class Engine:
             t = self.timeouts
             found = self._contexts[replica.url] = ErrorContext(
                 url=replica.label,
-                secret=self.secret,
+                secret=self._api_key,
                 connect=t.connect,
                 read=t.read,
                 write=t.write,
@@ -407,9 +352,17 @@ class Engine:
     # ---------------------------------------------------------------- flows
 
     def request_flow(
-        self, call: Call, texts: Sequence[str], indices: Sequence[int], *, bisectable: bool
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        *,
+        bisectable: bool,
+        bisecting: bool = False,
     ) -> Flow:
-        """Send one batch until it is answered, with retries; returns
+        """Send one batch until it is answered, with retries (within a bisection, a
+        failure one input may cause is not retried: its batch already showed it twice);
+        returns
         ``(rows n x dim, squared norms, bad rows, replica, state)``."""
         policy = self.config.retry
         rs = RetryState(policy=policy, started=call.started, deadline=call.deadline)
@@ -543,13 +496,14 @@ class Engine:
             if force_float:
                 force_float = False  # float failed too: base64 is not the cause
             if (
-                bisectable
+                (bisectable or bisecting)
                 and _maybe_input(error)
-                and (fresh or rs.stale_resent)
-                and (rs.attempts >= 1 or classify(error) == "fatal")
+                and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
+                and (rs.attempts >= 1 or bisecting or classify(error) == "fatal")
             ):
                 # failed again (a transient fault rarely repeats): one of the inputs,
-                # or the batch's size, is the likelier cause: bisect
+                # or the batch's size, is the likelier cause: bisect (or, for a single
+                # text, it is that text's error)
                 error._replica = replica  # type: ignore[attr-defined]
                 raise error
             delay = rs.next_delay(error, now=time.monotonic(), fresh_connection=fresh)
@@ -578,7 +532,7 @@ class Engine:
         part = Part()
         try:
             rows, sq, bad, replica, state, dims = yield from self.request_flow(
-                call, texts, indices, bisectable=len(texts) > 1
+                call, texts, indices, bisectable=len(texts) > 1, bisecting=bis is not None
             )
         except _Split as split:
             if split.count is not None:
@@ -871,6 +825,37 @@ class Engine:
 # --------------------------------------------------------------------------- helpers
 
 
+class _Headers(Mapping[str, str]):
+    """The request headers of a client: the ``Authorization`` value is built from the
+    ``Secret`` only when the transport reads it, and never appears in a ``repr``."""
+
+    __slots__ = ("_base", "_key")
+
+    def __init__(self, key: Any) -> None:
+        self._key = key
+        self._base = {"Content-Type": "application/json", "Accept": "application/json"}
+
+    def _all(self) -> dict[str, str]:
+        if self._key is None:
+            return self._base
+        return {**self._base, "Authorization": f"Bearer {self._key.get_secret_value()}"}
+
+    def __getitem__(self, name: str) -> str:
+        return self._all()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._base) + (self._key is not None)
+
+    def __repr__(self) -> str:
+        shown = dict(self._base)
+        if self._key is not None:
+            shown["Authorization"] = "Bearer **********"
+        return f"_Headers({shown!r})"
+
+
 def _pin(exc: QwenEmbedError, index: int) -> None:
     """Give ``exc`` the caller's input index (and say it in the message once)."""
     current = getattr(exc, "index", None)
@@ -919,140 +904,3 @@ def _named_position(exc: QwenEmbedError, count: int) -> int | None:
     if match and int(match.group(1)) < count:
         return int(match.group(1))
     return None
-
-
-# --------------------------------------------------------------------------- drivers
-
-
-def run_sync(flow: Flow, send: Callable[[Send], Reply]) -> Any:
-    """Run ``flow`` with blocking I/O: ``send`` performs a ``Send``; ``Sleep`` sleeps."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            op = flow.send(value) if error is None else flow.throw(error)
-        except StopIteration as stop:
-            return stop.value
-        value = error = None
-        if type(op) is Send:
-            try:
-                value = send(op)
-            except QwenEmbedError as exc:
-                error = exc
-        else:
-            assert type(op) is Sleep
-            time.sleep(op.seconds)
-
-
-async def run_async(flow: Flow, send: Callable[[Send], Any]) -> Any:
-    """Run ``flow`` on the running loop: ``send`` returns an awaitable ``Reply``."""
-    value: Any = None
-    error: BaseException | None = None
-    try:
-        while True:
-            try:
-                op = flow.send(value) if error is None else flow.throw(error)
-            except StopIteration as stop:
-                return stop.value
-            value = error = None
-            if type(op) is Send:
-                try:
-                    value = await send(op)
-                except QwenEmbedError as exc:
-                    error = exc
-            else:
-                assert type(op) is Sleep
-                await asyncio.sleep(op.seconds)
-    finally:
-        flow.close()  # a cancelled call finishes its accounting ("cancelled")
-
-
-# --------------------------------------------------------------------------- windows
-
-_executor: ThreadPoolExecutor | None = None
-_EXECUTOR_THREADS = 64
-
-
-def shared_executor() -> ThreadPoolExecutor:
-    """Threads that carry concurrent batches of sync calls (one set per process)."""
-    global _executor
-    ex = _executor
-    if ex is None:
-        ex = _executor = ThreadPoolExecutor(
-            max_workers=_EXECUTOR_THREADS, thread_name_prefix="qwen-embed"
-        )
-    return ex
-
-
-def executor_after_fork() -> None:
-    global _executor
-    _executor = None  # its threads do not exist in the child
-
-
-def _pick_error(call: Call, errors: list[BaseException]) -> BaseException:
-    """The error a failed call raises: an input error with the lowest index when the
-    call stopped on bad inputs, else the first error."""
-    inputs = [e for e in errors if getattr(e, "index", None) is not None]
-    if inputs:
-        return min(inputs, key=lambda e: e.index)  # type: ignore[attr-defined]
-    return errors[0]
-
-
-def run_windowed(count: int, job: Callable[[int], None], limit: int, call: Call) -> None:
-    """Run ``job(0..count-1)`` with at most ``limit`` in flight (threads). On a failure
-    no new job starts; jobs under way finish, then the chosen error is raised."""
-    if count == 1 or limit == 1:
-        for i in range(count):
-            if call.stop:
-                break
-            job(i)
-        return
-    ex = shared_executor()
-    pending: set[Future[None]] = set()
-    errors: list[BaseException] = []
-    nxt = 0
-    while nxt < count or pending:
-        while nxt < count and len(pending) < limit and not errors and not call.stop:
-            pending.add(ex.submit(job, nxt))
-            nxt += 1
-        if not pending:
-            break
-        done, pending = wait(pending, return_when=FIRST_COMPLETED)
-        for fut in done:
-            exc = fut.exception()
-            if exc is not None:
-                errors.append(exc)
-    if errors:
-        raise _pick_error(call, errors)
-
-
-async def arun_windowed(count: int, job: Callable[[int], Any], limit: int, call: Call) -> None:
-    """Async twin of ``run_windowed``: tasks on the running loop."""
-    if count == 1 or limit == 1:
-        for i in range(count):
-            if call.stop:
-                break
-            await job(i)
-        return
-    pending: set[asyncio.Future[None]] = set()
-    errors: list[BaseException] = []
-    nxt = 0
-    try:
-        while nxt < count or pending:
-            while nxt < count and len(pending) < limit and not errors and not call.stop:
-                pending.add(asyncio.ensure_future(job(nxt)))
-                nxt += 1
-            if not pending:
-                break
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for task in done:
-                exc = task.exception()
-                if exc is not None:
-                    errors.append(exc)
-    finally:
-        for task in pending:
-            task.cancel()
-        if pending:
-            await asyncio.gather(*pending, return_exceptions=True)
-    if errors:
-        raise _pick_error(call, errors)

@@ -14,7 +14,7 @@ import orjson
 from . import pool
 from ._http import httpx
 from .config import PoolKey
-from .errors import ErrorContext, QwenEmbedError, from_sdk
+from .errors import ErrorContext, QwenEmbedError, from_sdk, scrub
 from .transport import Reply
 
 __all__ = ["AsyncSDKHTTPClient", "SDKHTTPClient", "async_openai", "sdk_reply", "sync_openai"]
@@ -128,6 +128,15 @@ def sdk_reply(response: Any) -> Reply:
     return Reply(status=200, headers={}, body=orjson.dumps(payload), fresh=True)
 
 
+class SDKError(Exception):
+    """The scrubbed text of an openai SDK exception: the ``__cause__`` of the library error
+    raised for it, so a traceback never prints a server echo of the key."""
+
+
 def translate(exc: BaseException, ctx: ErrorContext, status_error: Any) -> QwenEmbedError:
-    """An SDK failure as this library's error (see ``errors.from_sdk``)."""
-    return from_sdk(exc, ctx, status_error=status_error)
+    """An SDK failure as this library's error (see ``errors.from_sdk``), chained to a
+    scrubbed copy of the SDK exception (raise it ``from error.__cause__``)."""
+    error = from_sdk(exc, ctx, status_error=status_error)
+    cause = SDKError(f"{type(exc).__module__}.{type(exc).__name__}: {scrub(str(exc), ctx.key())}")
+    error.__cause__ = cause
+    return error

@@ -194,6 +194,9 @@ class Endpoint:
         self.threshold = threshold
         self._turn = itertools.count()
         self.opened = 0
+        from ._run import HedgeBudget
+
+        self.hedges = HedgeBudget()
 
     def check_open(self) -> None:
         """At the start of a call: raise ``CircuitOpenError`` when every replica has
@@ -283,4 +286,10 @@ def endpoint_for(config: EmbeddingConfig) -> Endpoint:
                 open_after=retry.circuit_open_after,
                 threshold=retry.circuit_failure_threshold,
             )
+            if len(replicas) > 1:
+                from .metrics import register_group
+
+                register_group(
+                    ",".join(r.label for r in replicas), tuple(r.label for r in replicas)
+                )
         return found

@@ -17,16 +17,34 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-from . import _engine, _sdk, pool
-from ._engine import Engine, Part, Send, arun_windowed, run_async, run_sync, run_windowed
+from . import _sdk, pool
+from ._engine import Engine
+from ._run import (
+    Part,
+    Send,
+    ahedged,
+    arun_windowed,
+    executor_after_fork,
+    hedged,
+    run_async,
+    run_sync,
+    run_windowed,
+)
 from .config import EmbeddingConfig, OnError
-from .errors import QwenEmbedError
+from .errors import (
+    HTTPStatusError,
+    PoolTimeout,
+    QwenEmbedError,
+    TimeoutException,
+    pool_timeout_error,
+)
 from .protocol import (
     BatchPlan,
     FloatArray,
@@ -88,6 +106,18 @@ class EmbeddingResult:
         if self.errors:
             mask[list(self.errors)] = False
         return mask
+
+
+_AUTO_WINDOW = 256
+_OVERLOAD_STATUS = frozenset({429, 503})
+
+
+def _overload(exc: QwenEmbedError) -> bool:
+    """Whether a failed exchange says the server is past its capacity (a sample that
+    should shrink an adaptive limit)."""
+    if isinstance(exc, HTTPStatusError):
+        return exc.status in _OVERLOAD_STATUS
+    return isinstance(exc, TimeoutException) and not isinstance(exc, PoolTimeout)
 
 
 # --------------------------------------------------------------------------- sinks
@@ -217,7 +247,8 @@ class _ClientBase:
 
     def _window(self, plan: BatchPlan) -> int:
         concurrency = self._config.max_concurrency
-        return concurrency if isinstance(concurrency, int) else 4
+        # "auto": the endpoint's adaptive gate bounds the requests in flight
+        return concurrency if isinstance(concurrency, int) else _AUTO_WINDOW
 
     @staticmethod
     def _batch_counts(plan: BatchPlan) -> list[int]:
@@ -376,6 +407,24 @@ class EmbeddingClient(_ClientBase):
     # ----------------------------------------------------------------- internals
 
     def _send(self, op: Send) -> Reply:
+        gate = self._engine.adaptive_gate(op.replica)
+        if gate is None:
+            return self._exchange(op)
+        if not gate.acquire(op.request.timeouts.pool):
+            raise pool_timeout_error(op.request.ctx)
+        started = time.perf_counter()
+        overload = True
+        try:
+            reply = self._exchange(op)
+            overload = reply.status in _OVERLOAD_STATUS
+            return reply
+        except QwenEmbedError as exc:
+            overload = _overload(exc)
+            raise
+        finally:
+            gate.release(time.perf_counter() - started, overload)
+
+    def _exchange(self, op: Send) -> Reply:
         if self._config.use_sdk:
             return self._send_sdk(op)
         key = op.replica.key
@@ -393,7 +442,8 @@ class EmbeddingClient(_ClientBase):
             )
             return _sdk.sdk_reply(response)
         except Exception as exc:
-            raise self._sdk_error(exc, op, ctx) from exc
+            error = self._sdk_error(exc, op, ctx)
+            raise error from error.__cause__
 
     def _sdk_error(self, exc: Exception, op: Send, ctx: Any) -> QwenEmbedError:
         engine = self._engine
@@ -409,8 +459,16 @@ class EmbeddingClient(_ClientBase):
     def _embed_one(self, text: str, *, query: bool) -> FloatArray:
         engine = self._engine
         call = engine.new_call(query=query)
-        part: Part = run_sync(engine.batch_flow(call, [text], [0]), self._send)
-        row: FloatArray = part.pieces[0][1][0]
+
+        def one(abandon: threading.Event | None = None) -> FloatArray:
+            part: Part = run_sync(engine.batch_flow(call, [text], [0]), self._send, abandon)
+            row: FloatArray = part.pieces[0][1][0]
+            return row
+
+        delay = engine.endpoint.p95() if query and self._config.hedge else None
+        if delay is None:
+            return one()
+        row: FloatArray = hedged(one, delay, engine.endpoint.hedges)
         return row
 
     def _embed(
@@ -547,6 +605,24 @@ class AsyncEmbeddingClient(_ClientBase):
     # ----------------------------------------------------------------- internals
 
     async def _send(self, op: Send) -> Reply:
+        gate = self._engine.adaptive_gate(op.replica)
+        if gate is None:
+            return await self._exchange(op)
+        if not await gate.aacquire(op.request.timeouts.pool):
+            raise pool_timeout_error(op.request.ctx)
+        started = time.perf_counter()
+        overload = True
+        try:
+            reply = await self._exchange(op)
+            overload = reply.status in _OVERLOAD_STATUS
+            return reply
+        except QwenEmbedError as exc:
+            overload = _overload(exc)
+            raise
+        finally:
+            gate.release(time.perf_counter() - started, overload)
+
+    async def _exchange(self, op: Send) -> Reply:
         if self._config.use_sdk:
             return await self._send_sdk(op)
         key = op.replica.key
@@ -564,13 +640,22 @@ class AsyncEmbeddingClient(_ClientBase):
             )
             return _sdk.sdk_reply(response)
         except Exception as exc:
-            raise EmbeddingClient._sdk_error(self, exc, op, ctx) from exc  # type: ignore[arg-type]
+            error = EmbeddingClient._sdk_error(self, exc, op, ctx)  # type: ignore[arg-type]
+            raise error from error.__cause__
 
     async def _embed_one(self, text: str, *, query: bool) -> FloatArray:
         engine = self._engine
         call = engine.new_call(query=query)
-        part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._send)
-        row: FloatArray = part.pieces[0][1][0]
+
+        async def one() -> FloatArray:
+            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._send)
+            row: FloatArray = part.pieces[0][1][0]
+            return row
+
+        delay = engine.endpoint.p95() if query and self._config.hedge else None
+        if delay is None:
+            return await one()
+        row: FloatArray = await ahedged(one, delay, engine.endpoint.hedges)
         return row
 
     async def _embed(
@@ -603,4 +688,4 @@ class AsyncEmbeddingClient(_ClientBase):
         return sink
 
 
-os.register_at_fork(after_in_child=_engine.executor_after_fork)
+os.register_at_fork(after_in_child=executor_after_fork)

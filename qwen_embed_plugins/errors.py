@@ -42,7 +42,7 @@ from __future__ import annotations
 import builtins
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -660,13 +660,21 @@ class ErrorContext:
     """
 
     url: str
-    secret: str | None = None
+    secret: Any = field(default=None, repr=False)  # a config.Secret (or None)
     connect: float | None = None
     read: float | None = None
     write: float | None = None
     pool: float | None = None
     total: float | None = None
     max_connections: int | None = None
+
+    def key(self) -> str | None:
+        """The API key to scrub from texts (``None``: no key)."""
+        secret = self.secret
+        if secret is None or isinstance(secret, str):
+            return secret
+        value: str = secret.get_secret_value()
+        return value
 
 
 _REFUSED_WORDS = ("REFUSED_STREAM", "ConnectionTerminated")
@@ -721,7 +729,7 @@ def from_httpx(exc: BaseException, ctx: ErrorContext) -> TransportError:
     from ._http import httpx
 
     label = ctx.url
-    text = scrub(str(exc), ctx.secret) or type(exc).__name__
+    text = scrub(str(exc), ctx.key()) or type(exc).__name__
     if isinstance(exc, httpx.ConnectTimeout):
         return ConnectTimeout(
             f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
@@ -758,7 +766,7 @@ def from_aiohttp(exc: BaseException, ctx: ErrorContext) -> TransportError:
     import aiohttp
 
     label = ctx.url
-    text = scrub(str(exc), ctx.secret) or type(exc).__name__
+    text = scrub(str(exc), ctx.key()) or type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return ConnectTimeout(
             f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
@@ -809,10 +817,10 @@ def from_sdk(exc: BaseException, ctx: ErrorContext, *, status_error: Any = None)
         return from_httpx(cause, ctx)
     if isinstance(exc, openai.APIConnectionError):
         return ConnectError(
-            f"request to {ctx.url} failed: {scrub(str(exc), ctx.secret)}", url=ctx.url
+            f"request to {ctx.url} failed: {scrub(str(exc), ctx.key())}", url=ctx.url
         )
     return ResponseError(
         f"{ctx.url} sent a response the openai SDK could not read: "
-        f"{type(exc).__name__}: {scrub(str(exc), ctx.secret)[:200]}",
+        f"{type(exc).__name__}: {scrub(str(exc), ctx.key())[:200]}",
         url=ctx.url,
     )

@@ -24,6 +24,7 @@ __all__ = [
     "EndpointMetrics",
     "NullMetrics",
     "metrics_for",
+    "register_group",
     "reset_metrics",
     "stats",
 ]
@@ -211,11 +212,60 @@ def metrics_for(label: str) -> EndpointMetrics:
         return found
 
 
+_groups: dict[str, tuple[str, ...]] = {}
+
+
+def register_group(label: str, members: tuple[str, ...]) -> None:
+    """Report ``label`` (an endpoint of several replicas) in ``stats()`` as the total of
+    its ``members``' rows (their replica labels)."""
+    with _registry_lock:
+        _groups[label] = members
+
+
+def _merge(snaps: list[dict[str, Any]]) -> dict[str, Any]:
+    """The total of several snapshots (counters and histograms added up)."""
+    out: dict[str, Any] = {}
+    for snap in snaps:
+        for name, value in snap.items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                out[name] = out.get(name, 0) + value
+            elif isinstance(value, dict) and "buckets" in value:
+                got = out.get(name)
+                if got is None:
+                    out[name] = {
+                        "buckets": list(value["buckets"]),
+                        "sum": value["sum"],
+                        "count": value["count"],
+                    }
+                else:
+                    got["buckets"] = [
+                        (b, n + m)
+                        for (b, n), (_, m) in zip(got["buckets"], value["buckets"], strict=True)
+                    ]
+                    got["sum"] += value["sum"]
+                    got["count"] += value["count"]
+            elif isinstance(value, dict):
+                merged = out.setdefault(name, {})
+                for key, n in value.items():
+                    merged[key] = merged.get(key, 0) + n
+    return out
+
+
 def stats() -> dict[str, dict[str, Any]]:
-    """Snapshot of every endpoint's metrics, keyed by endpoint label."""
+    """Snapshot of every endpoint's metrics, keyed by endpoint label: one row per server
+    (replica), plus, for an endpoint of several replicas, a row labelled with their
+    comma-separated labels holding the endpoint's totals (``"replicas"`` lists them)."""
     with _registry_lock:
         items = list(_registry.items())
-    return {label: m.snapshot() for label, m in items}
+        groups = dict(_groups)
+    out = {label: m.snapshot() for label, m in items}
+    for label, members in groups.items():
+        rows = [out[m] for m in members if m in out]
+        if rows:
+            total = _merge(rows)
+            total["replicas"] = list(members)
+            out[label] = total
+    return out
 
 
 def reset_metrics() -> None:

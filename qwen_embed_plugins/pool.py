@@ -38,9 +38,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._async_http import AsyncTransport
 from .config import PoolKey
 from .metrics import EndpointMetrics, metrics_for
-from .transport import AsyncTransport, ProcessGate, SyncTransport
+from .transport import ProcessGate, SyncTransport
 
 __all__ = [
     "aclose_all",
@@ -296,8 +297,9 @@ def _ensure_reaper() -> None:
 def close_all() -> None:
     """Close every shared sync pool and release every async pool now.
 
-    Async pools are closed inside their own loop when it is running (scheduled there),
-    else their sockets are closed directly. Later calls simply open new connections;
+    An async pool is closed inside its own event loop (scheduled there: at once if the
+    loop is running, else when it next runs); the sockets of a closed loop's pool are
+    closed directly. Later calls simply open new connections;
     requests in flight on a closed pool are resent once on a new one (a close is never
     counted against the endpoint's health).
     """
@@ -313,10 +315,11 @@ def close_all() -> None:
         for slot in slots:
             loop = slot.loop_ref()
             slot.dead = True
-            if loop is not None and loop.is_running() and not loop.is_closed():
-                transport = slot.transport
+            if loop is not None and not loop.is_closed():
+                # Close it inside its own loop: now if the loop is running, else the
+                # next time it runs (its sockets belong to that loop's selector).
                 with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_close_soon, transport)
+                    loop.call_soon_threadsafe(_close_soon, slot.transport)
                     continue
             _abandon(slot)
 
@@ -352,7 +355,8 @@ def pool_stats() -> dict[str, dict[str, Any]]:
     ``async_clients`` (transports open now), ``connections_opened``, ``requests``,
     ``in_flight``, ``stale_retries``, ``retries``, ``texts`` (counts since start or
     ``reset_metrics()``). Pools of one URL with different transport settings add up in
-    its row."""
+    its row. An endpoint of several replicas also gets a row, labelled with their
+    comma-separated labels, holding their totals (``replicas`` lists them)."""
     with _lock:
         entries = list(_entries.values())
     out: dict[str, dict[str, Any]] = {}
@@ -379,6 +383,25 @@ def pool_stats() -> dict[str, dict[str, Any]]:
             "texts",
         ):
             row[name] = snap[name]
+    from .metrics import stats
+
+    for label, snap in stats().items():
+        members = snap.get("replicas")
+        if members and all(m in out for m in members):
+            total: dict[str, Any] = {"replicas": list(members)}
+            for name in ("pools", "sync_clients", "async_clients"):
+                total[name] = sum(out[m][name] for m in members)
+            total["fingerprints"] = [f for m in members for f in out[m]["fingerprints"]]
+            for name in (
+                "connections_opened",
+                "requests",
+                "in_flight",
+                "stale_retries",
+                "retries",
+                "texts",
+            ):
+                total[name] = snap[name]
+            out[label] = total
     return out
 
 

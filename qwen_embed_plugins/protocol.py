@@ -47,6 +47,19 @@ __all__ = [
 FloatArray = npt.NDArray[np.float32]
 
 _NUMBER_TYPES = frozenset({float, int})
+
+try:  # SIMD base64: ~20x faster than binascii on a 1,024-dim vector (bench/profile_paths)
+    from pybase64 import b64decode as _pybase64_decode
+
+    def _b64decode(text: str) -> bytes:
+        return _pybase64_decode(text, validate=True)
+
+except ImportError:  # pragma: no cover - pybase64 is a dependency; stay correct without it
+
+    def _b64decode(text: str) -> bytes:
+        return binascii.a2b_base64(text, strict_mode=True)
+
+
 _NORM_TOLERANCE = 1e-4
 _SQ_LOW = (1.0 - _NORM_TOLERANCE) ** 2
 _SQ_HIGH = (1.0 + _NORM_TOLERANCE) ** 2
@@ -234,7 +247,7 @@ def _vector(item: Mapping[str, Any], row: int, where: int) -> FloatArray:
     emb = item.get("embedding")
     if isinstance(emb, str):
         try:
-            raw = binascii.a2b_base64(emb, strict_mode=True)
+            raw = _b64decode(emb)
         except (binascii.Error, ValueError) as exc:
             raise ResponseError(
                 f"embedding for input index {where} is not valid base64", index=where

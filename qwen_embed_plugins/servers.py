@@ -6,36 +6,31 @@ One frozen `ServerProfile` per server people run Qwen3-Embedding on (``sglang``,
 prefix, its batch limit, whether it accepts ``encoding_format="base64"``, what it does
 with ``dimensions``, its error body shape, its overload status and its idle keep-alive.
 
-The client picks the profile once per endpoint and process (`detect` / `adetect`),
-unless ``EmbeddingConfig(server=...)`` names it:
+The client knows the profile of each server (replica) once per process, unless
+``EmbeddingConfig(server=...)`` names it, without spending a request on it:
 
-1. from the base URL alone, no request: DashScope (``*.aliyuncs.com`` or a
-   ``/compatible-mode/`` path) and SiliconFlow (``api.siliconflow.cn`` / ``.com``);
-2. otherwise ONE cheap ``GET {base_url}/models`` through the endpoint's shared pool (to
-   the configured base URL only, short timeout), read by `identify_models`:
-   ``owned_by`` (``sglang``, ``vllm``, ``llamacpp``, ``infinity``, Ollama's ``library``),
-   response headers (llama.cpp's ``Server``, SiliconFlow's trace id), and the shape of a
-   404 (TEI has no ``/v1/models``: axum answers an empty 404; an Infinity started without
-   ``--url-prefix /v1`` answers FastAPI's ``{"detail": "Not Found"}`` under ``/v1``);
-3. any failure of the probe gives the generic profile; detection never fails an
-   embedding call. A generic endpoint is refined later from the first embedding
-   response's headers (`identify_response`, free).
+1. from the base URL alone: DashScope (``*.aliyuncs.com`` or a ``/compatible-mode/``
+   path) and SiliconFlow (``api.siliconflow.cn`` / ``.com``) (`identify_url`);
+2. otherwise from the server's first answer (`identify_response`): headers (llama.cpp's
+   ``Server``, TEI's ``x-compute-*``, SiliconFlow's and DashScope's ids) and the 200
+   body (vLLM's ``embd-`` ids, Infinity's ``infinity-`` ids, SGLang's usage fields).
+   What matters for the wire (a batch limit, base64, ``dimensions``, a missing ``/v1``
+   prefix) is learned from the answers themselves, so the first request never waits
+   for a probe. Ollama's answers are the generic OpenAI shape: it is served with the
+   generic profile, which behaves the same for it.
 
-`identify_info` reads the other detection answers (TEI ``/info``, SGLang
-``/server_info``, Ollama ``/api/version``, llama.cpp ``/props``, ``/health``) for tools
-that have them at hand; the client itself never sends more than the one probe.
+Tools may spend one bounded request: `probe_models` (``GET /models``, a total time
+budget and a size cap) reads ``owned_by`` and the shape of a 404 (`identify_models`), and
+`identify_info` reads the servers' own info endpoints (TEI ``/info``, SGLang
+``/server_info``, Ollama ``/api/version``, llama.cpp ``/props``, ``/health``).
 
 Sources of each fact are given next to the profile (server source file or docs).
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
-import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
@@ -51,15 +46,12 @@ __all__ = [
     "Detection",
     "DimensionsMode",
     "ServerProfile",
-    "adetect",
-    "cached_detection",
-    "detect",
-    "forget",
     "get_profile",
     "identify_info",
     "identify_models",
     "identify_response",
     "identify_url",
+    "probe_models",
     "refine_error",
     "wire_dimensions",
 ]
@@ -540,157 +532,69 @@ def refine_error(profile: ServerProfile, error: HTTPStatusError) -> HTTPStatusEr
     return error
 
 
-# --------------------------------------------------------------------------- registry
+# --------------------------------------------------------------------------- probe
 
-_PROBE_TIMEOUT: Final = 5.0  # seconds, at most (the config's own timeouts cap it)
-_WAIT_POLL: Final = 0.005
-
-
-@dataclass
-class _Slot:
-    state: str = "new"  # "new" | "probing" | "done"
-    done: threading.Event = field(default_factory=threading.Event)
-    detection: Detection | None = None
+PROBE_BUDGET: Final = 5.0
+"""Seconds a detection probe may take in all (connect, send, every byte of the answer)."""
+PROBE_MAX_BYTES: Final = 1 << 20
+"""The largest ``/models`` answer a probe reads, in bytes."""
 
 
-_lock = threading.Lock()
-_slots: dict[Any, _Slot] = {}
+def probe_models(config: Any, *, budget: float = PROBE_BUDGET, url: str | None = None) -> Detection:
+    """Identify a server with ONE bounded ``GET {base_url}/models`` (for tools such as
+    ``qwen-embed check``; the embedding path never probes: it reads the first answer).
 
+    The probe goes through the endpoint's shared pool, takes at most ``budget`` seconds
+    in all (a trickling answer cannot hold it longer) and reads at most
+    ``PROBE_MAX_BYTES`` (an endless or inflating body is cut). Never raises: any failure
+    gives the generic profile, with the reason in ``Detection.source``.
 
-def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()
-    for key, slot in list(_slots.items()):
-        if slot.state != "done":  # the prober thread does not exist in the child
-            _slots[key] = _Slot()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def cached_detection(key: Any) -> Detection | None:
-    """The detection made for the pool key ``key`` in this process, if done."""
-    slot = _slots.get(key)
-    return slot.detection if slot is not None and slot.state == "done" else None
-
-
-def forget(key: Any | None = None) -> None:
-    """Drop the cached detection of ``key`` (every key when ``None``): the next call
-    detects again."""
-    with _lock:
-        if key is None:
-            _slots.clear()
-        else:
-            _slots.pop(key, None)
-
-
-def _claim(key: Any) -> tuple[_Slot, bool]:
-    with _lock:
-        slot = _slots.get(key)
-        if slot is None:
-            slot = _slots[key] = _Slot()
-        if slot.state == "new":
-            slot.state = "probing"
-            return slot, True
-        return slot, False
-
-
-def _finish(key: Any, slot: _Slot, detection: Detection) -> Detection:
-    with _lock:
-        slot.detection = detection
-        slot.state = "done"
-        _slots[key] = slot
-    slot.done.set()
-    return detection
-
-
-def _release(key: Any, slot: _Slot) -> None:
-    with _lock:
-        if _slots.get(key) is slot:
-            del _slots[key]
-    slot.done.set()
-
-
-def upgrade(key: Any, detection: Detection) -> None:
-    """Replace a generic detection of ``key`` by ``detection`` (from a response)."""
-    with _lock:
-        slot = _slots.get(key)
-        if (
-            slot is not None
-            and slot.state == "done"
-            and slot.detection is not None
-            and slot.detection.profile is GENERIC
-        ):
-            slot.detection = detection
-
-
-def _probe_request(base_url: str, timeout: Any) -> tuple[str, dict[str, Any]]:
-    url = f"{base_url.rstrip('/')}/models"
-    return url, {"headers": {"Accept": "application/json"}, "timeout": timeout}
-
-
-def _read(response: Any, base_url: str) -> Detection:
-    return identify_models(
-        response.status_code, response.headers, response.content, base_url=base_url
-    )
-
-
-def _known(key: Any, base_url: str) -> Detection | None:
-    """What needs no probe: a hosted API recognised by its URL, or a cached detection."""
-    found = identify_url(base_url)
-    return found if found is not None else cached_detection(key)
-
-
-def detect(key: Any, base_url: str, get_client: Callable[[], Any], http_timeout: Any) -> Detection:
-    """The endpoint's detection, probing once per process (blocking).
-
-    Threads that arrive while another probes wait for it (at most the probe timeout).
-    Never raises: any failure gives the generic profile.
+    Args:
+        config: the endpoint's ``EmbeddingConfig``.
+        budget: seconds for the whole probe (default 5).
+        url: which replica to probe (default the first).
     """
-    known = _known(key, base_url)
+    from . import pool
+    from .errors import ErrorContext, QwenEmbedError
+    from .transport import Request
+
+    base = url or config.replicas[0]
+    known = identify_url(base)
     if known is not None:
         return known
-    slot, prober = _claim(key)
-    if not prober:
-        slot.done.wait(_PROBE_TIMEOUT * 2)
-        return slot.detection or Detection(GENERIC, "detection still running")
-    detection = Detection(GENERIC, "GET /models failed")
+    t = config.timeouts
+    timeouts = t.replace(
+        connect=min(t.connect or budget, budget),
+        read=min(t.read or budget, budget),
+        write=min(t.write or budget, budget),
+        pool=min(t.pool or budget, budget),
+        total=budget,
+    )
+    headers = {"Accept": "application/json"}
+    key = config.api_key_value()
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = Request(
+        "GET",
+        f"{base}/models",
+        b"",
+        headers,
+        timeouts,
+        budget,
+        PROBE_MAX_BYTES,
+        ErrorContext(
+            url=base,
+            secret=config.api_key,
+            connect=timeouts.connect,
+            read=timeouts.read,
+            pool=timeouts.pool,
+            total=budget,
+        ),
+    )
     try:
-        url, kwargs = _probe_request(base_url, http_timeout)
-        detection = _read(get_client().get(url, **kwargs), base_url)
-    except Exception as exc:  # never fail an embedding call over detection
-        detection = Detection(GENERIC, f"GET /models failed: {type(exc).__name__}")
-    return _finish(key, slot, detection)
-
-
-async def adetect(
-    key: Any, base_url: str, get_client: Callable[[], Any], http_timeout: Any
-) -> Detection:
-    """The async twin of `detect` (the probe runs on the running loop's client)."""
-    known = _known(key, base_url)
-    if known is not None:
-        return known
-    slot, prober = _claim(key)
-    if not prober:
-        deadline = time.monotonic() + _PROBE_TIMEOUT * 2
-        # The prober may run on another thread's loop: poll its threading.Event.
-        while not slot.done.is_set() and time.monotonic() < deadline:  # noqa: ASYNC110
-            await asyncio.sleep(_WAIT_POLL)
-        return slot.detection or Detection(GENERIC, "detection still running")
-    detection = Detection(GENERIC, "GET /models failed")
-    try:
-        url, kwargs = _probe_request(base_url, http_timeout)
-        detection = _read(await get_client().get(url, **kwargs), base_url)
-    except asyncio.CancelledError:
-        _release(key, slot)  # the next call probes again
-        raise
-    except Exception as exc:  # never fail an embedding call over detection
-        detection = Detection(GENERIC, f"GET /models failed: {type(exc).__name__}")
-    return _finish(key, slot, detection)
-
-
-def probe_timeout(connect: float | None, read: float | None) -> tuple[float, float]:
-    """(connect, read) seconds for the probe: the config's, capped at 5 s."""
-    c = _PROBE_TIMEOUT if connect is None else min(connect, _PROBE_TIMEOUT)
-    r = _PROBE_TIMEOUT if read is None else min(read, _PROBE_TIMEOUT)
-    return c, r
+        reply = pool.sync_transport(config.pool_key_for(base)).send(request)
+    except QwenEmbedError as exc:
+        return Detection(GENERIC, f"GET /models failed: {type(exc).__name__}: {exc}")
+    except Exception as exc:  # never fail over detection
+        return Detection(GENERIC, f"GET /models failed: {type(exc).__name__}")
+    return identify_models(reply.status, reply.headers, reply.body, base_url=base)

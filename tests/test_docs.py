@@ -35,7 +35,8 @@ SNIPPETS_TESTED_ELSEWHERE = {ROOT / "docs" / "langchain.md": ROOT / "tests" / "t
 MAX_NOT_RUN = 2
 
 _BLOCK = re.compile(
-    r"(?:^<!--\s*not-run:\s*(?P<reason>.*?)\s*-->\n)?^```python\n(?P<code>.*?)^```",
+    r"(?:^<!--\s*not-run:\s*(?P<reason>.*?)\s*-->\n)?"
+    r"(?:^<!--\s*run-by:\s*(?P<runner>\S+)\s*-->\n)?^```python\n(?P<code>.*?)^```",
     re.S | re.M,
 )
 _PLACEHOLDER_URL = re.compile(r"https?://[A-Za-z0-9.\-]+(?::\d+)?/v1\b")
@@ -58,6 +59,10 @@ def _snippets(path: Path) -> list[Snippet]:
     text = path.read_text(encoding="utf-8")
     out = []
     for m in _BLOCK.finditer(text):
+        if m.group("runner"):  # run by that test module (e.g. it needs a Ray instance)
+            runner = ROOT / m.group("runner")
+            assert path.name in runner.read_text(encoding="utf-8"), (path, runner)
+            continue
         line = text.count("\n", 0, m.start("code"))  # 1-based line of the ```python fence
         out.append(Snippet(path, line, m.group("code"), m.group("reason")))
     return out

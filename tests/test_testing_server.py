@@ -744,18 +744,33 @@ def test_constructor_validates_settings() -> None:
 # ---- packaging -----------------------------------------------------------------------
 
 
-def test_module_imports_no_sibling_module_and_no_server_library() -> None:
-    path = Path(__file__).resolve().parent.parent / "qwen_embed_plugins" / "testing.py"
+def test_package_imports_no_core_module_and_no_server_library() -> None:
+    """The test server stands apart from the core: no module of the package imports
+    another part of qwen_embed_plugins, and importing it loads no server library (those
+    come with the ``testing`` extra and load when a server starts)."""
+    import ast
+
+    root = Path(__file__).resolve().parent.parent / "qwen_embed_plugins" / "testing"
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom):
+                assert node.level in (0, 1), f"{path.name}: from {'.' * node.level}{node.module}"
+                assert node.level == 1 or not (node.module or "").startswith("qwen_embed_plugins")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    assert not alias.name.startswith("qwen_embed_plugins"), path.name
     code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('standalone_testing', {str(path)!r})\n"
-        "module = importlib.util.module_from_spec(spec)\n"
-        "sys.modules[spec.name] = module; spec.loader.exec_module(module)\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in "
-        "('qwen_embed_plugins', 'uvicorn', 'hypercorn', 'trustme', 'httpx', 'httpx2'))\n"
-        "assert not bad, bad\n"
+        "import sys\n"
         "import qwen_embed_plugins\n"
         "assert 'qwen_embed_plugins.testing' not in sys.modules\n"
+        "before = set(sys.modules)\n"
+        "import qwen_embed_plugins.testing\n"
+        "new = sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
+        "('uvicorn', 'hypercorn', 'trustme', 'httpx', 'httpx2', 'h2', 'starlette'))\n"
+        "assert not new, new\n"
+        "core = sorted(m for m in set(sys.modules) - before if m.startswith('qwen_embed_plugins.')"
+        " and not m.startswith('qwen_embed_plugins.testing'))\n"
+        "assert not core, core\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 

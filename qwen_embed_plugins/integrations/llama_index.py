@@ -58,7 +58,7 @@ from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr
 from ..client import AsyncEmbeddingClient, EmbeddingClient
 from ..config import DEFAULT_MODEL, ENV_API_KEY, EmbeddingConfig, env_setting
 from ..errors import ConfigError, QwenEmbedError
-from ..protocol import validate_texts
+from ..protocol import format_query, validate_text, validate_texts
 from ._common import DESCRIPTIONS, build_config, env_default, setting
 
 __all__ = ["QwenPooledEmbedding"]
@@ -99,7 +99,7 @@ class _Pipeline:
     the following ones are being answered."""
 
     def __init__(self, client: EmbeddingClient, items: list[str], size: int, window: int):
-        from .._engine import shared_executor
+        from .._run import shared_executor
 
         self._client = client
         self._batches = [(i, items[i : i + size]) for i in range(0, len(items), size)]
@@ -162,6 +162,11 @@ def _caller_index(offset: int) -> Iterator[None]:
             exc.args = (text.replace(f"index {index}", f"index {index + offset}"),)
         raise
 
+
+# Set while a query goes through LlamaIndex's cache in its instructed form.
+_INSTRUCTED: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "qwen_embed_llama_index_instructed", default=False
+)
 
 # The batch call under way. A ContextVar, so the tasks that LlamaIndex's implementation
 # creates (``asyncio.gather`` / ``run_jobs``) inherit it and concurrent calls each get
@@ -442,12 +447,45 @@ class QwenPooledEmbedding(BaseEmbedding):
 
     # ------------------------------------------------------------------ hooks
 
+    def get_query_embedding(self, query: str) -> Embedding:
+        """Embed a query (with the Qwen instruction); ``dim`` floats.
+
+        LlamaIndex's implementation (events, callbacks, ``embeddings_cache``). With an
+        ``embeddings_cache``, the query reaches it in its instructed form, so the cache
+        keys queries apart from documents of the same text (whose vectors differ).
+        """
+        if self.embeddings_cache is None:
+            return super().get_query_embedding(query)
+        token = _INSTRUCTED.set(True)
+        try:
+            return super().get_query_embedding(self._as_query(query))
+        finally:
+            _INSTRUCTED.reset(token)
+
+    async def aget_query_embedding(self, query: str) -> Embedding:
+        """Async ``get_query_embedding``."""
+        if self.embeddings_cache is None:
+            return await super().aget_query_embedding(query)
+        token = _INSTRUCTED.set(True)
+        try:
+            return await super().aget_query_embedding(self._as_query(query))
+        finally:
+            _INSTRUCTED.reset(token)
+
+    def _as_query(self, query: str) -> str:
+        validate_text(query, None, max_chars=self.max_text_chars)
+        return format_query(query, self.query_instruction)
+
     def _get_query_embedding(self, query: str) -> Embedding:
-        """One query, with the Qwen instruction; ``dim`` floats."""
+        """One query, with the Qwen instruction (unless already added); ``dim`` floats."""
+        if _INSTRUCTED.get():
+            return self._sync_client().embed_documents([query])[0]
         return self._sync_client().embed_query(query)
 
     async def _aget_query_embedding(self, query: str) -> Embedding:
         """Async ``_get_query_embedding``."""
+        if _INSTRUCTED.get():
+            return (await self._async_client().embed_documents([query]))[0]
         return await self._async_client().embed_query(query)
 
     def _get_text_embedding(self, text: str) -> Embedding:
@@ -552,3 +590,5 @@ class QwenPooledEmbedding(BaseEmbedding):
     # mark DispatcherSpanMixin would wrap the overrides in a second, identical one.
     setattr(aget_text_embedding_batch, _SPAN_MARK, True)
     setattr(get_text_embedding_batch, _SPAN_MARK, True)
+    setattr(get_query_embedding, _SPAN_MARK, True)
+    setattr(aget_query_embedding, _SPAN_MARK, True)

@@ -20,9 +20,11 @@ Use::
         url = f"https://localhost:{relay.port}/v1"   # 40 ms round trip to the server
 
 ``process=True`` runs the relay in a child process (``python -m
-qwen_embed_plugins._relay``) so that it never waits for the client's GIL: with the relay
-in a thread of the measured process, a client thread holding the GIL for a few
-milliseconds would delay the relay's timers and blur the emulated latency.
+qwen_embed_plugins._bench.relay``) so that it never waits for the client's GIL: with
+the relay in a thread of the measured process, a client thread holding the GIL for a few
+milliseconds would delay the relay's timers and blur the emulated latency. The child
+ignores Ctrl-C (its parent stops it) and exits when its parent goes away (its stdin,
+a pipe from the parent, reaches end of file), so a killed parent leaves no relay behind.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -201,7 +205,7 @@ class Relay:
         cmd = [
             sys.executable,
             "-m",
-            "qwen_embed_plugins._relay",
+            "qwen_embed_plugins._bench.relay",
             "--upstream",
             f"{self.upstream[0]}:{self.upstream[1]}",
             "--rtt-ms",
@@ -213,7 +217,8 @@ class Relay:
         ]
         if not self.handshake:
             cmd.append("--no-handshake")
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE)  # noqa: S603
+        cmd.append("--watch-stdin")
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE)  # noqa: S603
         self._proc = proc
         assert proc.stdout is not None
         line = proc.stdout.readline().decode().split()
@@ -251,6 +256,9 @@ class Relay:
         """Stop the relay and drop its connections."""
         if self._proc is not None:
             proc, self._proc = self._proc, None
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
             proc.terminate()
             try:
                 proc.wait(5.0)
@@ -279,13 +287,27 @@ class Relay:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m qwen_embed_plugins._relay")
+    parser = argparse.ArgumentParser(prog="python -m qwen_embed_plugins._bench.relay")
     parser.add_argument("--upstream", required=True, help="host:port of the server")
     parser.add_argument("--rtt-ms", type=float, default=40.0)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--no-handshake", action="store_true")
+    parser.add_argument(
+        "--watch-stdin",
+        action="store_true",
+        help="run for a parent: ignore Ctrl-C, exit when stdin reaches end of file",
+    )
     args = parser.parse_args(argv)
+    if args.watch_stdin:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+        def watch() -> None:
+            while sys.stdin.buffer.read(4096):
+                pass
+            os._exit(0)  # the parent is gone (or closed the pipe): stop at once
+
+        threading.Thread(target=watch, name="qwen-embed-relay-parent", daemon=True).start()
     host, _, port = args.upstream.rpartition(":")
     core = _RelayCore((host, int(port)), rtt=args.rtt_ms / 1000.0, handshake=not args.no_handshake)
 

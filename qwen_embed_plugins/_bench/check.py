@@ -1,0 +1,590 @@
+"""``check_server``: what an OpenAI-compatible embedding server is and supports.
+
+Probes health, the model list, one embedding (vector size and norm), base64, MRL
+``dimensions``, the batch limit, HTTP/2, the idle keep-alive timeout the server
+enforces, and a latency sample through the pooled client; returns a ``CheckReport`` with
+one finding per probe and advice for each. Prints nothing (the CLI renders it).
+
+Advice names the server's own settings only for the server that answers: the library's
+own reading of the ``GET /models`` answer (``servers.identify_models``, then the
+embedding answer's headers) says which one it is, and a server it does not recognise
+gets advice that names each candidate. A base URL without the API's path
+(``/v1``) is diagnosed by asking the same server under ``/v1``.
+"""
+
+from __future__ import annotations
+
+import base64
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+from typing import Any, Final, Literal
+
+import numpy as np
+import orjson
+
+from .. import (
+    DEFAULT_MODEL,
+    BatchTooLargeError,
+    EmbeddingClient,
+    EmbeddingConfig,
+    Limits,
+    QwenEmbedError,
+    close_all,
+)
+from ..servers import identify_models, identify_response
+from .corpus import corpus
+from .probe import (
+    api_root,
+    get_models,
+    get_models_response,
+    headers,
+    measure_idle_timeout,
+    models_in,
+    probe_http2,
+    ssl_context,
+    status_error,
+)
+from .results import CheckFinding, CheckReport, ServerIdentity
+
+__all__ = ["check_server", "dimensions_advice"]
+
+_PROBE_TEXT: Final = "What is a Python list comprehension?"
+
+# What to do when a server refuses or ignores MRL ``dimensions``, per server (the
+# ``server=`` names of the client's detection). Facts: servers.py's profile sources.
+_CLIENT_SLICES: Final = "the client slices and renormalises client-side"
+_DIMENSIONS_ADVICE: Final[dict[str, str]] = {
+    "sglang": "SGLang: start it with --json-model-override-args "
+    "'{\"is_matryoshka\": true}' to serve MRL `dimensions`; meanwhile " + _CLIENT_SLICES,
+    "vllm": "vLLM: start it with --hf-overrides '{\"is_matryoshka\": true}' to serve MRL "
+    "`dimensions`; meanwhile " + _CLIENT_SLICES,
+    "tei": "nothing to do: Text Embeddings Inference's OpenAI route has no `dimensions`; "
+    + _CLIENT_SLICES,
+    "llamacpp": "nothing to do: llama.cpp does not read `dimensions`; " + _CLIENT_SLICES,
+    "ollama": "nothing to do: Ollama truncates only below the model's size; " + _CLIENT_SLICES,
+    "infinity": "nothing to do: " + _CLIENT_SLICES,
+    "dashscope": "nothing to do: DashScope serves a fixed list of sizes; the client asks "
+    "for the next one up and slices",
+    "siliconflow": "nothing to do: SiliconFlow serves a fixed list of sizes; the client "
+    "asks for the next one up and slices",
+}
+_DIMENSIONS_UNKNOWN: Final = (
+    "nothing to do: " + _CLIENT_SLICES + ". To serve MRL `dimensions`: vLLM --hf-overrides "
+    "'{\"is_matryoshka\": true}', SGLang --json-model-override-args "
+    "'{\"is_matryoshka\": true}'"
+)
+_BATCH_SETTING: Final[dict[str, str]] = {
+    "tei": " (or start TEI with a larger --max-client-batch-size)",
+}
+_MODELS_ADVICE: Final[dict[str, str]] = {
+    "tei": "nothing to do: Text Embeddings Inference has no /models; it serves the model "
+    "it was started with, whatever --model says",
+}
+
+
+_QWEN3_DIMS: Final = {
+    "qwen3-embedding-0.6b": 1024,
+    "qwen3-embedding-4b": 2560,
+    "qwen3-embedding-8b": 4096,
+}
+
+
+def _known_dims(model: str) -> int | None:
+    """Full vector size of a Qwen3-Embedding model name or path, else ``None``."""
+    lowered = model.lower().rstrip("/").replace("_", "-")
+    return next((d for name, d in _QWEN3_DIMS.items() if lowered.endswith(name)), None)
+
+
+def dimensions_advice(server: str | None) -> str:
+    """The advice for a server (``server=`` name, ``None``: not identified) that
+    refuses or ignores ``dimensions``."""
+    return _DIMENSIONS_ADVICE.get(server or "", _DIMENSIONS_UNKNOWN)
+
+
+def _identify(detection: Any) -> tuple[ServerIdentity | None, str | None]:
+    """The server a ``servers.Detection`` names (``None`` when generic), and the
+    embeddings URL it found instead of ``{base_url}/embeddings`` (Infinity without
+    ``--url-prefix /v1``), if any."""
+    if detection is None:
+        return None, None
+    profile = detection.profile
+    identity = ServerIdentity(str(profile.name), str(profile.title), str(detection.source))
+    return identity, detection.embeddings_url
+
+
+def _first_vector(body: bytes) -> np.ndarray[Any, np.dtype[np.float32]] | None:
+    try:
+        item = orjson.loads(body)["data"][0]["embedding"]
+    except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        return None
+    if isinstance(item, list):
+        return np.asarray(item, dtype=np.float32)
+    return None
+
+
+class _Probe:
+    """One check run: the probe client, the target and what was learned so far."""
+
+    def __init__(
+        self, http: Any, base_url: str, api_key: str | None, verify: bool | str, model: str
+    ) -> None:
+        self.http = http
+        self.base_url = base_url
+        self.api_key = api_key
+        self.verify = verify
+        self.model = model
+        self.url = f"{base_url}/embeddings"
+        self.moved_from: str | None = None
+        self.server: ServerIdentity | None = None
+
+    @property
+    def server_name(self) -> str | None:
+        return None if self.server is None or self.server.name == "openai" else self.server.name
+
+    def post(self, texts: list[str], fmt: str = "float", dimensions: int | None = None) -> Any:
+        body: dict[str, Any] = {"model": self.model, "input": texts, "encoding_format": fmt}
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        return self.http.post(self.url, content=orjson.dumps(body), headers=headers(self.api_key))
+
+    def message(self, resp: Any) -> str:
+        err = status_error(
+            resp.status_code, resp.content, url=self.url, headers=resp.headers, secret=self.api_key
+        )
+        return str(err)
+
+    def v1_hint(self) -> str | None:
+        """``--base-url .../v1`` when the base URL lacks the API path that the same
+        server answers under, else ``None``."""
+        if self.base_url.endswith("/v1"):
+            return None
+        candidate = f"{self.base_url}/v1"
+        try:
+            status, models = get_models(self.http, candidate, self.api_key)
+        except Exception:  # any failure (transport, TLS): no hint
+            return None
+        if status < 400 and models is not None:
+            return candidate
+        return None
+
+
+def check_server(
+    base_url: str,
+    *,
+    api_key: str | None = None,
+    verify: bool | str = True,
+    model: str | None = None,
+    max_idle: float = 6.5,
+    batch_probe_max: int = 512,
+    samples: int = 10,
+    step: Callable[[str], None] | None = None,
+) -> CheckReport:
+    """Probe what an OpenAI-compatible embedding server is and supports.
+
+    Args:
+        base_url: the API root (``.../v1``).
+        api_key: bearer token, or ``None``.
+        verify: TLS verification (``True``, ``False`` or a CA bundle path).
+        model: the model to probe (default: the first one ``/models`` lists).
+        max_idle: longest idle wait when measuring the keep-alive timeout (seconds).
+        batch_probe_max: largest batch the batch-limit probe sends (texts).
+        samples: warm single-text requests in the latency sample.
+        step: called with each probe's name before it runs (for a spinner).
+
+    Returns:
+        a ``CheckReport``. Probes never raise: a failure becomes a ``"fail"`` finding,
+        and probes that depend on a failed one are left out.
+
+    Raises:
+        ConfigError: ``verify`` names a CA file that does not exist (from the client's
+            settings).
+    """
+    from .._http import httpx
+
+    base_url = base_url.rstrip("/")
+    say = step or (lambda name: None)
+    findings: list[CheckFinding] = []
+    label = EmbeddingConfig(base_url=base_url, verify=verify).endpoint
+
+    def report(probe: _Probe | None = None) -> CheckReport:
+        return CheckReport(
+            label,
+            model if probe is None else probe.model,
+            findings,
+            None if probe is None else probe.server,
+        )
+
+    with httpx.Client(verify=ssl_context(verify), timeout=30.0) as http:
+        # ---- health
+        say("health")
+        try:
+            resp = http.get(f"{api_root(base_url)}/health", headers=headers(api_key))
+        except httpx.HTTPError as exc:
+            certificate = "CERTIFICATE" in str(exc).upper()
+            findings.append(
+                CheckFinding(
+                    "health",
+                    "fail",
+                    f"cannot reach {label}: {exc}",
+                    None,
+                    "check the URL, the port, and that the server is running"
+                    + ("; for a private CA pass --ca /path/to/ca.pem" if certificate else ""),
+                )
+            )
+            return report()
+        status: Literal["ok", "info"] = "ok" if resp.status_code < 400 else "info"
+        findings.append(
+            CheckFinding(
+                "health",
+                status,
+                f"GET /health: {resp.status_code}"
+                + ("" if status == "ok" else " (no health endpoint)"),
+                resp.status_code,
+            )
+        )
+
+        # ---- models (the answer also says which server this is: the client's own
+        # reading of it, servers.identify_models, so advice can name its settings)
+        say("models")
+        models: list[str] = []
+        models_status: int | None = None
+        models_error: str | None = None
+        detection: Any = None
+        try:
+            resp = get_models_response(http, base_url, api_key)
+        except httpx.HTTPError as exc:
+            models_error = str(exc)
+        else:
+            models_status, models = resp.status_code, models_in(resp) or []
+            detection = identify_models(
+                resp.status_code, resp.headers, resp.content, base_url=base_url
+            )
+        chosen = model or (models[0] if models else DEFAULT_MODEL)
+        probe = _Probe(http, base_url, api_key, verify, chosen)
+        probe.server, moved = _identify(detection)
+        if moved is not None:  # the API is not where base_url says: probe it there
+            probe.url, probe.moved_from = moved, probe.url
+        models_finding = _models_finding(models, models_status, models_error)
+        if models_finding.status != "ok" and (
+            advice := _MODELS_ADVICE.get(probe.server_name or "")
+        ):
+            models_finding = dataclasses.replace(models_finding, advice=advice)
+        findings.append(models_finding)
+
+        # ---- embedding
+        say("embedding")
+        finding, float_vec = _embedding_finding(probe)
+        findings.append(finding)
+        if float_vec is None:
+            return report(probe)
+        dim = int(float_vec.size)
+
+        say("base64")
+        findings.append(_base64_finding(probe, float_vec))
+        say("dimensions")
+        findings.append(_dimensions_finding(probe, dim))
+        say("batch_limit")
+        findings.append(_batch_limit_finding(probe, batch_probe_max))
+
+    say("http2")
+    findings.append(_http2_finding(base_url, verify, api_key))
+    say("keepalive")
+    findings.append(_keepalive_finding(base_url, verify, api_key, max_idle))
+    say("latency")
+    cfg = EmbeddingConfig(base_url=base_url, api_key=api_key, verify=verify, model=probe.model)
+    findings.append(_latency_sample(cfg, samples))
+    return report(probe)
+
+
+def _models_finding(models: list[str], status: int | None, error: str | None) -> CheckFinding:
+    if models:
+        return CheckFinding("models", "ok", f"models: {', '.join(models)}", models)
+    if error is not None:
+        return CheckFinding("models", "info", f"GET /models failed: {error}", [])
+    if status is not None and status < 400:
+        return CheckFinding("models", "info", "GET /models lists no model", [])
+    return CheckFinding("models", "info", f"GET /models: HTTP {status}", [])
+
+
+def _embedding_finding(
+    probe: _Probe,
+) -> tuple[CheckFinding, np.ndarray[Any, np.dtype[np.float32]] | None]:
+    from .._http import httpx
+
+    advice: str | None
+    try:
+        resp = probe.post([_PROBE_TEXT])
+    except httpx.HTTPError as exc:
+        return CheckFinding("embedding", "fail", f"POST /embeddings: {exc}"), None
+    if resp.status_code >= 400:
+        message = probe.message(resp)
+        if resp.status_code == 404 and (hint := probe.v1_hint()) is not None:
+            advice = (
+                f"the OpenAI API of this server is under {hint}, not {probe.base_url}: "
+                f"pass --base-url {hint}"
+            )
+        elif resp.status_code in (401, 403):
+            advice = "check --api-key (or QWEN_EMBED_API_KEY)"
+        elif resp.status_code == 404:
+            advice = (
+                "check --model (see the models finding) and the path of --base-url "
+                "(the API root, where /embeddings is)"
+            )
+        else:
+            advice = "check --model (see the models finding)"
+        return CheckFinding("embedding", "fail", message, resp.status_code, advice), None
+    if probe.server_name is None:  # not recognised from /models: its answer may say
+        found = identify_response(resp.headers)
+        if found is not None:
+            probe.server = _identify(found)[0]
+    vec = _first_vector(resp.content)
+    if vec is None:
+        return CheckFinding("embedding", "fail", "the response holds no float embedding"), None
+    dim = int(vec.size)
+    norm = float(np.linalg.norm(vec))
+    expected = _known_dims(probe.model)
+    status: Literal["ok", "warn", "info"] = "ok"
+    advice = None
+    if expected is not None and expected != dim:
+        status = "warn"
+        advice = (
+            f"{probe.model} has {expected} dimensions; the server returns {dim}: is the "
+            "model name right, or does the server truncate?"
+        )
+    elif abs(norm - 1.0) > 1e-3:
+        status = "info"
+        advice = "nothing to do: the client L2-normalises (normalize=True, the default)"
+    summary = f"{probe.model}: {dim} dimensions, norm {norm:.4f}"
+    if status == "info":
+        summary += " (not unit length)"
+    if probe.moved_from is not None:
+        root = probe.url.rsplit("/", 1)[0]
+        status = "warn"
+        summary += f", served at {probe.url} (not {probe.moved_from})"
+        advice = (
+            f"pass --base-url {root}: the API is at the server root (Infinity started "
+            "without --url-prefix /v1); this client finds it, other tools may not"
+        )
+    value = {"dim": dim, "norm": round(norm, 6)}
+    return CheckFinding("embedding", status, summary, value, advice), vec
+
+
+def _base64_finding(probe: _Probe, float_vec: np.ndarray[Any, Any]) -> CheckFinding:
+    from .._http import httpx
+
+    try:
+        resp = probe.post([_PROBE_TEXT], fmt="base64")
+        if resp.status_code >= 400:
+            return CheckFinding(
+                "base64",
+                "warn",
+                f"encoding_format=base64 refused ({resp.status_code})",
+                False,
+                "nothing to do: encoding_format='auto' falls back to float once "
+                "(responses are ~4x larger)",
+            )
+        item = orjson.loads(resp.content)["data"][0]["embedding"]
+    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+        return CheckFinding("base64", "warn", f"base64 probe failed: {exc}", None)
+    if not isinstance(item, str):
+        return CheckFinding(
+            "base64",
+            "info",
+            "base64 ignored: floats returned",
+            False,
+            "nothing to do: the client decodes either form",
+        )
+    b64 = np.frombuffer(base64.b64decode(item), dtype="<f4")
+    same = b64.shape == float_vec.shape and bool(np.allclose(b64, float_vec, atol=1e-5))
+    return CheckFinding(
+        "base64",
+        "ok" if same else "warn",
+        "base64 supported" + ("" if same else " but differs from the float response"),
+        True,
+        None if same else "use encoding_format='float'",
+    )
+
+
+def _dimensions_finding(probe: _Probe, dim: int) -> CheckFinding:
+    from .._http import httpx
+
+    want = 256 if dim > 256 else max(1, dim // 2)
+    advice = dimensions_advice(probe.server_name)
+    try:
+        resp = probe.post([_PROBE_TEXT], dimensions=want)
+    except httpx.HTTPError as exc:
+        return CheckFinding("dimensions", "warn", f"dimensions probe failed: {exc}", None)
+    if resp.status_code >= 400:
+        return CheckFinding(
+            "dimensions", "warn", f"dimensions={want} refused ({resp.status_code})", False, advice
+        )
+    vec = _first_vector(resp.content)
+    got = 0 if vec is None else int(vec.size)
+    if vec is None or got != want:
+        return CheckFinding(
+            "dimensions", "warn", f"dimensions={want} ignored (got {got} dimensions)", False, advice
+        )
+    n = float(np.linalg.norm(vec))
+    unit = abs(n - 1.0) < 1e-3
+    return CheckFinding(
+        "dimensions",
+        "ok" if unit else "warn",
+        f"dimensions={want} served" + ("" if unit else f", not renormalised (norm {n:.3f})"),
+        True,
+        None if unit else "nothing to do: the client renormalises (normalize=True, the default)",
+    )
+
+
+def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
+    from .._http import httpx
+
+    sizes = [s for s in (8, 32, 64, 128, 256, 512, 1024, 2048) if s <= bound] or [bound]
+    passages = corpus(max(sizes))
+    setting = _BATCH_SETTING.get(probe.server_name or "", "")
+    largest_ok = 1
+    for size in sizes:
+        try:
+            resp = probe.post([p[:200] for p in passages[:size]])
+        except httpx.HTTPError as exc:
+            return CheckFinding(
+                "batch_limit",
+                "warn",
+                f"batch of {size} texts failed: {exc}",
+                largest_ok,
+                f"use batch_size <= {largest_ok}",
+            )
+        if resp.status_code >= 400:
+            err = status_error(resp.status_code, resp.content, url=probe.url, secret=probe.api_key)
+            limit = err.limit if isinstance(err, BatchTooLargeError) else None
+            if limit is not None:
+                return CheckFinding(
+                    "batch_limit",
+                    "warn" if limit < 32 else "ok",
+                    f"the server accepts at most {limit} texts per request",
+                    limit,
+                    f"set batch_size={limit} (the client also learns it from the error)" + setting
+                    if limit < 32
+                    else "batch_size=32 (the default) fits",
+                )
+            return CheckFinding(
+                "batch_limit",
+                "warn",
+                f"{size} texts refused ({resp.status_code}: {err.message[:120]}); "
+                f"{largest_ok} accepted",
+                largest_ok,
+                f"use batch_size <= {largest_ok}",
+            )
+        largest_ok = size
+    return CheckFinding(
+        "batch_limit",
+        "ok",
+        f"{largest_ok} texts per request accepted (probe bound)",
+        largest_ok,
+        "batch_size=32 (the default) fits",
+    )
+
+
+def _http2_finding(base_url: str, verify: bool | str, api_key: str | None) -> CheckFinding:
+    version = probe_http2(base_url, verify=verify, api_key=api_key)
+    if version == "HTTP/2":
+        how = "ALPN h2" if base_url.startswith("https") else "h2c prior knowledge"
+        return CheckFinding(
+            "http2",
+            "ok",
+            f"HTTP/2 offered ({how})",
+            True,
+            "http2=True multiplexes every request over one connection (fewer handshakes)",
+        )
+    return CheckFinding(
+        "http2",
+        "info",
+        "HTTP/1.1 only",
+        False,
+        "keep http2=False (the default); the pool keeps up to "
+        "Limits.max_connections HTTP/1.1 connections alive",
+    )
+
+
+def _keepalive_finding(
+    base_url: str, verify: bool | str, api_key: str | None, max_idle: float
+) -> CheckFinding:
+    try:
+        idle = measure_idle_timeout(base_url, verify=verify, api_key=api_key, max_idle=max_idle)
+    except OSError as exc:
+        return CheckFinding("keepalive", "warn", f"keep-alive probe failed: {exc}")
+    expiry = Limits().keepalive_expiry
+    if idle is None:
+        return CheckFinding(
+            "keepalive",
+            "ok",
+            f"idle connections kept for more than {max_idle:.1f} s",
+            None,
+            f"keepalive_expiry={expiry:g} s (the default) is safe",
+        )
+    if idle <= 0.05:
+        return CheckFinding(
+            "keepalive",
+            "warn",
+            "the server closes the connection after each response",
+            0.0,
+            "no keep-alive: every request pays TCP (and TLS) set-up; enable "
+            "keep-alive on the server or its proxy",
+        )
+    safe = idle > expiry + 0.25
+    suggestion = max(0.5, math.floor((idle - 0.5) * 2) / 2)
+    return CheckFinding(
+        "keepalive",
+        "ok" if safe else "warn",
+        f"the server closes idle connections after {idle:.2f} s",
+        round(idle, 3),
+        f"keepalive_expiry={expiry:g} s (the default) is below it: safe"
+        if safe
+        else f"set Limits(keepalive_expiry={suggestion:g}) (below the server's "
+        f"{idle:.1f} s), or reused sockets fail with 'Server disconnected'",
+    )
+
+
+def _latency_sample(cfg: EmbeddingConfig, samples: int) -> CheckFinding:
+    """Single-text queries through the pooled client, as an application sends them."""
+    client = EmbeddingClient(cfg)
+    close_all()  # the first request opens a new connection: measured as such
+    try:
+        return _timed_queries(client, samples)
+    finally:
+        close_all()  # leave no idle connection behind
+
+
+def _timed_queries(client: EmbeddingClient, samples: int) -> CheckFinding:
+    times: list[float] = []
+    texts = corpus(samples + 1)
+    try:
+        for i in range(max(2, samples + 1)):
+            started = time.perf_counter()
+            client.embed_query_array(texts[i % len(texts)])
+            times.append((time.perf_counter() - started) * 1000.0)
+    except QwenEmbedError as exc:
+        return CheckFinding("latency", "fail", f"embedding through the client failed: {exc}")
+    cold, warm = times[0], times[1:]
+    p50 = float(np.median(warm))
+    value = {
+        "cold_ms": round(cold, 2),
+        "p50_ms": round(p50, 2),
+        "min_ms": round(min(warm), 2),
+        "max_ms": round(max(warm), 2),
+    }
+    advice = None
+    if cold > p50 * 1.5 and cold - p50 > 5:
+        advice = (
+            f"a new connection costs {cold - p50:.0f} ms more than a reused one: "
+            "share one client per process (this library does)"
+        )
+    return CheckFinding(
+        "latency",
+        "ok",
+        f"single-text query: first {cold:.1f} ms (new connection), then p50 {p50:.1f} ms "
+        f"(min {min(warm):.1f}, max {max(warm):.1f}) over {len(warm)} requests",
+        value,
+        advice,
+    )

@@ -1,0 +1,358 @@
+"""Running engine flows: the operations a flow yields, the state of a call, the sync
+and async drivers, and the windows that keep a call's batches in flight.
+
+A flow (``_engine``) is a generator that yields ``Send`` (perform this exchange on this
+replica) and ``Sleep`` (wait); ``run_sync`` performs them with blocking I/O,
+``run_async`` with awaits. ``run_windowed`` / ``arun_windowed`` run a call's batches
+with at most ``limit`` in flight; ``hedged`` / ``ahedged`` race a second copy of a
+slow single-query flow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable, Generator
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .config import OnError
+from .errors import QwenEmbedError
+from .transport import Reply, Request
+
+if TYPE_CHECKING:
+    from .balance import Replica
+    from .protocol import FloatArray
+
+__all__ = [
+    "Abandoned",
+    "Call",
+    "HedgeBudget",
+    "Part",
+    "Send",
+    "Sleep",
+    "ahedged",
+    "arun_windowed",
+    "executor_after_fork",
+    "hedged",
+    "run_async",
+    "run_sync",
+    "run_windowed",
+    "shared_executor",
+]
+
+# --------------------------------------------------------------------------- operations
+
+
+class Send:
+    """Operation: perform ``request`` on ``replica``'s pool; the flow receives the
+    ``Reply`` (or has the translated ``QwenEmbedError`` thrown in)."""
+
+    __slots__ = ("replica", "request")
+
+    def __init__(self, replica: Replica, request: Request) -> None:
+        self.replica = replica
+        self.request = request
+
+
+class Sleep:
+    """Operation: wait ``seconds`` before going on."""
+
+    __slots__ = ("seconds",)
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+
+Op = Send | Sleep
+Flow = Generator[Op, Any, Any]
+
+
+# --------------------------------------------------------------------------- call state
+
+
+@dataclass
+class Call:
+    """One embedding call under way.
+
+    Attributes:
+        started: monotonic start time, in seconds.
+        deadline: seconds the call may take in all (``None``: no deadline).
+        on_error: ``"raise"`` or ``"skip"`` for inputs the server cannot embed.
+        failures: the caller's index -> its error, for inputs that failed.
+        stop: set once an input error decided a ``"raise"`` call: no new batch starts.
+    """
+
+    started: float
+    deadline: float | None
+    on_error: OnError = "raise"
+    failures: dict[int, QwenEmbedError] = field(default_factory=dict)
+    stop: bool = False
+
+    def remaining(self) -> float | None:
+        if self.deadline is None:
+            return None
+        return self.deadline - (time.monotonic() - self.started)
+
+
+class Part:
+    """The result of one planned batch: decoded rows (possibly in pieces, when the
+    batch was split) and the inputs that failed."""
+
+    __slots__ = ("failed", "pieces")
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[int, FloatArray]] = []  # (offset in the batch, rows)
+        self.failed: dict[int, QwenEmbedError] = {}  # offset in the batch -> error
+
+    def merge(self, other: Part, offset: int) -> None:
+        self.pieces.extend((offset + o, rows) for o, rows in other.pieces)
+        self.failed.update({offset + o: e for o, e in other.failed.items()})
+
+
+# --------------------------------------------------------------------------- drivers
+
+
+class Abandoned(Exception):
+    """The flow's answer is no longer wanted (a hedge lost the race): it stopped."""
+
+
+def run_sync(
+    flow: Flow, send: Callable[[Send], Reply], abandon: threading.Event | None = None
+) -> Any:
+    """Run ``flow`` with blocking I/O: ``send`` performs a ``Send``; ``Sleep`` sleeps.
+
+    Raises:
+        Abandoned: ``abandon`` was set; the flow stopped before its next operation.
+    """
+    value: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                op = flow.send(value) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            value = error = None
+            if abandon is not None and abandon.is_set():
+                raise Abandoned
+            if type(op) is Send:
+                try:
+                    value = send(op)
+                except QwenEmbedError as exc:
+                    error = exc
+            else:
+                assert type(op) is Sleep
+                if abandon is None:
+                    time.sleep(op.seconds)
+                elif abandon.wait(op.seconds):
+                    raise Abandoned
+    finally:
+        flow.close()  # an abandoned flow finishes its accounting ("cancelled")
+
+
+async def run_async(flow: Flow, send: Callable[[Send], Any]) -> Any:
+    """Run ``flow`` on the running loop: ``send`` returns an awaitable ``Reply``."""
+    value: Any = None
+    error: BaseException | None = None
+    try:
+        while True:
+            try:
+                op = flow.send(value) if error is None else flow.throw(error)
+            except StopIteration as stop:
+                return stop.value
+            value = error = None
+            if type(op) is Send:
+                try:
+                    value = await send(op)
+                except QwenEmbedError as exc:
+                    error = exc
+            else:
+                assert type(op) is Sleep
+                await asyncio.sleep(op.seconds)
+    finally:
+        flow.close()  # a cancelled call finishes its accounting ("cancelled")
+
+
+# --------------------------------------------------------------------------- windows
+
+_executor: ThreadPoolExecutor | None = None
+_EXECUTOR_THREADS = 64
+
+
+def shared_executor() -> ThreadPoolExecutor:
+    """Threads that carry concurrent batches of sync calls (one set per process)."""
+    global _executor
+    ex = _executor
+    if ex is None:
+        ex = _executor = ThreadPoolExecutor(
+            max_workers=_EXECUTOR_THREADS, thread_name_prefix="qwen-embed"
+        )
+    return ex
+
+
+def executor_after_fork() -> None:
+    global _executor
+    _executor = None  # its threads do not exist in the child
+
+
+def _pick_error(call: Call, errors: list[BaseException]) -> BaseException:
+    """The error a failed call raises: an input error with the lowest index when the
+    call stopped on bad inputs, else the first error."""
+    inputs = [e for e in errors if getattr(e, "index", None) is not None]
+    if inputs:
+        return min(inputs, key=lambda e: e.index)  # type: ignore[attr-defined]
+    return errors[0]
+
+
+def run_windowed(count: int, job: Callable[[int], None], limit: int, call: Call) -> None:
+    """Run ``job(0..count-1)`` with at most ``limit`` in flight (threads). On a failure
+    no new job starts; jobs under way finish, then the chosen error is raised."""
+    if count == 1 or limit == 1:
+        for i in range(count):
+            if call.stop:
+                break
+            job(i)
+        return
+    ex = shared_executor()
+    pending: set[Future[None]] = set()
+    errors: list[BaseException] = []
+    nxt = 0
+    while nxt < count or pending:
+        while nxt < count and len(pending) < limit and not errors and not call.stop:
+            pending.add(ex.submit(job, nxt))
+            nxt += 1
+        if not pending:
+            break
+        done, pending = wait(pending, return_when=FIRST_COMPLETED)
+        for fut in done:
+            exc = fut.exception()
+            if exc is not None:
+                errors.append(exc)
+    if errors:
+        raise _pick_error(call, errors)
+
+
+async def arun_windowed(count: int, job: Callable[[int], Any], limit: int, call: Call) -> None:
+    """Async twin of ``run_windowed``: tasks on the running loop."""
+    if count == 1 or limit == 1:
+        for i in range(count):
+            if call.stop:
+                break
+            await job(i)
+        return
+    pending: set[asyncio.Future[None]] = set()
+    errors: list[BaseException] = []
+    nxt = 0
+    try:
+        while nxt < count or pending:
+            while nxt < count and len(pending) < limit and not errors and not call.stop:
+                pending.add(asyncio.ensure_future(job(nxt)))
+                nxt += 1
+            if not pending:
+                break
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                exc = task.exception()
+                if exc is not None:
+                    errors.append(exc)
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+    if errors:
+        raise _pick_error(call, errors)
+
+
+# --------------------------------------------------------------------------- hedging
+
+
+class HedgeBudget:
+    """Caps hedged requests at ``ratio`` of the queries seen (default 5%): a hedge is
+    allowed while ``hedges + 1 <= ratio * queries``. Thread-safe."""
+
+    def __init__(self, ratio: float = 0.05) -> None:
+        self.ratio = ratio
+        self.queries = 0
+        self.hedges = 0
+        self.wins = 0
+        self._lock = threading.Lock()
+
+    def seen(self) -> None:
+        with self._lock:
+            self.queries += 1
+
+    def allow(self) -> bool:
+        with self._lock:
+            if self.hedges + 1 <= self.ratio * self.queries:
+                self.hedges += 1
+                return True
+            return False
+
+    def won(self) -> None:
+        with self._lock:
+            self.wins += 1
+
+
+def hedged(first: Callable[[threading.Event], Any], delay: float, budget: HedgeBudget) -> Any:
+    """Run ``first(abandon)``; if it has not finished after ``delay`` seconds and the
+    budget allows, run a second copy and return whichever answers first (a failed copy
+    waits for the other). The slower copy is then abandoned: a blocking request under way
+    finishes, but it makes no further request or retry."""
+    budget.seen()
+    ex = shared_executor()
+    stop_one, stop_two = threading.Event(), threading.Event()
+    one = ex.submit(first, stop_one)
+    done, _ = wait([one], timeout=delay)
+    if done or not budget.allow():
+        return one.result()
+    two = ex.submit(first, stop_two)
+    pending = {one, two}
+    error: BaseException | None = None
+    try:
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for future in done:
+                exc = future.exception()
+                if exc is None:
+                    if future is two:
+                        budget.won()
+                    return future.result()
+                error = error or exc
+    finally:
+        stop_one.set()
+        stop_two.set()
+    assert error is not None
+    raise error
+
+
+async def ahedged(first: Callable[[], Any], delay: float, budget: HedgeBudget) -> Any:
+    """The async ``hedged``: the slower copy is cancelled (its connection closed)."""
+    budget.seen()
+    one = asyncio.ensure_future(first())
+    done, _ = await asyncio.wait({one}, timeout=delay)
+    if done or not budget.allow():
+        return await one
+    two = asyncio.ensure_future(first())
+    pending: set[asyncio.Future[Any]] = {one, two}
+    error: BaseException | None = None
+    try:
+        while pending:
+            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                exc = task.exception()
+                if exc is None:
+                    if task is two:
+                        budget.won()
+                    return task.result()
+                error = error or exc
+    finally:
+        for task in pending:
+            task.cancel()
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+    assert error is not None
+    raise error

@@ -1,0 +1,70 @@
+"""``qwen-embed check``: what the server is and supports, with advice per finding."""
+
+from __future__ import annotations
+
+import click
+
+from ._options import MODELS_DEFAULT, output_options, server_options, shown, sized
+
+__all__ = ["check"]
+
+
+@click.command()
+@server_options(required_url=True, model_help=f"Model to probe ({MODELS_DEFAULT}).")
+@shown(
+    "--max-idle",
+    type=click.FloatRange(0.5, 60),
+    default=6.5,
+    help="Longest idle wait of the keep-alive probe (s).",
+)
+@sized(
+    "--batch-probe-max", upper=2048, default=512, help="Largest batch the batch-limit probe sends."
+)
+@output_options()
+def check(
+    base_url: str,
+    api_key: str | None,
+    model: str | None,
+    ca: str | None,
+    insecure: bool,
+    max_idle: float,
+    batch_probe_max: int,
+    as_json: bool,
+    show_metrics: bool,
+) -> None:
+    """What the server is and supports, with advice per finding.
+
+    Health, model and vector size, base64, MRL dimensions, batch limit, HTTP/2,
+    the idle keep-alive timeout it enforces, and a latency sample (--metrics: the
+    client's counters of that sample). The advice names the settings of the server
+    software the client detects (SGLang, vLLM, TEI, Infinity, Ollama, llama.cpp, ...);
+    a base URL missing its /v1 is diagnosed as such. Exit status 1 when a probe failed.
+    """
+    from .. import QwenEmbedError
+    from .._bench.check import check_server
+    from ._options import verify_setting
+    from ._output import check_table, console, fail, report
+
+    verify = verify_setting(ca, insecure)
+    err = console(stderr=True)
+    try:
+        with err.status("probing...") as status:
+            result = check_server(
+                base_url,
+                api_key=api_key,
+                verify=verify,
+                model=model,
+                max_idle=max_idle,
+                batch_probe_max=batch_probe_max,
+                step=lambda name: status.update(f"probing {name}..."),
+            )
+    except QwenEmbedError as exc:  # the settings themselves (e.g. a malformed URL)
+        fail(str(exc), 2)
+    report(
+        result.to_dict(),
+        lambda out: out.print(check_table(result)),
+        as_json=as_json,
+        metrics_of=result.base_url if show_metrics else None,
+    )
+    if not result.ok:
+        raise SystemExit(1)

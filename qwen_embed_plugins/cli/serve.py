@@ -1,0 +1,102 @@
+"""``qwen-embed serve``: the loopback test server in the foreground (for demos)."""
+
+from __future__ import annotations
+
+import click
+
+from ._options import shown, sized
+
+__all__ = ["serve"]
+
+
+@click.command()
+@shown(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=30000,
+    help="Port on 127.0.0.1 (0 picks a free one).",
+)
+@click.option("--tls", is_flag=True, help="HTTPS with a throw-away test CA.")
+@click.option("--http2", is_flag=True, help="Also serve HTTP/2 (ALPN h2, h2c).")
+@shown(
+    "--latency",
+    type=click.FloatRange(0),
+    default=0.0,
+    help="Seconds added to every embedding request.",
+)
+@sized("--dim", upper=None, default=1024, help="Vector size.")
+@click.option("--model", default=None, help="Model name served.")
+@click.option("--matryoshka", is_flag=True, help="Accept `dimensions` (MRL).")
+@shown(
+    "--keep-alive-timeout",
+    type=click.FloatRange(0.001),
+    default=5.0,
+    help="Idle keep-alive seconds.",
+)
+@click.option("--api-key", default=None, help="Require this bearer key.")
+@click.option(
+    "--duration",
+    type=click.FloatRange(0),
+    default=0.0,
+    help="Stop after this many seconds (0: until Ctrl-C).",
+)
+def serve(
+    port: int,
+    tls: bool,
+    http2: bool,
+    latency: float,
+    dim: int,
+    model: str | None,
+    matryoshka: bool,
+    keep_alive_timeout: float,
+    api_key: str | None,
+    duration: float,
+) -> None:
+    """Run the loopback test server in the foreground (for demos).
+
+    Deterministic vectors (not a real model), SGLang's dialect, on 127.0.0.1. Needs
+    the 'testing' extra. Stops after --duration (status 0) or on Ctrl-C (status 130).
+    """
+    import threading
+
+    from ._output import console, fail
+
+    hint = "needs the 'testing' extra: pip install 'qwen-embed-plugins[testing]'"
+    try:
+        from ..testing import DEFAULT_MODEL, EmbeddingServer
+    except ImportError as exc:  # pragma: no cover - the testing module imports stdlib only
+        fail(f"the server {hint} ({exc})")
+    try:
+        server = EmbeddingServer(
+            port=port,
+            tls=tls,
+            http2=http2,
+            latency=latency,
+            dim=dim,
+            model=model or DEFAULT_MODEL,
+            matryoshka=matryoshka,
+            keep_alive_timeout=keep_alive_timeout,
+            api_key=api_key,
+        )
+        server.start()
+    except ImportError as exc:  # uvicorn, hypercorn or trustme missing
+        fail(f"the server {hint} ({exc})")
+    except (ValueError, OSError, RuntimeError) as exc:
+        fail(str(exc))
+    out = console()
+    try:
+        out.print(f"Serving {server.model} ({server.dim}-dim) at {server.base_url}")
+        if tls:
+            out.print(f"CA certificate: {server.ca_cert_path}  (pass --ca to clients)")
+        out.print(
+            f"Try: qwen-embed check --base-url {server.base_url}"
+            + (f" --ca {server.ca_cert_path}" if tls else "")
+        )
+        out.file.flush()
+        # Wait on an event nobody sets: signals (Ctrl-C, SIGTERM) still interrupt it.
+        stop = threading.Event()
+        while not stop.wait(0.5 if duration == 0 else duration):
+            if duration:
+                break
+    finally:
+        server.close()

@@ -1,0 +1,505 @@
+"""`HostileServer`: an embedding server that breaks HTTP and JSON on purpose.
+
+uvicorn will not misbehave at the framing level, so this one writes its answers on raw
+asyncio streams. It answers ``POST .../embeddings`` and ``GET .../models`` (any prefix)
+like an OpenAI-compatible server with `expected_embeddings` vectors, except that the
+requests chosen by ``on`` get the behaviour ``kind`` (see `HOSTILE_KINDS`). Every loop is
+bounded (``max_seconds``, ``max_bytes``), everything stays on 127.0.0.1, and `stop`
+ends all connections.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import functools
+import math
+import time
+import zlib
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+import orjson
+
+from ._common import DEFAULT_DIM, DEFAULT_MODEL, LOOPBACK, _integer, _number, expected_embeddings
+from ._loop import _Counters, _LoopServer, header, parse_head, read_head
+
+#: Every behaviour of `HostileServer`, with its parameters and defaults.
+HOSTILE_KINDS: Final[dict[str, dict[str, Any]]] = {
+    "ok": {},
+    "huge_content_length": {"declared": 2 * 1024**3},
+    "endless_chunked": {"chunk": 65536},
+    "gzip_bomb": {"inflated": 1280 * 1024**2},
+    "trickle": {"interval": 1.0, "headers": False},
+    "echo_auth": {"transform": "exact", "where": "body", "status": None},
+    "redirect": {"status": 307, "location": None},
+    "error_200": {
+        "message": "The server had an error while processing your request.",
+        "type": "server_error",
+        "code": None,
+    },
+    "nested": {},
+    "string_components": {},
+    "bool_components": {},
+    "html": {},
+    "stray_response": {"delay": 0.0},
+}
+_TRANSFORMS: Final = ("exact", "upper", "lower", "truncate", "bare")
+_HTML: Final = (
+    b"<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head>"
+    b"<body><h1>502 Bad Gateway</h1><p>The upstream server is not responding.</p></body></html>"
+)
+_PREFIX: Final = b'{"object":"list","data":['
+_MAX_REQUEST_BODY: Final = 64 * 1024 * 1024
+_IDLE: Final = 30.0  # seconds a connection may stay idle between requests
+_COUNTERS: Final = (
+    "connections_opened",
+    "connections_active",
+    "requests",
+    "bytes_sent",
+    "stray_sent",
+)
+
+
+class HostileServer:
+    """A loopback server whose answers are hostile in one chosen way.
+
+    Args:
+        kind: the behaviour, a key of `HOSTILE_KINDS` (default ``"ok"``: plain valid
+            answers). ``params`` are its parameters:
+
+            * ``huge_content_length`` [``declared`` = 2 GiB]: 200 declaring
+              ``Content-Length: declared``, then a JSON prefix and spaces written as fast
+              as the client reads, until the client closes (or the bounds).
+            * ``endless_chunked`` [``chunk`` = 65536 bytes]: 200 ``Transfer-Encoding:
+              chunked`` whose chunks never end (a JSON prefix, then spaces).
+            * ``gzip_bomb`` [``inflated`` = 1.25 GiB]: 200 ``Content-Encoding: gzip``
+              with a ~1 KB-per-MiB body (about 1.3 MB) that inflates to ``inflated`` bytes
+              (a JSON prefix, then spaces): one valid gzip member.
+            * ``trickle`` [``interval`` = 1.0 s, ``headers`` = False]: a valid answer
+              written 1 byte per ``interval`` seconds (the body only; with ``headers``
+              the status line and headers too).
+            * ``echo_auth`` [``transform`` = ``"exact"`` | ``"upper"`` | ``"lower"`` |
+              ``"truncate"`` (all but the last 4 characters) | ``"bare"`` (the value
+              after ``Bearer ``); ``where`` = ``"body"`` | ``"header"`` | ``"both"``;
+              ``status``]: echo the request's ``Authorization`` value, transformed, in a
+              non-JSON ``text/plain`` body and/or an ``x-request-id`` header; status 200
+              when the body echoes, else 500 with a JSON error body (``status``
+              overrides).
+            * ``redirect`` [``status`` = 307 (301, 302, 303, 307, 308), ``location``]:
+              answer with ``Location`` (default: this server's ``/redirected`` + the
+              path, where a valid answer waits: ``stats()["paths"]`` shows whether a
+              client followed).
+            * ``error_200`` [``message``, ``type``, ``code``]: 200 with
+              ``{"error": {"message", "type", "code"}}``.
+            * ``nested``: each ``embedding`` is ``[[...]]`` (a list in a list).
+            * ``string_components`` / ``bool_components``: components as strings
+              (``"0.0123"``) / booleans.
+            * ``html``: 200 ``text/html`` page.
+            * ``stray_response`` [``delay`` = 0.0 s]: a valid answer, then (after
+              ``delay``; 0: in the same write) a second complete 200 answer nobody asked
+              for, holding as many vectors for the texts ``"stray 0"``, ``"stray 1"``...
+              (`expected_embeddings` of them), once per connection: the next request on
+              that socket would read it.
+
+        on: which requests behave so: ``"all"`` (default), ``"embeddings"`` or
+            ``"models"``; the others get valid answers.
+        port: TCP port on 127.0.0.1; 0 (default) picks a free one.
+        dim: vector size of valid answers.
+        model: model name of valid answers.
+        max_seconds: longest time one answer may take (streams stop there), seconds.
+        max_bytes: most bytes one answer may write.
+        startup_timeout: seconds to wait for the server to start or stop.
+
+    Counters (`stats`): ``connections_opened``, ``connections_active``, ``requests``,
+    ``bytes_sent``, ``stray_sent``, ``paths`` (request path -> count) and ``kinds``
+    (behaviour applied -> count).
+
+    Raises:
+        ValueError: an unknown kind or parameter, or one out of range.
+    """
+
+    def __init__(
+        self,
+        kind: str = "ok",
+        *,
+        on: str = "all",
+        port: int = 0,
+        dim: int = DEFAULT_DIM,
+        model: str = DEFAULT_MODEL,
+        max_seconds: float = 60.0,
+        max_bytes: int = 8 * 1024**3,
+        startup_timeout: float = 10.0,
+        **params: Any,
+    ) -> None:
+        _integer("port", port, minimum=0)
+        self.dim = _integer("dim", dim, minimum=1)
+        self.model = model
+        self.max_seconds = _number("max_seconds", max_seconds, minimum=0.001)
+        self.max_bytes = _integer("max_bytes", max_bytes, minimum=1)
+        self._timeout = _number("startup_timeout", startup_timeout, minimum=0.001)
+        self.kind = "ok"
+        self.on = "all"
+        self.params: dict[str, Any] = {}
+        self.set(kind, on=on, **params)
+        self._counters = _Counters(_COUNTERS, ("paths", "kinds"))
+        self._server = _LoopServer("HostileServer", self._handle, self._counters, port)
+
+    def set(self, kind: str, *, on: str = "all", **params: Any) -> None:
+        """Switch to behaviour ``kind`` (for requests that arrive from now on).
+
+        Raises:
+            ValueError: an unknown kind, target or parameter.
+        """
+        if kind not in HOSTILE_KINDS:
+            raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(HOSTILE_KINDS)}")
+        if on not in ("all", "embeddings", "models"):
+            raise ValueError(f"on must be 'all', 'embeddings' or 'models', got {on!r}")
+        defaults = HOSTILE_KINDS[kind]
+        for name in params:
+            if name not in defaults:
+                allowed = ", ".join(defaults) or "none"
+                raise ValueError(f"{kind} takes no parameter {name!r}; allowed: {allowed}")
+        merged = {**defaults, **params}
+        if kind == "echo_auth":
+            if merged["transform"] not in _TRANSFORMS:
+                raise ValueError(f"transform must be one of {', '.join(_TRANSFORMS)}")
+            if merged["where"] not in ("body", "header", "both"):
+                raise ValueError("where must be 'body', 'header' or 'both'")
+        if kind == "redirect" and merged["status"] not in (301, 302, 303, 307, 308):
+            raise ValueError("redirect status must be 301, 302, 303, 307 or 308")
+        for name in ("declared", "chunk", "inflated"):
+            if name in merged:
+                _integer(name, merged[name], minimum=1)
+        for name in ("interval", "delay"):
+            if name in merged:
+                _number(name, merged[name])
+        self.kind, self.on, self.params = kind, on, merged
+
+    # ---- lifecycle and counters ------------------------------------------------------------
+    def start(self) -> HostileServer:
+        """Start serving (no-op when running) and return ``self``."""
+        self._server.start(self._timeout)
+        return self
+
+    def stop(self) -> None:
+        """Stop: close the listener and every connection (streams end at once)."""
+        self._server.stop(self._timeout)
+
+    close = stop
+
+    def __enter__(self) -> HostileServer:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        """The TCP port on 127.0.0.1 (known after `start`)."""
+        return self._server.port
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:<port>``."""
+        return f"http://{LOOPBACK}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """``url + "/v1"``."""
+        return f"{self.url}/v1"
+
+    def stats(self) -> dict[str, Any]:
+        """A snapshot of the counters (see the class doc) since `reset_counters`."""
+        return self._counters.snapshot()
+
+    def reset_counters(self) -> None:
+        """Zero the counters."""
+        self._counters.reset()
+
+    def wait_for(
+        self, counter: str, n: int, *, timeout: float = 10.0, at_most: bool = False
+    ) -> int:
+        """Block until ``counter`` (``requests``, ``connections_opened``,
+        ``connections_active``, ``bytes_sent``, ``stray_sent``) is >= ``n`` (``at_most``:
+        <= ``n``); returns its value.
+
+        Raises:
+            TimeoutError: not reached within ``timeout`` seconds.
+        """
+        return self._counters.wait_for(counter, n, timeout, at_most=at_most)
+
+    def __repr__(self) -> str:
+        return f"HostileServer({self.url if self.port else '<unbound>'}, kind={self.kind!r})"
+
+    # ---- serving -----------------------------------------------------------------------------
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        strayed = False
+        while not self._server.stopping():
+            head = await read_head(reader, _IDLE)
+            if head is None:
+                return
+            line, headers = parse_head(head)
+            method, _, rest = line.partition(" ")
+            target = rest.rpartition(" ")[0] or rest
+            body = await _read_body(reader, headers)
+            self._counters.add("requests")
+            path = target.split("?", 1)[0]
+            self._counters.add("paths", key=path)
+            kind, params = self.kind, self.params
+            redirected = path.startswith("/redirected/")
+            if redirected or not self._targets(path):
+                kind, params = "ok", {}
+            self._counters.add("kinds", key=kind)
+            keep = await self._answer(kind, params, method, path, headers, body, writer)
+            if kind == "stray_response" and not strayed and keep:
+                strayed = True
+                await self._stray(body, writer, params["delay"])
+            if not keep:
+                return
+
+    def _targets(self, path: str) -> bool:
+        if self.on == "embeddings":
+            return path.endswith("/embeddings")
+        if self.on == "models":
+            return path.endswith("/models")
+        return True
+
+    async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> None:
+        writer.write(data)
+        self._counters.add("bytes_sent", len(data))
+        await writer.drain()
+
+    def _valid(self, path: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """A valid answer for ``path``: (status, JSON document)."""
+        if path.endswith("/models"):
+            card = {"id": self.model, "object": "model", "created": 0, "owned_by": "hostile"}
+            return 200, {"object": "list", "data": [card]}
+        if not path.endswith("/embeddings"):
+            return 404, {"error": {"message": "Not Found", "type": "not_found", "code": 404}}
+        texts, b64 = _inputs(body)
+        if texts is None:
+            return 400, {"error": {"message": "bad input", "type": "invalid_request_error"}}
+        vectors = expected_embeddings(texts, self.dim)
+        data = [
+            {
+                "object": "embedding",
+                "index": i,
+                "embedding": base64.b64encode(v.tobytes()).decode() if b64 else v.tolist(),
+            }
+            for i, v in enumerate(vectors)
+        ]
+        tokens = sum((len(t) + 3) // 4 for t in texts)
+        usage = {"prompt_tokens": tokens, "total_tokens": tokens}
+        return 200, {"object": "list", "data": data, "model": self.model, "usage": usage}
+
+    async def _answer(
+        self,
+        kind: str,
+        params: Mapping[str, Any],
+        method: str,
+        path: str,
+        headers: list[tuple[str, str]],
+        body: bytes,
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        """Write one answer; False when the connection must end after it."""
+        status, doc = self._valid(path.removeprefix("/redirected"), body)
+        if kind in ("nested", "string_components", "bool_components") and "data" in doc:
+            for item in doc["data"]:
+                vector = item["embedding"]
+                if isinstance(vector, str):  # base64 asked: decode to spoil the list form
+                    vector = _floats(vector)
+                item["embedding"] = (
+                    [vector]
+                    if kind == "nested"
+                    else [str(x) for x in vector]
+                    if kind == "string_components"
+                    else [x > 0 for x in vector]
+                )
+        if kind in ("ok", "nested", "string_components", "bool_components", "stray_response"):
+            await self._write(writer, _response(status, orjson.dumps(doc)))
+            return True
+        if kind == "error_200":
+            error = {"message": params["message"], "type": params["type"], "code": params["code"]}
+            await self._write(writer, _response(200, orjson.dumps({"error": error})))
+            return True
+        if kind == "html":
+            await self._write(writer, _response(200, _HTML, "text/html; charset=utf-8"))
+            return True
+        if kind == "redirect":
+            location = params["location"] or f"{self.url}/redirected{path}"
+            extra = (("Location", location),)
+            await self._write(writer, _response(params["status"], b"{}", extra=extra))
+            return True
+        if kind == "echo_auth":
+            return await self._echo(params, headers, writer)
+        if kind == "gzip_bomb":
+            blob = _gzip_bomb(params["inflated"])
+            extra = (("Content-Encoding", "gzip"),)
+            await self._write(writer, _response(200, blob, extra=extra))
+            return True
+        if kind == "trickle":
+            return await self._trickle(_response(status, orjson.dumps(doc)), params, writer)
+        await self._stream(kind, params, writer)
+        return False
+
+    async def _echo(
+        self,
+        params: Mapping[str, Any],
+        headers: list[tuple[str, str]],
+        writer: asyncio.StreamWriter,
+    ) -> bool:
+        value = header(headers, "authorization") or ""
+        transform = params["transform"]
+        if transform == "upper":
+            value = value.upper()
+        elif transform == "lower":
+            value = value.lower()
+        elif transform == "truncate":
+            value = value[:-4]
+        elif transform == "bare":
+            value = value.removeprefix("Bearer ").removeprefix("bearer ")
+        where = params["where"]
+        in_body = where in ("body", "both")
+        status = params["status"] or (200 if in_body else 500)
+        extra = (("x-request-id", value),) if where in ("header", "both") else ()
+        if in_body:
+            text = f"upstream error: unexpected credentials {value}\n".encode("latin-1", "replace")
+            await self._write(writer, _response(status, text, "text/plain", extra=extra))
+        else:
+            error = {"error": {"message": "internal error", "type": "server_error", "code": None}}
+            await self._write(writer, _response(status, orjson.dumps(error), extra=extra))
+        return True
+
+    async def _trickle(
+        self, data: bytes, params: Mapping[str, Any], writer: asyncio.StreamWriter
+    ) -> bool:
+        split = data.index(b"\r\n\r\n") + 4
+        if not params["headers"]:
+            await self._write(writer, data[:split])
+            data = data[split:]
+        deadline = time.monotonic() + self.max_seconds
+        for i in range(len(data)):
+            if time.monotonic() >= deadline or self._server.stopping():
+                return False
+            await self._write(writer, data[i : i + 1])
+            await asyncio.sleep(params["interval"])
+        return True
+
+    async def _stream(
+        self, kind: str, params: Mapping[str, Any], writer: asyncio.StreamWriter
+    ) -> None:
+        """huge_content_length / endless_chunked: write until the client goes away or a
+        bound (``max_seconds``, ``max_bytes``, ``declared``) is reached."""
+        if kind == "huge_content_length":
+            limit = min(params["declared"], self.max_bytes)
+            head = _head(200, "application/json", (("Content-Length", str(params["declared"])),))
+        else:
+            limit = self.max_bytes
+            head = _head(200, "application/json", (("Transfer-Encoding", "chunked"),))
+        await self._write(writer, head)
+        size = params.get("chunk", 65536)
+        filler = b" " * size
+        deadline = time.monotonic() + self.max_seconds
+        sent = 0
+        first = True
+        while sent < limit and time.monotonic() < deadline and not self._server.stopping():
+            piece = _PREFIX if first else filler[: limit - sent]
+            first = False
+            sent += len(piece)
+            if kind == "endless_chunked":
+                piece = f"{len(piece):x}\r\n".encode() + piece + b"\r\n"
+            await self._write(writer, piece)
+
+    async def _stray(self, body: bytes, writer: asyncio.StreamWriter, delay: float) -> None:
+        texts, _ = _inputs(body)
+        count = len(texts) if texts else 1
+        vectors = expected_embeddings([f"stray {i}" for i in range(count)], self.dim)
+        data = [
+            {"object": "embedding", "index": i, "embedding": v.tolist()}
+            for i, v in enumerate(vectors)
+        ]
+        doc = {"object": "list", "data": data, "model": self.model}
+        if delay > 0.0:
+            await asyncio.sleep(delay)
+        await self._write(writer, _response(200, orjson.dumps(doc)))
+        self._counters.add("stray_sent")
+
+
+def _inputs(body: bytes) -> tuple[list[str] | None, bool]:
+    """The texts of an embeddings request and whether it asks base64."""
+    try:
+        payload = orjson.loads(body or b"{}")
+    except orjson.JSONDecodeError:
+        return None, False
+    if not isinstance(payload, dict):
+        return None, False
+    raw = payload.get("input")
+    texts = [raw] if isinstance(raw, str) else raw
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
+        return None, False
+    return texts, payload.get("encoding_format") == "base64"
+
+
+def _floats(b64: str) -> list[float]:
+    return [float(x) for x in np.frombuffer(base64.b64decode(b64), dtype="<f4")]
+
+
+async def _read_body(reader: asyncio.StreamReader, headers: list[tuple[str, str]]) -> bytes:
+    if "chunked" in (header(headers, "transfer-encoding") or "").lower():
+        parts: list[bytes] = []
+        total = 0
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";", 1)[0].strip() or b"0", 16)
+            if size == 0:
+                while await reader.readuntil(b"\r\n") != b"\r\n":
+                    pass
+                return b"".join(parts)
+            total += size
+            if total > _MAX_REQUEST_BODY:
+                raise ConnectionError("request body too large")
+            parts.append((await reader.readexactly(size + 2))[:-2])
+    length = int(header(headers, "content-length") or 0)
+    if length > _MAX_REQUEST_BODY:
+        raise ConnectionError("request body too large")
+    return await reader.readexactly(length)
+
+
+def _head(status: int, content_type: str, extra: tuple[tuple[str, str], ...] = ()) -> bytes:
+    lines = [f"HTTP/1.1 {status} {'OK' if status == 200 else 'Status'}"]
+    if content_type:
+        lines.append(f"Content-Type: {content_type}")
+    lines += [f"{k}: {v}" for k, v in extra]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1", "replace")
+
+
+def _response(
+    status: int,
+    body: bytes,
+    content_type: str = "application/json",
+    *,
+    extra: tuple[tuple[str, str], ...] = (),
+) -> bytes:
+    return _head(status, content_type, (("Content-Length", str(len(body))), *extra)) + body
+
+
+@functools.lru_cache(maxsize=2)
+def _gzip_bomb(inflated: int) -> bytes:
+    """One gzip member inflating to ``inflated`` bytes (a JSON prefix, then spaces), at
+    about 1 KB per MiB: after a full flush, deflate encodes each identical MiB block to
+    identical bytes, so the body repeats one compressed block; the trailer is computed."""
+    block = b" " * (1 << 20)
+    blocks = max(1, math.ceil((inflated - len(_PREFIX)) / len(block)))
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    start = compressor.compress(_PREFIX)
+    first = compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)
+    repeat = compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)
+    end = compressor.flush(zlib.Z_FINISH)[:-8]  # the final empty block, without trailer
+    crc = zlib.crc32(_PREFIX)
+    for _ in range(blocks):
+        crc = zlib.crc32(block, crc)
+    size = (len(_PREFIX) + blocks * len(block)) & 0xFFFFFFFF
+    trailer = crc.to_bytes(4, "little") + size.to_bytes(4, "little")
+    return start + first + repeat * (blocks - 1) + end + trailer

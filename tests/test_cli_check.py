@@ -1,0 +1,125 @@
+"""``qwen-embed check``'s advice matches the server that answers, and a base URL that
+misses the API's path is diagnosed as such (each server a loopback server speaking its
+dialect)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from cli_support import run
+
+from qwen_embed_plugins.testing import EmbeddingServer
+
+
+def check(base_url: str, *args: str) -> dict[str, Any]:
+    result = run("check", "--base-url", base_url, "--max-idle", "0.5", "--json", *args)
+    assert result.exit_code in (0, 1), result.output
+    data: dict[str, Any] = orjson.loads(result.stdout)
+    assert data["ok"] is (result.exit_code == 0)
+    return data
+
+
+def findings(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {f["name"]: f for f in data["findings"]}
+
+
+# The dimensions advice each server gets, and words it must not contain (another
+# server's settings).
+_DIMENSIONS = {
+    "sglang": ("--json-model-override-args", "--hf-overrides"),
+    "vllm": ("--hf-overrides", "--json-model-override-args"),
+    "tei": ("Text Embeddings Inference's OpenAI route has no `dimensions`", "is_matryoshka"),
+    "llamacpp": ("llama.cpp does not read `dimensions`", "is_matryoshka"),
+}
+
+
+@pytest.mark.parametrize("dialect", sorted(_DIMENSIONS))
+def test_dimensions_advice_names_the_servers_own_setting(dialect: str) -> None:
+    with EmbeddingServer(dialect=dialect) as srv:
+        data = check(srv.base_url)
+    assert data["server"]["name"] == dialect
+    found = findings(data)
+    assert found["dimensions"]["status"] == "warn"  # refused or ignored
+    wanted, foreign = _DIMENSIONS[dialect]
+    assert wanted in found["dimensions"]["advice"]
+    assert foreign not in found["dimensions"]["advice"]
+    everything = orjson.dumps(data).decode()
+    others = {"sglang": "SGLang", "vllm": "vLLM"}
+    for name, word in others.items():
+        if name != dialect:
+            assert word not in everything, (dialect, word)
+
+
+def test_tei_without_models_route_gets_tei_advice() -> None:
+    with EmbeddingServer(dialect="tei") as srv:
+        data = check(srv.base_url)
+    models = findings(data)["models"]
+    assert models["summary"] == "GET /models: HTTP 404"
+    assert "Text Embeddings Inference has no /models" in models["advice"]
+    assert findings(data)["batch_limit"]["value"] == 32
+    assert "--max-client-batch-size" not in findings(data)["batch_limit"]["advice"]  # 32 fits
+
+
+def test_tei_batch_limit_below_the_default_names_tei_setting() -> None:
+    with EmbeddingServer(dialect="tei", max_batch=16) as srv:
+        data = check(srv.base_url)
+    batch = findings(data)["batch_limit"]
+    assert batch["value"] == 16
+    assert "set batch_size=16" in batch["advice"]
+    assert "--max-client-batch-size" in batch["advice"]
+
+
+@pytest.mark.parametrize("dialect", ["sglang", "vllm"])
+def test_missing_v1_is_diagnosed_as_such(dialect: str) -> None:
+    with EmbeddingServer(dialect=dialect) as srv:
+        root = srv.base_url.removesuffix("/v1")
+        assert root != srv.base_url
+        data = check(root)
+    found = findings(data)
+    assert data["ok"] is False
+    embedding = found["embedding"]
+    assert embedding["status"] == "fail"
+    assert embedding["value"] == 404
+    assert embedding["advice"] == (
+        f"the OpenAI API of this server is under {root}/v1, not {root}: pass --base-url {root}/v1"
+    )
+    assert "--model" not in embedding["advice"]
+    assert "--api-key" not in embedding["advice"]
+
+
+def test_a_missing_key_is_not_a_path_problem() -> None:
+    with EmbeddingServer(dialect="vllm", api_key="sk-right") as srv:
+        data = check(srv.base_url, "--api-key", "sk-wrong")
+    embedding = findings(data)["embedding"]
+    assert embedding["status"] == "fail"
+    assert embedding["value"] == 401
+    assert embedding["advice"] == "check --api-key (or QWEN_EMBED_API_KEY)"
+    assert "sk-wrong" not in orjson.dumps(data).decode()
+
+
+def test_ollama_serves_dimensions_itself() -> None:
+    with EmbeddingServer(dialect="ollama") as srv:
+        data = check(srv.base_url)
+    assert data["server"]["name"] == "ollama"
+    assert findings(data)["dimensions"]["status"] == "ok"
+
+
+def test_infinity_served_at_the_root_behind_a_v1_url() -> None:
+    with EmbeddingServer(dialect="infinity") as srv:
+        assert not srv.base_url.endswith("/v1")  # Infinity without --url-prefix
+        data = check(srv.base_url + "/v1")
+    assert data["server"]["name"] == "infinity"
+    embedding = findings(data)["embedding"]
+    assert embedding["status"] == "warn"
+    assert f"pass --base-url {srv.base_url}" in embedding["advice"]
+    assert findings(data)["dimensions"]["status"] in ("ok", "warn")  # probed at the root
+    assert findings(data)["latency"]["status"] == "ok"
+
+
+def test_table_names_the_detected_server() -> None:
+    with EmbeddingServer(dialect="vllm") as srv:
+        result = run("check", "--base-url", srv.base_url, "--max-idle", "0.5")
+    assert result.exit_code == 0, result.output
+    assert "server: vLLM (GET /models: owned_by 'vllm')" in result.stdout
