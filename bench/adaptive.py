@@ -13,8 +13,8 @@ order rotated), results are medians over rounds.
 Measured per run:
 
 - texts/s: texts embedded / seconds the run took;
-- p99 request latency: of the answered (200) requests, sending to answer, from the
-  library's own DEBUG record of each request (``POST ... %.1f ms``; the wait for a
+- p99 request latency: of the answered (200) requests, sending to answer, timed
+  around ``transport.SyncTransport.send`` for every setting alike (so the wait for a
   slot of the adaptive gate is not part of it);
 - overload answers: 429 + 503 answers the server sent (its counters).
 
@@ -39,14 +39,14 @@ its results (clearly marked) next to the measured ones.
 from __future__ import annotations
 
 import argparse
-import logging
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from _common import command_line, environment, markdown_table, median, save
 
-from qwen_embed_plugins import EmbeddingClient, Limits, adaptive, close_all
+from qwen_embed_plugins import EmbeddingClient, Limits, adaptive, close_all, transport
 from qwen_embed_plugins.testing import (
     EmbeddingServer,
     GPULike,
@@ -76,17 +76,37 @@ def corpus(n: int) -> list[str]:
     return [f"document {i:06d}: " + "an embedding benchmark sentence " * 5 for i in range(n)]
 
 
-class RequestLog(logging.Handler):
-    """Collects the library's per-request DEBUG records: (status, milliseconds)."""
+class RequestTimes:
+    """Times every HTTP exchange, for every setting at the same point: around
+    ``SyncTransport.send`` (after any wait for a slot of the adaptive gate, which the
+    call's own timing would include). Benchmark instrumentation only, not an API."""
 
     def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.rows: list[tuple[str, float]] = []
+        self.rows: list[tuple[int, float]] = []
+        self._lock = threading.Lock()
+        self._original: Any = None
 
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.msg.startswith("POST ") and isinstance(record.args, tuple):
-            # "POST %s texts=%d status=%s %.1f ms attempt=%d"
-            self.rows.append((str(record.args[2]), float(record.args[3])))
+    def __enter__(self) -> RequestTimes:
+        original = self._original = transport.SyncTransport.send
+        rows, lock = self.rows, self._lock
+
+        def timed(inner: Any, req: Any) -> Any:
+            started = time.perf_counter()
+            status = 0  # a failure without an answer
+            try:
+                reply = original(inner, req)
+                status = reply.status
+                return reply
+            finally:
+                ms = (time.perf_counter() - started) * 1000.0
+                with lock:
+                    rows.append((status, ms))
+
+        transport.SyncTransport.send = timed  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        transport.SyncTransport.send = self._original  # type: ignore[method-assign]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -101,8 +121,6 @@ def percentile(values: list[float], q: float) -> float:
 
 def run_one(kind: str, setting: int | str, seconds: float, chunk: int) -> dict[str, Any]:
     texts = corpus(chunk)
-    log = RequestLog()
-    logger = logging.getLogger("qwen_embed_plugins")
     with EmbeddingServer(process=True, server_model=server_models(kind)) as server:
         client = EmbeddingClient(
             base_url=server.base_url,
@@ -110,22 +128,24 @@ def run_one(kind: str, setting: int | str, seconds: float, chunk: int) -> dict[s
             batch_size=BATCH,
             limits=Limits(max_connections=64),
         )
-        logger.addHandler(log)
-        old_level = logger.level
-        logger.setLevel(logging.DEBUG)
         done = 0
-        started = time.perf_counter()
-        try:
+        with RequestTimes() as times:
+            started = time.perf_counter()
             while time.perf_counter() - started < seconds:
                 done += len(client.embed_documents_array(texts))
-        finally:
             elapsed = time.perf_counter() - started
-            logger.removeHandler(log)
-            logger.setLevel(old_level)
         stats = server.stats()
-        gate = adaptive.gates().get(server.base_url)
+        url = server.base_url.rstrip("/")
+        gate = next(
+            (
+                snap
+                for key, snap in adaptive.gates().items()
+                if str(getattr(key, "base_url", key)).rstrip("/") == url
+            ),
+            None,
+        )
         close_all()
-    ok = [ms for status, ms in log.rows if status == "200"]
+    ok = [ms for status, ms in times.rows if status == 200]
     responses = stats["responses"]
     overloads = int(responses.get("429", 0)) + int(responses.get("503", 0))
     row: dict[str, Any] = {

@@ -561,3 +561,68 @@ def test_a_forked_child_starts_with_no_gates() -> None:
     parent.release()
     assert answer == b"1"
     assert adaptive.gate_for(key) is parent
+
+
+# --------------------------------------------------------------------------- through the client
+
+
+@pytest.fixture
+def crowded_server() -> Any:
+    """2 slots of ~20 ms, 503 past 2 waiting: more than 4 requests in flight overload it."""
+    from qwen_embed_plugins.testing import EmbeddingServer, GPULike
+
+    model = GPULike(slots=2, base=0.02, per_token=0.0, queue_limit=2)
+    with EmbeddingServer(server_model=model) as server:
+        yield server
+
+
+def _gate_of(server: Any) -> dict[str, Any]:
+    """The snapshot of the adaptive gate the client made for ``server``."""
+    url = server.base_url.rstrip("/")
+    found = [
+        snap
+        for key, snap in gates().items()
+        if str(getattr(key, "base_url", key)).rstrip("/") == url
+    ]
+    assert len(found) == 1
+    return found[0]
+
+
+def _overloads(server: Any) -> int:
+    responses = server.stats()["responses"]
+    return int(responses.get("503", 0)) + int(responses.get("429", 0))
+
+
+def test_auto_pushes_back_far_less_than_a_large_static_window(crowded_server: Any) -> None:
+    from qwen_embed_plugins import EmbeddingClient, Limits
+
+    texts = [f"text {i}" for i in range(40 * 16)]  # 40 batches of 16
+    limits = Limits(max_connections=64)
+    auto = EmbeddingClient(
+        base_url=crowded_server.base_url, max_concurrency="auto", batch_size=16, limits=limits
+    )
+    assert len(auto.embed_documents(texts)) == len(texts)
+    auto_overloads = _overloads(crowded_server)
+    assert _gate_of(crowded_server)["samples"] >= 40
+    crowded_server.reset_counters()
+    static = EmbeddingClient(
+        base_url=crowded_server.base_url, max_concurrency=16, batch_size=16, limits=limits
+    )
+    assert len(static.embed_documents(texts)) == len(texts)
+    static_overloads = _overloads(crowded_server)
+    assert static_overloads > 0  # 16 in flight overload a 2 + 2 server
+    assert auto_overloads * 4 < static_overloads, (auto_overloads, static_overloads)
+
+
+async def test_auto_async_calls_share_the_gate(crowded_server: Any) -> None:
+    from qwen_embed_plugins import AsyncEmbeddingClient
+
+    client = AsyncEmbeddingClient(
+        base_url=crowded_server.base_url, max_concurrency="auto", batch_size=8
+    )
+    texts = [f"text {i}" for i in range(8 * 8)]
+    results = await asyncio.gather(*(client.embed_documents(texts) for _ in range(4)))
+    assert all(len(r) == len(texts) for r in results)
+    snap = _gate_of(crowded_server)
+    assert snap["samples"] >= 32
+    assert snap["in_flight"] == 0
