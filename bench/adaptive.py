@@ -39,6 +39,7 @@ its results (clearly marked) next to the measured ones.
 from __future__ import annotations
 
 import argparse
+import logging
 import threading
 import time
 from pathlib import Path
@@ -249,6 +250,9 @@ def markdown(report: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # the library logs each retry at WARNING (stderr when the app configured no logging):
+    # the runs that overload the server would pay for thousands of lines
+    logging.getLogger("qwen_embed_plugins").setLevel(logging.ERROR)
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true", help="1 round of 4 s (smoke test)")
     ap.add_argument("--rounds", type=int, default=3)
