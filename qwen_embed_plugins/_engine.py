@@ -132,7 +132,8 @@ class Engine:
         if gate is None:
             from .adaptive import gate_for
 
-            gate = self._gates[replica.url] = gate_for(replica.key)
+            cap = self.config.limits.max_connections_per_process
+            gate = self._gates[replica.url] = gate_for(replica.key, cap=cap)
         return gate
 
     @property

@@ -53,6 +53,7 @@ from .protocol import (
     validate_text,
     validate_texts,
 )
+from .retry import parse_retry_after
 from .servers import Detection
 from .transport import Reply, Retired
 
@@ -410,19 +411,28 @@ class EmbeddingClient(_ClientBase):
         gate = self._engine.adaptive_gate(op.replica)
         if gate is None:
             return self._exchange(op)
-        if not gate.acquire(op.request.timeouts.pool):
+        # waiting here replaces waiting in the window: bounded by the call's deadline
+        # (Request.total), not by the pool timeout
+        if not gate.acquire(op.request.total):
             raise pool_timeout_error(op.request.ctx)
         started = time.perf_counter()
-        overload = True
+        sample, overload, wait = False, False, None
         try:
             reply = self._exchange(op)
+            sample = True
             overload = reply.status in _OVERLOAD_STATUS
+            if overload:
+                wait = parse_retry_after(reply.headers)
             return reply
         except QwenEmbedError as exc:
-            overload = _overload(exc)
+            sample, overload = True, _overload(exc)
+            wait = exc.retry_after if isinstance(exc, HTTPStatusError) else None
             raise
         finally:
-            gate.release(time.perf_counter() - started, overload)
+            if sample:
+                gate.release(time.perf_counter() - started, overload, wait)
+            else:  # cancelled or interrupted: no answer to learn from
+                gate.release()
 
     def _exchange(self, op: Send) -> Reply:
         if self._config.use_sdk:
@@ -608,19 +618,28 @@ class AsyncEmbeddingClient(_ClientBase):
         gate = self._engine.adaptive_gate(op.replica)
         if gate is None:
             return await self._exchange(op)
-        if not await gate.aacquire(op.request.timeouts.pool):
+        # waiting here replaces waiting in the window: bounded by the call's deadline
+        # (Request.total), not by the pool timeout
+        if not await gate.aacquire(op.request.total):
             raise pool_timeout_error(op.request.ctx)
         started = time.perf_counter()
-        overload = True
+        sample, overload, wait = False, False, None
         try:
             reply = await self._exchange(op)
+            sample = True
             overload = reply.status in _OVERLOAD_STATUS
+            if overload:
+                wait = parse_retry_after(reply.headers)
             return reply
         except QwenEmbedError as exc:
-            overload = _overload(exc)
+            sample, overload = True, _overload(exc)
+            wait = exc.retry_after if isinstance(exc, HTTPStatusError) else None
             raise
         finally:
-            gate.release(time.perf_counter() - started, overload)
+            if sample:
+                gate.release(time.perf_counter() - started, overload, wait)
+            else:  # cancelled or interrupted: no answer to learn from
+                gate.release()
 
     async def _exchange(self, op: Send) -> Reply:
         if self._config.use_sdk:
