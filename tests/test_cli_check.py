@@ -123,3 +123,22 @@ def test_table_names_the_detected_server() -> None:
         result = run("check", "--base-url", srv.base_url, "--max-idle", "0.5")
     assert result.exit_code == 0, result.output
     assert "server: vLLM (GET /models: owned_by 'vllm')" in result.stdout
+
+
+def test_check_reports_silent_truncation_and_a_missing_eos() -> None:
+    """issue 13: `qwen-embed check` says when the server truncates long inputs (from its
+    usage) and, on llama.cpp, when it does not append <|endoftext|>."""
+    from qwen_embed_plugins._bench.check import check_server
+    from qwen_embed_plugins.testing import EmbeddingServer
+
+    with EmbeddingServer() as srv:
+        srv.truncate_inputs(2048)
+        report = check_server(srv.base_url, max_idle=0.5, samples=2)
+        assert report.finding("truncation").status == "warn"
+    with EmbeddingServer(dialect="llamacpp", append_eos=False) as llama:
+        report = check_server(llama.base_url, max_idle=0.5, samples=2)
+        assert report.finding("eos").status == "warn"
+        assert "append_eos=True" in (report.finding("eos").advice or "")
+    with EmbeddingServer() as plain:
+        report = check_server(plain.base_url, max_idle=0.5, samples=2)
+        assert report.finding("truncation").status == "ok"

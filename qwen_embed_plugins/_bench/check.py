@@ -294,8 +294,63 @@ def check_server(
     findings.append(_keepalive_finding(base_url, verify, api_key, max_idle))
     say("latency")
     cfg = EmbeddingConfig(base_url=base_url, api_key=api_key, verify=verify, model=probe.model)
+    from ..metrics import stats
+
+    before = dict(stats().get(cfg.endpoint, {}).get("fallbacks", {}))
     findings.append(_latency_sample(cfg, samples))
+    say("truncation")
+    findings.extend(_client_findings(cfg, before))
     return report(probe)
+
+
+_LONG_TEXT = "The quick brown fox jumps over the lazy dog near the river bank. " * 400
+
+
+def _client_findings(cfg: EmbeddingConfig, before: dict[str, int]) -> list[CheckFinding]:
+    """What the client itself learned from the server's answers during the check (its
+    fallback counters since ``before``): silent truncation of a long input (the
+    ``usage`` it reports) and, on llama.cpp, whether it appends ``<|endoftext|>`` (the
+    token Qwen3-Embedding pools)."""
+    from ..metrics import stats
+
+    label = cfg.endpoint
+    try:
+        EmbeddingClient(cfg).embed_documents([_LONG_TEXT, "short"])
+    except QwenEmbedError as exc:
+        return [CheckFinding("truncation", "info", f"a long input failed: {exc}")]
+    after = stats().get(label, {}).get("fallbacks", {})
+    out: list[CheckFinding] = []
+    truncated = after.get("truncated_input", 0) - before.get("truncated_input", 0)
+    if truncated:
+        out.append(
+            CheckFinding(
+                "truncation",
+                "warn",
+                "the server embedded only the start of a ~6,000-token input (its usage "
+                "reports far fewer tokens): long texts are silently truncated",
+                truncated,
+                "split long documents into chunks below the server's context length",
+            )
+        )
+    else:
+        out.append(
+            CheckFinding(
+                "truncation",
+                "ok",
+                "a ~6,000-token input was embedded whole (or the server reports no usage)",
+            )
+        )
+    if after.get("eos_missing", 0) - before.get("eos_missing", 0):
+        out.append(
+            CheckFinding(
+                "eos",
+                "warn",
+                "the server does not append <|endoftext|>, the token Qwen3-Embedding pools",
+                False,
+                "set append_eos=True (or start llama.cpp so that it adds the EOS token)",
+            )
+        )
+    return out
 
 
 def _models_finding(models: list[str], status: int | None, error: str | None) -> CheckFinding:

@@ -199,7 +199,8 @@ class CheckFinding:
 
     Attributes:
         name: ``health``, ``models``, ``embedding``, ``base64``, ``dimensions``,
-            ``batch_limit``, ``http2``, ``keepalive``, ``latency``.
+            ``batch_limit``, ``http2``, ``keepalive``, ``latency``, ``truncation``,
+            ``eos`` (llama.cpp).
         status: ``"ok"``, ``"warn"`` (works, but needs a setting), ``"fail"`` or
             ``"info"``.
         summary: one line for people.
