@@ -34,10 +34,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import orjson
-
 from . import pool, servers
+from ._learn import Learning
 from ._run import Call, Flow, Part, Send, Sleep
 from .balance import Endpoint, Replica, ReplicaState, endpoint_for
 from .config import EmbeddingConfig, OnError, insecure_key_target, known_model_dims
@@ -58,15 +56,11 @@ from .errors import (
     scrub,
 )
 from .protocol import (
-    FloatArray,
     bad_rows,
     decode_rows,
     encode_request,
     estimate_tokens,
-    normalize_rows,
     parse_body,
-    truncation_suspects,
-    usage_prompt_tokens,
 )
 from .retry import RetryState, classify, is_health_failure, parse_retry_after, retry_reason
 from .transport import Reply, Request
@@ -107,7 +101,7 @@ class _Bisection:
 # --------------------------------------------------------------------------- the engine
 
 
-class Engine:
+class Engine(Learning):
     """The decisions of one client's calls (one per client; replicas are shared)."""
 
     def __init__(self, config: EmbeddingConfig) -> None:
@@ -310,41 +304,6 @@ class Engine:
                 state.profile, state.source = found.profile, found.source
             elif state.profile is None:
                 state.profile, state.source = servers.GENERIC, "answers of a generic server"
-
-    def _adapt(
-        self,
-        exc: BadRequestError,
-        fmt: str,
-        dims: int | None,
-        state: ReplicaState,
-        replica: Replica,
-    ) -> bool:
-        """Learn from a 400 that the server refuses base64 or ``dimensions``; ``True``
-        when the request should be resent with other options."""
-        message = exc.message
-        if (
-            fmt == "base64"
-            and self.config.encoding_format == "auto"
-            and _BASE64_REFUSED.search(message)
-        ):
-            self._no_base64(state, replica, "refused encoding_format=base64")
-            return True
-        if dims is not None and _DIMENSIONS_REFUSED.search(message):
-            state.dimensions_ok = False
-            replica.metrics.fallback("client_side_dimensions")
-            _log.warning(
-                "%s rejected dimensions=%d; slicing and renormalising client-side",
-                replica.label,
-                dims,
-            )
-            return True
-        return False
-
-    def _no_base64(self, state: ReplicaState, replica: Replica, why: str) -> None:
-        if state.base64_ok is not False:
-            state.base64_ok = False
-            replica.metrics.fallback("float_encoding")
-            _log.warning("%s %s; using float from now on", replica.label, why)
 
     def _on_retry(self, replica: Replica, exc: QwenEmbedError, delay: float) -> None:
         reason = retry_reason(exc) or "unknown"
@@ -732,144 +691,6 @@ class Engine:
         part.failed[offset] = exc
         _log.warning("skipping input index %d: %s", index, exc)
         return part
-
-    def _learn_limit(
-        self, exc: BatchTooLargeError, texts: Sequence[str], replica: Replica | None
-    ) -> None:
-        targets = [replica] if replica is not None else list(self.endpoint.replicas)
-        for target in targets:
-            state = target.state(self.model)
-            if exc.tokens:
-                sent = sum(estimate_tokens(t) for t in texts)
-                cap = exc.token_limit if exc.token_limit and exc.token_limit < sent else sent // 2
-                cap = max(1, int(cap * 0.9))  # estimates are not exact: keep a margin
-                if state.token_limit is None or cap < state.token_limit:
-                    state.token_limit = cap
-                    target.metrics.fallback("token_limit")
-                    _log.warning(
-                        "%s accepts at most %s tokens per request; splitting batches at "
-                        "about %d estimated tokens",
-                        target.label,
-                        exc.token_limit or "fewer",
-                        cap,
-                    )
-            else:
-                limit = exc.limit if exc.limit is not None and exc.limit < len(texts) else None
-                limit = limit or max(1, len(texts) // 2)
-                if state.batch_limit is None or limit < state.batch_limit:
-                    state.batch_limit = limit
-                    target.metrics.fallback("batch_limit")
-                    _log.warning(
-                        "%s accepts at most %d texts per request; splitting batches",
-                        target.label,
-                        limit,
-                    )
-
-    def _finish(
-        self,
-        arr: FloatArray,
-        sq: FloatArray,
-        sent_dims: int | None,
-        bad: dict[int, str],
-        state: ReplicaState,
-        replica: Replica,
-    ) -> FloatArray:
-        """Apply MRL ``dimensions`` and normalisation to a decoded batch (``n x dim``)."""
-        want = self.config.dimensions
-        if want is not None:
-            if arr.shape[1] < want:
-                raise ResponseError(
-                    f"{replica.label} returned {arr.shape[1]}-dimensional vectors, fewer than "
-                    f"dimensions={want}",
-                    url=replica.label,
-                )
-            if (
-                arr.shape[1] > want
-                and sent_dims is not None
-                and arr.shape[1] != sent_dims
-                and state.dimensions_ok is not False
-            ):
-                state.dimensions_ok = False
-                state.native_dim = int(arr.shape[1])
-                replica.metrics.fallback("client_side_dimensions")
-                _log.warning(
-                    "%s ignored dimensions=%d (returned %d); slicing client-side",
-                    replica.label,
-                    want,
-                    arr.shape[1],
-                )
-        if bad:
-            arr = arr.copy() if not arr.flags.writeable else arr
-            for row in bad:
-                arr[row] = np.nan
-                sq[row] = 1.0
-        if want is not None or self.config.normalize:
-            arr, _ = normalize_rows(arr, want, squared_norms=sq)
-        return arr
-
-    def _check_usage(
-        self,
-        replica: Replica,
-        state: ReplicaState,
-        texts: Sequence[str],
-        indices: Sequence[int],
-        payload: object,
-    ) -> None:
-        reported = usage_prompt_tokens(payload)
-        if reported is None:
-            return
-        estimates = [estimate_tokens(t) for t in texts]
-        for pos, estimate, cap in truncation_suspects(estimates, reported):
-            replica.metrics.fallback("truncated_input")
-            warned = sum(1 for w in state.warned if w.startswith("trunc:"))
-            if warned < _MAX_WARNINGS:
-                state.warned.add(f"trunc:{indices[pos]}:{time.monotonic()}")
-                capped = f" (a cap of {cap} tokens)" if cap else ""
-                _log.warning(
-                    "%s probably truncated input index %d: about %d tokens estimated, the "
-                    "server reported %d for its request%s; its vector covers only the start",
-                    replica.label,
-                    indices[pos],
-                    estimate,
-                    reported,
-                    capped,
-                )
-
-    def _eos_check(self, call: Call, replica: Replica, state: ReplicaState) -> Flow:
-        """llama.cpp: check once whether the server appends ``<|endoftext|>`` (the token
-        Qwen3-Embedding pools) by tokenising a probe with ``add_special``."""
-        state.eos_checked = True
-        root = replica.url[: -len("/v1")] if replica.url.endswith("/v1") else replica.url
-        body = orjson.dumps({"content": "probe", "add_special": True})
-        t = self.timeouts
-        request = Request(
-            "POST",
-            f"{root}/tokenize",
-            body,
-            self.headers,
-            t,
-            min(t.total or 5.0, 5.0),
-            1 << 20,
-            self.ctx(replica),
-        )
-        try:
-            reply = yield Send(replica, request)
-        except QwenEmbedError:
-            return
-        if reply.status != 200:
-            return
-        try:
-            tokens = orjson.loads(reply.body).get("tokens")
-        except (orjson.JSONDecodeError, AttributeError):
-            return
-        if isinstance(tokens, list) and tokens and tokens[-1] != _EOS_ID:
-            replica.metrics.fallback("eos_missing")
-            _log.warning(
-                "%s does not append <|endoftext|> to inputs; Qwen3-Embedding pools that "
-                "last token, so its vectors are degraded. Set append_eos=True to add it "
-                "client-side (or start llama.cpp with the model's EOS setting)",
-                replica.label,
-            )
 
 
 # --------------------------------------------------------------------------- helpers
