@@ -43,7 +43,6 @@ from .errors import (
     PoolTimeout,
     QwenEmbedError,
     TimeoutException,
-    pool_timeout_error,
 )
 from .protocol import (
     BatchPlan,
@@ -111,6 +110,16 @@ class EmbeddingResult:
 
 _AUTO_WINDOW = 256
 _OVERLOAD_STATUS = frozenset({429, 503})
+
+
+def _gate_timeout(op: Send, gate: Any) -> PoolTimeout:
+    limit = getattr(getattr(gate, "limit", None), "limit", "?")
+    return PoolTimeout(
+        f"no slot of the adaptive concurrency limit of {op.replica.label} (now {limit} "
+        f"requests in flight) within {op.request.total} s (the call's deadline): the "
+        "server is pushing back (429/503) or slower than the call allows",
+        url=op.replica.label,
+    )
 
 
 def _overload(exc: QwenEmbedError) -> bool:
@@ -414,7 +423,7 @@ class EmbeddingClient(_ClientBase):
         # waiting here replaces waiting in the window: bounded by the call's deadline
         # (Request.total), not by the pool timeout
         if not gate.acquire(op.request.total):
-            raise pool_timeout_error(op.request.ctx)
+            raise _gate_timeout(op, gate)
         started = time.perf_counter()
         sample, overload, wait = False, False, None
         try:
@@ -621,7 +630,7 @@ class AsyncEmbeddingClient(_ClientBase):
         # waiting here replaces waiting in the window: bounded by the call's deadline
         # (Request.total), not by the pool timeout
         if not await gate.aacquire(op.request.total):
-            raise pool_timeout_error(op.request.ctx)
+            raise _gate_timeout(op, gate)
         started = time.perf_counter()
         sample, overload, wait = False, False, None
         try:

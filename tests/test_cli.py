@@ -204,6 +204,7 @@ def test_check_json_findings(server: EmbeddingServer) -> None:
         "http2",
         "keepalive",
         "latency",
+        "truncation",
     ]
     assert found["health"]["status"] == "ok"
     assert found["models"]["value"] == [server.model]
@@ -526,17 +527,18 @@ def test_check_metrics_table_and_json() -> None:
     label = data["base_url"]
     assert "client metrics of this process (qwen_embed_plugins.stats()):" in out
     assert label in out
-    # the latency sample: 11 single-text requests, one after another, on one connection
+    # the latency sample (11 single-text requests, one after another, on one connection)
+    # and the truncation probe (one request of two texts, on a new connection)
     rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in _rows(out)}
-    assert rows["requests"] == "11 (ok 11)"
-    assert rows["texts embedded"] == "11"
-    assert rows["texts per request (mean)"] == "1.0"
-    assert rows["TCP connections opened"] == "1"
+    assert rows["requests"] == "12 (ok 12)"
+    assert rows["texts embedded"] == "13"
+    assert rows["texts per request (mean)"] == "1.1"
+    assert rows["TCP connections opened"] == "2"  # the probe after the sample's close_all
     assert rows["retries"] == "0"
     assert rows["latency p50 / p95 / p99 ms"].startswith("<= ")
     snap = data["metrics"][label]
-    assert snap["requests"] == 11
-    assert snap["connections_opened"] == 1
+    assert snap["requests"] == 12
+    assert snap["connections_opened"] == 2
     assert "metrics" not in plain  # only with --metrics
     assert [f["name"] for f in plain["findings"]] == [f["name"] for f in data["findings"]]
 
