@@ -1,30 +1,36 @@
-"""Connection churn of the shared sync pool under thread contention: gated vs httpcore alone.
+"""Connection churn of the shared sync pool under thread contention: ours vs raw httpx.
 
-httpcore's sync pool can close a connection and open a replacement while requests queue
-inside it (see ``qwen_embed_plugins.pool._GatedTransport`` and encode/httpcore#1110), so a
-run opens more TCP connections than ``max_connections`` although never more at once. The
-library puts a semaphore of ``max_connections`` slots in front of that pool. This script
-shows the difference side by side in one run: rounds alternate between the library's
-transport (``gated``) and httpx's own transport alone (``ungated``, the same client
-otherwise); each round is ``--threads`` threads, each embedding ``--texts`` texts with
-``EmbeddingClient.embed_documents`` (``max_concurrency`` 4: more requests than
-connections), and counts the TCP connections opened (httpcore connect events).
+httpcore's sync pool, with more requests than connections queued inside it, can close a
+connection another thread has just released or been given and open a replacement
+(encode/httpcore#1110): a run then opens more TCP connections than ``max_connections``,
+though never more at once. The library's blocking HTTP/1.1 transport is urllib3's
+``HTTPConnectionPool`` with ``maxsize=max_connections`` and ``block=True``
+(``qwen_embed_plugins._urllib3``): a connection is only opened into a free slot of a
+bounded queue, so a run can never open more than the limit while all of them stay alive.
+
+This script shows both side by side in one run: rounds alternate between ``ours``
+(``--threads`` threads, each ``EmbeddingClient.embed_documents`` of ``--texts`` texts with
+``max_concurrency`` 4: more requests than connections, all on the shared pool) and
+``httpx`` (one raw ``httpx.Client`` of the same connection limit, the same batches of 32
+sent by ``threads x 4`` worker threads). Connections opened are counted by the library
+(``pool_stats()``) and by httpcore's ``trace`` extension for raw httpx.
 
 The race needs a busy machine: ``--load N`` runs N CPU-burning processes meanwhile (the
 CI machines are shared). Against a real server, e.g. Infinity from
 ``scripts/realserver.py start``:
 
     python bench/pool_churn.py --base-url http://127.0.0.1:7997/v1 \\
-        --model Qwen/Qwen3-Embedding-0.6B --rounds 20 --load 2
+        --model Qwen/Qwen3-Embedding-0.6B --rounds 10 --load 2
 
-With no ``--base-url``, a local ``EmbeddingServer`` in a child process is used (the race
-shows far less often there: it answers in microseconds).
+With no ``--base-url``, a local ``EmbeddingServer`` (20 ms per request) in a child
+process is used.
 """
 
 from __future__ import annotations
 
 import argparse
 import multiprocessing
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -32,8 +38,8 @@ from typing import Any
 from _common import command_line, environment, markdown_table, save
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import pool
 from qwen_embed_plugins._bench.corpus import corpus
+from qwen_embed_plugins._http import httpx
 
 
 def _burn(stop_at: float) -> None:  # pragma: no cover - a CPU load for the benchmark
@@ -41,13 +47,46 @@ def _burn(stop_at: float) -> None:  # pragma: no cover - a CPU load for the benc
         pass
 
 
-_GATED = pool._sync_transport  # the library's transport factory
+def _ours(base_url: str, model: str, chunks: list[list[str]]) -> dict[str, int]:
+    q.close_all()
+    label = q.EmbeddingConfig(base_url=base_url).endpoint
+    before = dict(q.pool_stats().get(label, {}))  # the counters outlive close_all()
+    clients = [q.EmbeddingClient(base_url=base_url, model=model, max_concurrency=4) for _ in chunks]
+    with ThreadPoolExecutor(len(chunks)) as ex:
+        list(ex.map(lambda c, t: c.embed_documents(t), clients, chunks))
+    after = q.pool_stats()[label]
+    q.close_all()
+    return {
+        k: int(after[k]) - int(before.get(k, 0))
+        for k in ("connections_opened", "requests", "retries")
+    }
 
 
-def _ungated(kwargs: dict[str, Any]) -> Any:
-    """httpx's transport alone: what the library gates, without the gate."""
-    transport = _GATED(kwargs)
-    return getattr(transport, "_inner", transport)
+def _raw_httpx(base_url: str, model: str, chunks: list[list[str]], limit: int) -> dict[str, int]:
+    opened = 0
+    lock = threading.Lock()
+
+    def trace(event: str, info: dict[str, Any]) -> None:
+        nonlocal opened
+        if event == "connection.connect_tcp.complete":
+            with lock:
+                opened += 1
+
+    batches = [chunk[i : i + 32] for chunk in chunks for i in range(0, len(chunk), 32)]
+    limits = httpx.Limits(max_connections=limit, max_keepalive_connections=limit)
+    with httpx.Client(limits=limits, timeout=60.0) as client:
+
+        def post(batch: list[str]) -> None:
+            r = client.post(
+                base_url.rstrip("/") + "/embeddings",
+                json={"input": batch, "model": model, "encoding_format": "base64"},
+                extensions={"trace": trace},
+            )
+            r.raise_for_status()
+
+        with ThreadPoolExecutor(len(chunks) * 4) as ex:
+            list(ex.map(post, batches))
+    return {"connections_opened": opened, "requests": len(batches), "retries": 0}
 
 
 def run(base_url: str, model: str, rounds: int, threads: int, texts: int) -> dict[str, Any]:
@@ -58,31 +97,13 @@ def run(base_url: str, model: str, rounds: int, threads: int, texts: int) -> dic
         [words[(t * texts + i) % len(words)][:80] for i in range(texts)] for t in range(threads)
     ]
     limit = q.Limits().max_connections
-    label = q.EmbeddingConfig(base_url=base_url).endpoint
-    gated = _GATED
-    rows: dict[str, list[dict[str, int]]] = {"gated": [], "ungated": []}
+    rows: dict[str, list[dict[str, int]]] = {"ours": [], "httpx": []}
     for r in range(rounds):
-        for mode in ("gated", "ungated") if r % 2 == 0 else ("ungated", "gated"):
-            pool._sync_transport = gated if mode == "gated" else _ungated  # type: ignore[assignment]
-            try:
-                q.close_all()
-                before = dict(q.pool_stats().get(label, {}))
-                clients = [
-                    q.EmbeddingClient(base_url=base_url, model=model, max_concurrency=4)
-                    for _ in range(threads)
-                ]
-                with ThreadPoolExecutor(threads) as ex:
-                    list(ex.map(lambda c, t: c.embed_documents(t), clients, chunks))
-                after = q.pool_stats()[label]
-                rows[mode].append(
-                    {
-                        k: int(after[k]) - int(before.get(k, 0))
-                        for k in ("connections_opened", "requests", "retries")
-                    }
-                )
-            finally:
-                pool._sync_transport = gated  # type: ignore[assignment]
-    q.close_all()
+        for mode in ("ours", "httpx") if r % 2 == 0 else ("httpx", "ours"):
+            if mode == "ours":
+                rows[mode].append(_ours(base_url, model, chunks))
+            else:
+                rows[mode].append(_raw_httpx(base_url, model, chunks, limit))
     summary = {}
     for mode, found in rows.items():
         summary[mode] = {
