@@ -77,7 +77,7 @@ _EOS_ID = 151643  # Qwen2/Qwen3 <|endoftext|> (qwen.tiktoken / tokenizer_config.
 _MAX_RESPONSE_FLOOR = 1 << 20
 _BYTES_PER_VALUE = 32  # a float in JSON: "-0.012345678901234567," is 22; room to spare
 _DIM_GUESS = 8192
-_SERVER_WIDE_LEAVES = 3
+_CONTROL_TEXT = "hello"  # a control request's input: any server embeds it
 _MAX_WARNINGS = 5
 
 
@@ -92,6 +92,7 @@ class _Split(Exception):
 
 @dataclass
 class _Bisection:
+    since: float  # monotonic time the bisected batch failed
     ok: int = 0
     max_ok: int = 0
     failed_leaves: int = 0
@@ -347,6 +348,8 @@ class Engine(Learning):
             if profile.batch_limit is not None and (limit is None or profile.batch_limit < limit):
                 limit = profile.batch_limit
             if limit is not None and len(texts) > limit:
+                if probe:
+                    replica.probing = False  # not sent: another request may probe it
                 raise _Split(count=limit)
             tokens = state.token_limit or self.config.max_batch_tokens
             if (
@@ -354,6 +357,8 @@ class Engine(Learning):
                 and len(texts) > 1
                 and sum(estimate_tokens(t) for t in texts) > tokens
             ):
+                if probe:
+                    replica.probing = False
                 raise _Split(tokens=tokens)
             fmt, dims = self.wire(state, profile)
             if force_float:
@@ -538,6 +543,7 @@ class Engine(Learning):
     ) -> Flow:
         """One batch to its ``Part``: splits, bisection and per-input failures."""
         part = Part()
+        since = bis.since if bis is not None else time.monotonic()
         try:
             rows, sq, bad, replica, state, dims = yield from self.request_flow(
                 call, texts, indices, bisectable=len(texts) > 1, bisecting=bis is not None
@@ -572,8 +578,11 @@ class Engine(Learning):
                     return (yield from self._without(call, texts, indices, named, exc, bis))
                 return (yield from self._bisect(call, texts, indices, exc, bis))
             if len(texts) == 1 and _input_error(exc):
+                if _ambiguous(exc) and call.last_ok < since:
+                    yield from self._control(call, indices[0], exc)
                 return self._input_failed(call, part, 0, indices[0], exc, bis)
             raise
+        call.last_ok = time.monotonic()
         if bis is not None:
             bis.ok += len(texts)
             bis.max_ok = max(bis.max_ok, len(texts))
@@ -604,7 +613,7 @@ class Engine(Learning):
     ) -> Flow:
         top = bis is None
         if bis is None:
-            bis = _Bisection()
+            bis = _Bisection(since=time.monotonic())
             replica = getattr(first, "_replica", None)
             if replica is not None:
                 replica.metrics.fallback("bisections")
@@ -667,6 +676,37 @@ class Engine(Learning):
                 part.merge(sub, start)
         return part
 
+    def _control(self, call: Call, index: int, exc: QwenEmbedError) -> Flow:
+        """Before blaming input ``index`` for ``exc`` (an answer that could be the
+        server's as well as the input's: a 500, a dropped connection, a 400 naming no
+        input) with no success since it was sent: send a known-good text with the same
+        options once. It succeeds -> the input is the cause (returns); it fails -> the
+        server is, whatever the input: ``exc`` is raised without an input index, in
+        both ``on_error`` modes."""
+        replica = getattr(exc, "_replica", None)
+        if replica is not None:
+            replica.metrics.fallback("control_requests")
+        try:
+            yield from self.request_flow(
+                call, [_CONTROL_TEXT], [index], bisectable=False, bisecting=True
+            )
+        except QwenEmbedError as control:
+            failed: QwenEmbedError | None = control
+        else:
+            failed = None
+        if failed is None:
+            call.last_ok = time.monotonic()
+            return
+        note = (
+            " (a control request with a known-good text failed too "
+            f"({type(failed).__name__}): the server fails whatever the input)"
+        )
+        if exc.args and note not in str(exc.args[0]):
+            exc.args = (f"{exc.args[0]}{note}", *exc.args[1:])
+        call.stop = True
+        exc._server_wide = True  # type: ignore[attr-defined]
+        raise exc
+
     def _input_failed(
         self,
         call: Call,
@@ -680,8 +720,6 @@ class Engine(Learning):
         if bis is not None:
             bis.failed_leaves += 1
             bis.input_failed = True
-            if bis.failed_leaves >= _SERVER_WIDE_LEAVES and bis.ok == 0:
-                raise exc  # every piece fails: the server, not the inputs
         _pin(exc, index)
         if call.on_error == "raise":
             call.stop = True
@@ -774,6 +812,17 @@ def _input_error(exc: BaseException) -> bool:
     if isinstance(exc, ResponseError):
         return exc.index is not None
     return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
+
+
+def _ambiguous(exc: BaseException) -> bool:
+    """A single input's failure that the server may have caused whatever the input."""
+    if isinstance(exc, ServerError | NetworkError):
+        return True
+    return (
+        isinstance(exc, BadRequestError)
+        and not isinstance(exc, ContextLengthError | BatchTooLargeError)
+        and _SERVER_POSITION.search(exc.message) is None
+    )
 
 
 def _named_position(exc: QwenEmbedError, count: int) -> int | None:

@@ -85,6 +85,10 @@ class Call:
         stop: set once an input error decided a ``"raise"`` call: no new batch starts
             (batches under way with lower indices finish, so the lowest is raised).
         lowest: the lowest input index found failing so far (``"raise"``).
+        last_ok: monotonic time of the call's latest successful request (a batch or a
+            control request), in seconds; ``-inf`` before any. A single input's
+            ambiguous failure (a 500, a dropped connection, a 400 naming no input) is
+            blamed on that input only when a request succeeded after it was sent.
     """
 
     started: float
@@ -93,6 +97,7 @@ class Call:
     failures: dict[int, QwenEmbedError] = field(default_factory=dict)
     stop: bool = False
     lowest: int | None = None
+    last_ok: float = float("-inf")
 
     def remaining(self) -> float | None:
         if self.deadline is None:
@@ -205,7 +210,11 @@ def executor_after_fork() -> None:
 
 def _pick_error(call: Call, errors: list[BaseException]) -> BaseException:
     """The error a failed call raises: an input error with the lowest index when the
-    call stopped on bad inputs, else the first error."""
+    call stopped on bad inputs, else the first error; an error a control request showed
+    to be the server's (whatever the input) comes first."""
+    for e in errors:
+        if getattr(e, "_server_wide", False):
+            return e
     inputs = [e for e in errors if getattr(e, "index", None) is not None]
     if inputs:
         return min(inputs, key=lambda e: e.index)  # type: ignore[attr-defined]

@@ -234,8 +234,10 @@ class Endpoint:
     def choose(self, avoid: Replica | Collection[Replica] | None = None) -> Replica:
         """The replica for the next request: available ones first, fewest in flight,
         then lowest latency EWMA, then in turn; ``avoid`` (the one that just failed) only
-        when no other is available. With every replica ejected, the one whose cooldown
-        ends first (a call under way keeps retrying)."""
+        when no other is available. A replica whose cooldown is over is chosen first, as
+        the probe (one request; otherwise its stale latency could keep it from ever being
+        tried again). With every replica ejected, the one whose cooldown ends first (a
+        call under way keeps retrying)."""
         single = self.single
         if single is not None:
             if not single.available(time.monotonic()):
@@ -254,6 +256,9 @@ class Endpoint:
             replica = self.replicas[(turn + offset) % n]
             if replica in avoided or not replica.available(now) or replica.probing:
                 continue  # a replica being probed takes no other request meanwhile
+            if replica.ejected_until:
+                best = replica  # its cooldown is over: probe it now
+                break
             rank = (replica.in_flight, replica.ewma or 0.0, offset)
             if best_rank is None or rank < best_rank:
                 best, best_rank = replica, rank

@@ -705,3 +705,39 @@ def test_prometheus_has_the_endpoint_total(
     assert samples[("qwen_embed_requests_total", (*endpoint, ("outcome", "ok")))] == sum(
         s.requests for s in servers
     )
+
+
+def test_a_slower_replica_is_probed_as_soon_as_its_cooldown_ends() -> None:
+    """A replica ejected while it was the slower one: once its cooldown is over the next
+    request probes it (its stale latency must not keep it out for good), and its
+    success readmits it."""
+    retry = q.RetryConfig(
+        backoff_initial=0.01, backoff_max=0.05, circuit_cooldown=0.2, circuit_failure_threshold=2
+    )
+    with (
+        EmbeddingServer(latency=0.0) as fast,
+        EmbeddingServer(latency=0.03, process=True) as slow,
+    ):
+        client = q.EmbeddingClient(
+            base_url=[fast.base_url, slow.base_url], retry=retry, batch_size=2, max_concurrency=4
+        )
+        replica = next(
+            r for r in balance.endpoint_for(client.config).replicas if r.url == slow.base_url
+        )
+        for i in range(20):  # both answer; the slow one's latency average is the higher
+            client.embed_query(f"warm {i}")
+        assert slow.requests > 0
+        slow.kill()  # its port closes: refused, ejected after two failures
+        while replica.ejections == 0:  # 4 batches in flight: some go to the slow one
+            client.embed_documents([f"down {i}" for i in range(16)])
+        slow.start()
+        slow.reset_counters()
+        calls = 0
+        while slow.requests == 0:
+            ejected_until = replica.ejected_until
+            client.embed_query(f"after {calls}")
+            calls += 1
+            if time.monotonic() < ejected_until:
+                assert slow.requests == 0, "a request reached an ejected replica"
+            assert calls < 100_000, "the replica was never probed"
+        assert replica.ejected_until == 0.0
