@@ -37,7 +37,7 @@ from typing import Any
 from . import pool, servers
 from ._learn import Learning
 from ._run import Call, Flow, Part, Send, Sleep
-from .balance import Endpoint, Replica, ReplicaState, endpoint_for
+from .balance import RETEST_EVERY, RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint_for
 from .config import EmbeddingConfig, OnError, insecure_key_target, known_model_dims
 from .errors import (
     BadRequestError,
@@ -197,7 +197,8 @@ class Engine(Learning):
         configured = self.config.max_batch_tokens
         for replica in self.endpoint.replicas:
             state = replica.state(self.model)
-            limits = [x for x in (state.batch_limit, self.profile(replica, state).batch_limit) if x]
+            learned = None if state.retest_due() else state.batch_limit
+            limits = [x for x in (learned, self.profile(replica, state).batch_limit) if x]
             counts.append(min(limits) if limits else None)
             caps = [x for x in (state.token_limit, configured) if x]
             token_caps.append(min(caps) if caps else None)
@@ -345,6 +346,13 @@ class Engine(Learning):
             state = replica.state(self.model)
             profile = self.profile(replica, state)
             limit = state.batch_limit
+            retest = False
+            if limit is not None and len(texts) > limit and state.retest_due():
+                with replica._lock:
+                    retest = state.retest_due()
+                    state.retesting = retest
+                if retest:
+                    limit = None  # this batch retests the inferred limit
             if profile.batch_limit is not None and (limit is None or profile.batch_limit < limit):
                 limit = profile.batch_limit
             if limit is not None and len(texts) > limit:
@@ -413,11 +421,15 @@ class Engine(Learning):
                             if reply.http_version == "HTTP/2" and replica.key.http2:
                                 pool.h2c_succeeded(replica.key)
                             self._check_usage(replica, state, texts, indices, payload)
+                            if state.limit_inferred:
+                                self._limit_held(replica, state, len(texts), retest)
                             return rows, sq, bad_rows(sq), replica, state, dims
             finally:
                 replica.end()
                 if probe:
                     replica.probing = False
+                if retest and outcome == "cancelled":
+                    state.retesting = False
                 elapsed = time.perf_counter() - started
                 metrics.request_finished(outcome, elapsed, len(texts) if outcome == "ok" else 0)
                 if _log.isEnabledFor(logging.DEBUG):
@@ -433,6 +445,19 @@ class Engine(Learning):
             if error is None:  # cannot happen
                 raise RuntimeError("internal error: error is None")
             self.endpoint.failed(replica, error)
+            if retest:
+                state.retesting = False
+                state.ok_since_limit = 0
+                state.retest_every = min(state.retest_every * 2, RETEST_EVERY_MAX)
+                if state.batch_limit is not None:
+                    _log.info(
+                        "%s still fails batches above %d texts (%s); retesting after %d requests",
+                        replica.label,
+                        state.batch_limit,
+                        type(error).__name__,
+                        state.retest_every,
+                    )
+                    raise _Split(count=state.batch_limit)  # sent again in pieces
             if (
                 isinstance(error, HTTPStatusError)
                 and not is_health_failure(error)
@@ -525,6 +550,25 @@ class Engine(Learning):
             self._on_retry(replica, error, delay)
             if delay > 0:
                 yield Sleep(delay)
+
+    def _limit_held(self, replica: Replica, state: ReplicaState, texts: int, retest: bool) -> None:
+        """A request succeeded on a replica with an inferred batch limit."""
+        if not retest:
+            state.ok_since_limit += 1
+            return
+        _log.info(
+            "%s took a batch of %d texts above its inferred limit of %s: limit lifted",
+            replica.label,
+            texts,
+            state.batch_limit,
+        )
+        state.batch_limit = None
+        state.limit_inferred = False
+        state.size_failures.clear()
+        state.retesting = False
+        state.ok_since_limit = 0
+        state.retest_every = RETEST_EVERY
+        replica.metrics.fallback("batch_limit_lifted")
 
     def _name_every_replica(self, error: QwenEmbedError) -> None:
         """Say in ``error`` what every replica of the endpoint last failed with."""
@@ -641,6 +685,8 @@ class Engine(Learning):
                     return part  # once could be chance: wait for a second batch to say so
                 if state.batch_limit is None or bis.max_ok < state.batch_limit:
                     state.batch_limit = bis.max_ok
+                    state.limit_inferred = True  # retested later: it may have been a spell
+                    state.ok_since_limit = 0
                     replica.metrics.fallback("batch_limit")
                     _log.warning(
                         "%s failed a batch of %d texts (%s) but took batches of %d: "

@@ -112,6 +112,7 @@ class Learning:
                 limit = limit or max(1, len(texts) // 2)
                 if state.batch_limit is None or limit < state.batch_limit:
                     state.batch_limit = limit
+                    state.limit_inferred = False  # stated (or refused): kept for good
                     target.metrics.fallback("batch_limit")
                     _log.warning(
                         "%s accepts at most %d texts per request; splitting batches",

@@ -38,6 +38,10 @@ _EWMA_ALPHA = 0.2
 _LATENCY_WINDOW = 512
 
 
+RETEST_EVERY = 50  # successful requests before an inferred batch limit is retested
+RETEST_EVERY_MAX = 3200
+
+
 @dataclass
 class ReplicaState:
     """What the process has learned about one replica's server for one model.
@@ -52,6 +56,14 @@ class ReplicaState:
         profile: the server profile identified from its answers (``None``: not yet).
         eos_checked: whether the ``<|endoftext|>`` check ran (llama.cpp only).
         url_override: the embeddings URL to use instead of ``{base_url}/embeddings``.
+        limit_inferred: ``batch_limit`` was inferred from dropped batches (the server said
+            nothing; e.g. out of memory for a while) rather than stated by the server:
+            after ``retest_every`` successful requests one batch above it is let through;
+            its success lifts the limit, its failure doubles ``retest_every`` (up to
+            3,200 requests).
+        ok_since_limit: successful requests since the limit was inferred or retested.
+        retest_every: requests between retests of an inferred limit (starts at 50).
+        retesting: a retest batch is under way (only one at a time).
     """
 
     base64_ok: bool | None = None
@@ -65,6 +77,16 @@ class ReplicaState:
     url_override: str | None = None
     warned: set[str] = field(default_factory=set)
     size_failures: list[int] = field(default_factory=list)
+    limit_inferred: bool = False
+    ok_since_limit: int = 0
+    retest_every: int = RETEST_EVERY
+    retesting: bool = False
+
+    def retest_due(self) -> bool:
+        """An inferred batch limit has held for ``retest_every`` requests: try above it."""
+        return (
+            self.limit_inferred and not self.retesting and self.ok_since_limit >= self.retest_every
+        )
 
 
 class Replica:

@@ -194,3 +194,59 @@ def test_llamacpp_without_eos_is_reported_and_append_eos_fixes_it(
     with EmbeddingServer(dialect="llamacpp", append_eos=True) as good:
         q.EmbeddingClient(base_url=good.base_url).embed_documents(["hello"])
         assert not [r for r in caplog.records if "<|endoftext|>" in r.getMessage()]
+
+
+def test_an_inferred_batch_limit_is_retested_and_lifted(srv: EmbeddingServer) -> None:
+    """A limit inferred from dropped batches (the server said nothing) is not kept for
+    good: after 50 successful requests one batch above it is tried; while the server
+    still drops it the batch is split (every vector exact) and the next retest waits
+    twice as long; once the server takes it the limit is lifted."""
+    srv.drop_batches_over(8)
+    client = q.EmbeddingClient(base_url=srv.base_url, batch_size=32, max_concurrency=1, retry=FAST)
+    np.testing.assert_array_equal(client.embed_documents_array(TEXTS), expected_embeddings(TEXTS))
+    state = replica_state(client)
+    assert state.batch_limit == 8 and state.limit_inferred
+    calls = 0
+    while state.retest_every == balance.RETEST_EVERY:  # the server still drops them
+        batch = [f"held {calls} {i}" for i in range(32)]
+        np.testing.assert_array_equal(
+            client.embed_documents_array(batch), expected_embeddings(batch)
+        )
+        calls += 1
+        assert calls < 100, "no retest after 50 requests"
+    assert state.batch_limit == 8 and state.limit_inferred
+    assert state.retest_every == 2 * balance.RETEST_EVERY
+
+    srv.clear_rules()  # the spell is over: the server takes big batches again
+    srv.reset_counters()
+    calls = 0
+    while state.batch_limit is not None:
+        batch = [f"lifted {calls} {i}" for i in range(32)]
+        np.testing.assert_array_equal(
+            client.embed_documents_array(batch), expected_embeddings(batch)
+        )
+        calls += 1
+        assert calls < 200, "the limit was never lifted"
+    assert max(len(b) for b in srv.received) == 32
+    snap = balance.endpoint_for(client.config).replicas[0].metrics.snapshot()
+    assert snap["fallbacks"].get("batch_limit_lifted") == 1
+    srv.reset_counters()
+    client.embed_documents([f"whole {i}" for i in range(32)])
+    assert [len(b) for b in srv.received] == [32]
+
+
+def test_a_stated_batch_limit_is_kept() -> None:
+    """A limit the server stated (a 400 naming its maximum batch size) is never retested:
+    200 requests later no batch above it has been sent."""
+    with EmbeddingServer(max_batch=5) as limited:
+        client = q.EmbeddingClient(
+            base_url=limited.base_url, batch_size=20, max_concurrency=1, retry=FAST
+        )
+        for call in range(30):
+            batch = [f"stated {call} {i}" for i in range(40)]
+            np.testing.assert_array_equal(
+                client.embed_documents_array(batch), expected_embeddings(batch)
+            )
+        state = replica_state(client)
+        assert state.batch_limit == 5 and not state.limit_inferred
+        assert limited.stats()["responses"].get("400") == 1  # said once, kept since
