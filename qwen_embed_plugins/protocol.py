@@ -14,6 +14,7 @@ Everything here is pure and shared by the sync and async clients.
 from __future__ import annotations
 
 import binascii
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
@@ -360,6 +361,20 @@ def decode_rows(payload: object, input_indices: Sequence[int]) -> tuple[FloatArr
             f"server returned {len(data)} embeddings for {count} inputs "
             f"(inputs {input_indices[0]}..{input_indices[-1]})"
         )
+    if count == 1:  # one text (queries): no batch bookkeeping, one numpy call for the norm
+        item = data[0]
+        if not isinstance(item, Mapping):
+            raise ResponseError(f"data[0] is {_describe(item)}; expected an object")
+        row = item.get("index", 0)
+        if isinstance(row, bool) or not isinstance(row, int) or row != 0:
+            raise ResponseError(f"data[0] has index {row!r}, outside 0..0")
+        vec = _vector(item, 0, input_indices[0])
+        if vec.size == 0:
+            raise ResponseError(
+                f"embedding for input index {input_indices[0]} is empty", index=input_indices[0]
+            )
+        one = vec.reshape(1, -1)
+        return one, np.einsum("ij,ij->i", one, one, dtype=np.float64)
     out: FloatArray | None = None
     filled = bytearray(count)
     for pos, item in enumerate(data):
@@ -397,6 +412,11 @@ def bad_rows(squared_norms: FloatArray) -> dict[int, str]:
     """Rows that are unusable, by row, with the reason ("contains NaN or Inf", "is all
     zeros"), from their squared norms (``decode_rows``). Empty when all are fine."""
     sq = squared_norms
+    if len(sq) == 1:
+        value = float(sq[0])
+        if 0.0 < value < math.inf:
+            return {}
+        return {0: "is all zeros" if value == 0.0 else "contains NaN or Inf"}
     # One pass gives every check: a row with NaN/Inf has a NaN/Inf squared norm, an
     # all-zero row exactly 0 (float64: the smallest float32 squared is still > 0).
     if ((sq > 0.0) & (sq < np.inf)).all():
@@ -438,6 +458,8 @@ def normalize_rows(
         changed = True
         squared_norms = None
     sq = _squared_norms(arr) if squared_norms is None else squared_norms
+    if len(sq) == 1 and _SQ_LOW <= float(sq[0]) <= _SQ_HIGH:
+        return arr, changed
     # |norm - 1| > tol, compared on the squares (no square root unless rescaling)
     off = (sq < _SQ_LOW) | (sq > _SQ_HIGH)
     if off.any():

@@ -205,7 +205,8 @@ def test_an_inferred_batch_limit_is_retested_and_lifted(srv: EmbeddingServer) ->
     client = q.EmbeddingClient(base_url=srv.base_url, batch_size=32, max_concurrency=1, retry=FAST)
     np.testing.assert_array_equal(client.embed_documents_array(TEXTS), expected_embeddings(TEXTS))
     state = replica_state(client)
-    assert state.batch_limit == 8 and state.limit_inferred
+    assert state.batch_limit == 8
+    assert state.limit_inferred
     calls = 0
     while state.retest_every == balance.RETEST_EVERY:  # the server still drops them
         batch = [f"held {calls} {i}" for i in range(32)]
@@ -214,7 +215,8 @@ def test_an_inferred_batch_limit_is_retested_and_lifted(srv: EmbeddingServer) ->
         )
         calls += 1
         assert calls < 100, "no retest after 50 requests"
-    assert state.batch_limit == 8 and state.limit_inferred
+    assert state.batch_limit == 8
+    assert state.limit_inferred
     assert state.retest_every == 2 * balance.RETEST_EVERY
 
     srv.clear_rules()  # the spell is over: the server takes big batches again
@@ -248,5 +250,6 @@ def test_a_stated_batch_limit_is_kept() -> None:
                 client.embed_documents_array(batch), expected_embeddings(batch)
             )
         state = replica_state(client)
-        assert state.batch_limit == 5 and not state.limit_inferred
+        assert state.batch_limit == 5
+        assert not state.limit_inferred
         assert limited.stats()["responses"].get("400") == 1  # said once, kept since
