@@ -10,9 +10,15 @@ connections, whichever tenant's key it sends.
 - **Async**: a connection belongs to the event loop that opened it, so there is one
   ``transport.AsyncTransport`` per (key, running loop). When ``asyncio.run()`` (or any
   runner that calls ``shutdown_asyncgens``) finishes a loop, that loop's transports are
-  closed inside it. Loops are held weakly: a loop that is closed or collected releases
-  its pool. ``asyncio.run()`` twice, Jupyter, pytest and threads with their own loops
-  all work.
+  closed inside it. The registry holds loops and their transports weakly: the loop
+  object itself owns its transports (an attribute on the loop; a strong reference here
+  only for a loop that takes no attribute, such as uvloop's). A loop closed without
+  ``shutdown_asyncgens`` releases its pool at the next lookup or reaper pass (its sockets
+  are closed directly). A loop dropped without being closed at all is garbage-collected
+  with its pools, and its connections are closed then (the server sees them close),
+  quietly: no "Unclosed client session" / "Unclosed connector" / "unclosed transport"
+  message for them. ``asyncio.run()`` twice, Jupyter, pytest and threads with their own
+  loops all work.
 - **fork**: a child process never touches its parent's sockets: the registry is emptied
   in the child (``os.register_at_fork``) and transports are rebuilt lazily.
 - **Lazy**: nothing is opened until the first request. Creation is lock-guarded.
@@ -29,6 +35,7 @@ import asyncio
 import atexit
 import contextlib
 import hashlib
+import itertools
 import logging
 import os
 import threading
@@ -38,7 +45,7 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._async_http import AsyncTransport
+from ._async_http import AsyncTransport, QuietFlag
 from .config import PoolKey
 from .metrics import EndpointMetrics, metrics_for
 from .transport import ProcessGate, SyncTransport
@@ -60,20 +67,89 @@ _log = logging.getLogger("qwen_embed_plugins")
 _lock = threading.RLock()
 _entries: dict[PoolKey, _Entry] = {}
 _gates: dict[tuple[str, int], ProcessGate] = {}
-# Transports abandoned in a forked child or in a dead loop: kept referenced so that
-# garbage collection never runs their finalisers on sockets that are not theirs.
+# Transports abandoned in a forked child: kept referenced so that garbage collection
+# never runs their finalisers on sockets that are not theirs.
 _abandoned: list[Any] = []
+
+_OWNED = "_qwen_embed_transports"
+"""The attribute of an event loop holding the transports opened on it (with their
+parked sentinels), by slot token: the loop owns them, the registry only points at them."""
+
+_tokens = itertools.count(1)
+
+# Slots out of the registry whose transport their (live) loop still owns, by token: a
+# close scheduled by ``close_all``, an h2c transport given up. At interpreter exit those
+# of loops that are not running are abandoned (closed directly). No lock: single dict
+# operations only (the finaliser of a collected loop removes its slot from here).
+_detached: dict[int, _LoopSlot] = {}
 
 REAP_INTERVAL = 1.0
 """Seconds between two passes of the reaper thread."""
 
 
-@dataclass
+_Held = tuple[AsyncTransport, AsyncGenerator[None, None] | None]
+
+
+@dataclass(eq=False)
 class _LoopSlot:
-    transport: AsyncTransport
+    """One pool's transport on one event loop. It points at the loop and the transport
+    weakly: the loop owns the transport (``_OWNED``), so nothing here keeps a dropped
+    loop alive. ``held`` is the fallback for a loop that takes no attribute."""
+
     loop_ref: weakref.ref[asyncio.AbstractEventLoop]
-    sentinel: AsyncGenerator[None, None] | None = None
+    transport_ref: weakref.ref[AsyncTransport]
+    quiet: QuietFlag
+    token: int = field(default_factory=lambda: next(_tokens))
+    held: _Held | None = None
+    finalizer: weakref.finalize[[_LoopSlot], asyncio.AbstractEventLoop] | None = None
     dead: bool = False
+
+    @property
+    def transport(self) -> AsyncTransport | None:
+        """The transport, while its loop (or ``held``) still has it."""
+        return self.transport_ref()
+
+    def forget_loop(self) -> None:
+        """The slot no longer needs to hear of its loop's collection."""
+        finalizer, self.finalizer = self.finalizer, None
+        if finalizer is not None:
+            finalizer.detach()
+
+
+def _own(loop: asyncio.AbstractEventLoop, slot: _LoopSlot, held: _Held) -> None:
+    """Give ``held`` (a transport and its sentinel) to ``loop`` to own."""
+    owned: dict[int, _Held] | None = getattr(loop, _OWNED, None)
+    if owned is None:
+        owned = {}
+        try:
+            setattr(loop, _OWNED, owned)
+        except (AttributeError, TypeError):  # uvloop: held here, as strongly as before
+            slot.held = held
+            return
+    owned[slot.token] = held
+
+
+def _disown(slot: _LoopSlot) -> _Held | None:
+    """Take ``slot``'s transport and sentinel back from their loop (``None``: already
+    taken by another close path, or gone with the loop)."""
+    _detached.pop(slot.token, None)
+    held, slot.held = slot.held, None
+    if held is None:
+        owned: dict[int, _Held] | None = getattr(slot.loop_ref(), _OWNED, None)
+        if owned is not None:
+            held = owned.pop(slot.token, None)
+    return held
+
+
+def _loop_collected(slot: _LoopSlot) -> None:
+    """Finaliser of a slot's loop, collected without being closed: its transports are
+    collected with it, and close their sockets quietly (``QuietFlag``). Runs inside
+    garbage collection, in any thread: takes no lock; the slot is purged later. It runs
+    before any finaliser of the loop's garbage, so it closes the connections' sockets
+    first (their server sees them close now)."""
+    slot.dead = True
+    slot.quiet.close_sockets()
+    _detached.pop(slot.token, None)
 
 
 @dataclass
@@ -154,20 +230,31 @@ async def _loop_sentinel(entry: _Entry, slot: _LoopSlot) -> AsyncGenerator[None,
         if not slot.dead:
             slot.dead = True
             with _lock:
-                for loop_id, held in list(entry.loops.items()):
-                    if held is slot:
+                for loop_id, kept in list(entry.loops.items()):
+                    if kept is slot:
                         del entry.loops[loop_id]
-            await slot.transport.aclose()
+        slot.forget_loop()
+        # Unless another path (close_all, aclose_all, fork) took it already, the
+        # transport is still the loop's: close it here, inside the loop.
+        held = _disown(slot)
+        if held is not None:
+            await held[0].aclose()
 
 
-def _abandon(slot: _LoopSlot) -> None:
+def _abandon(slot: _LoopSlot, loop: asyncio.AbstractEventLoop | None = None) -> None:
+    """Release a slot whose loop is closed or collected (or, ``loop``, open but never to
+    run again): its sockets are closed directly (the loop cannot close them), quietly."""
     slot.dead = True
-    slot.transport.abandon()
-    if slot.sentinel is not None:
-        # Finish the parked generator without awaiting (its loop is gone).
+    slot.quiet.is_set = True
+    slot.forget_loop()
+    held = _disown(slot)
+    transport = held[0] if held is not None else slot.transport
+    if transport is not None:
+        transport.abandon(loop)
+    if held is not None and held[1] is not None:
+        # Finish the parked generator without awaiting (its loop is closed).
         with contextlib.suppress(StopIteration, RuntimeError, GeneratorExit):
-            slot.sentinel.aclose().send(None)
-        slot.sentinel = None
+            held[1].aclose().send(None)
 
 
 def _purge_dead_loops(entry: _Entry) -> None:
@@ -189,20 +276,32 @@ def async_transport(key: PoolKey) -> AsyncTransport:
     entry.last_used = time.monotonic()
     slot = entry.loops.get(id(loop))
     if slot is not None and not slot.dead and slot.loop_ref() is loop:
-        return slot.transport
+        found = slot.transport
+        if found is not None:
+            return found
     with _lock:
         _purge_dead_loops(entry)
         slot = entry.loops.get(id(loop))
         if slot is not None and not slot.dead and slot.loop_ref() is loop:
-            return slot.transport
-        transport = AsyncTransport(key, entry.metrics, h2c=_h2c(entry), gate=entry.gate)
-        slot = _LoopSlot(transport=transport, loop_ref=weakref.ref(loop))
+            found = slot.transport
+            if found is not None:
+                return found
+        quiet = QuietFlag()
+        transport = AsyncTransport(
+            key, entry.metrics, h2c=_h2c(entry), gate=entry.gate, quiet=quiet
+        )
+        slot = _LoopSlot(
+            loop_ref=weakref.ref(loop), transport_ref=weakref.ref(transport), quiet=quiet
+        )
         sentinel = _loop_sentinel(entry, slot)
         # Start the generator synchronously: the running loop's firstiter hook registers
-        # it, and it parks at its ``yield``.
+        # it, and it parks at its ``yield``. The loop owns it with the transport.
         with contextlib.suppress(StopIteration):
             sentinel.asend(None).send(None)
-        slot.sentinel = sentinel
+        _own(loop, slot, (transport, sentinel))
+        finalizer = weakref.finalize(loop, _loop_collected, slot)
+        finalizer.atexit = False
+        slot.finalizer = finalizer
         entry.loops[id(loop)] = slot
         return transport
 
@@ -234,8 +333,10 @@ def h2c_fallback(key: PoolKey) -> bool:
     if old is not None:
         _abandoned.append(old)
     for slot in slots:
+        # Left to its loop, which owns it: closed when the loop shuts down (or quietly
+        # with the loop if it is dropped); requests still on it finish there.
         slot.dead = True
-        _abandoned.append(slot.transport)
+        _detached[slot.token] = slot
     entry.metrics.fallback("h2c_to_http1")
     _log.warning("%s does not speak cleartext HTTP/2 (h2c); using HTTP/1.1 from now on", key.label)
     return True
@@ -272,6 +373,11 @@ def reap_idle(now: float | None = None) -> int:
         if sync is not None:
             sync.close()
             closed += 1
+    for slot in list(_detached.values()):
+        loop = slot.loop_ref()
+        if loop is None or loop.is_closed():  # its scheduled close will never run
+            _abandon(slot)
+            closed += 1
     return closed
 
 
@@ -298,11 +404,20 @@ def close_all() -> None:
     """Close every shared sync pool and release every async pool now.
 
     An async pool is closed inside its own event loop (scheduled there: at once if the
-    loop is running, else when it next runs); the sockets of a closed loop's pool are
-    closed directly. Later calls simply open new connections;
-    requests in flight on a closed pool are resent once on a new one (a close is never
-    counted against the endpoint's health).
+    loop is running, else when it next runs); if that loop never runs again and is
+    dropped, or the interpreter exits, its sockets are closed when it is collected,
+    quietly (no "Unclosed ..." message). The sockets of a closed loop's pool are closed
+    directly; a collected loop's pool went with it. Later calls simply open new
+    connections; requests in flight on a closed pool are resent once on a new one (a
+    close is never counted against the endpoint's health).
+
+    At interpreter exit (it runs then too) the pool of a loop that is not running is
+    abandoned at once instead: its sockets are closed directly, quietly.
     """
+    _close_all(exiting=False)
+
+
+def _close_all(*, exiting: bool) -> None:
     with _lock:
         entries = list(_entries.values())
     for entry in entries:
@@ -313,20 +428,43 @@ def close_all() -> None:
         if sync is not None:
             sync.close()
         for slot in slots:
+            _release(slot, exiting=exiting)
+    if exiting:
+        for slot in list(_detached.values()):
             loop = slot.loop_ref()
-            slot.dead = True
-            if loop is not None and not loop.is_closed():
-                # Close it inside its own loop: now if the loop is running, else the
-                # next time it runs (its sockets belong to that loop's selector).
-                with contextlib.suppress(RuntimeError):
-                    loop.call_soon_threadsafe(_close_soon, slot.transport)
-                    continue
-            _abandon(slot)
+            if loop is None or loop.is_closed():
+                _abandon(slot)
+            elif not loop.is_running():
+                _abandon(slot, loop)
 
 
-def _close_soon(transport: AsyncTransport) -> None:
-    """On the transport's own loop: close it in a task (scheduled by ``close_all``)."""
-    asyncio.ensure_future(transport.aclose())  # noqa: RUF006 - fire and forget, by design
+def _release(slot: _LoopSlot, *, exiting: bool) -> None:
+    """``close_all`` for one async pool."""
+    slot.dead = True
+    loop = slot.loop_ref()
+    transport = slot.transport
+    if loop is not None and not loop.is_closed() and transport is not None:
+        if exiting and not loop.is_running():
+            _abandon(slot, loop)  # the interpreter is exiting: it will not run again
+            return
+        # Close it inside its own loop: now if the loop is running, else the next time
+        # it runs (its sockets belong to that loop's selector). Retired meanwhile: no
+        # new request, and quiet if the loop never runs again.
+        transport.retire()
+        _detached[slot.token] = slot
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(_close_soon, slot)
+            return
+    _abandon(slot)
+
+
+def _close_soon(slot: _LoopSlot) -> None:
+    """On the slot's own loop: close its transport in a task (scheduled by
+    ``close_all``)."""
+    slot.forget_loop()
+    held = _disown(slot)
+    if held is not None:
+        asyncio.ensure_future(held[0].aclose())  # noqa: RUF006 - fire and forget, by design
 
 
 async def aclose_all() -> None:
@@ -341,7 +479,12 @@ async def aclose_all() -> None:
             slot = entry.loops.pop(id(loop), None)
         if slot is not None and slot.loop_ref() is loop:
             slot.dead = True
-            mine.append(slot.transport)
+            slot.forget_loop()
+            held = _disown(slot)
+            if held is not None:
+                mine.append(held[0])
+        elif slot is not None:  # a stale slot of a collected loop with the same id
+            _abandon(slot)
     for transport in mine:
         await transport.aclose()
     close_all()
@@ -415,14 +558,24 @@ def _after_fork_in_child() -> None:
             _abandoned.append(entry.sync)
         entry.sync = None
         for slot in entry.loops.values():
+            # The parent's sockets: never closed here, not even by a sentinel or the
+            # finaliser of a loop copied into the child.
             slot.dead = True
-            _abandoned.append(slot.transport)
+            slot.forget_loop()
+            held = _disown(slot)
+            if held is not None:
+                _abandoned.append(held)
         entry.loops = {}
         entry.gate = _gate(entry.key)
         entry.active = 0
+    for slot in list(_detached.values()):
+        slot.forget_loop()
+        held = _disown(slot)
+        if held is not None:
+            _abandoned.append(held)
     if _entries:
         _ensure_reaper()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(close_all)
+atexit.register(_close_all, exiting=True)
