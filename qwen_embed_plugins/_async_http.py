@@ -263,7 +263,10 @@ class AsyncTransport:
 
         session = self._aiohttp()
         t = req.timeouts
-        timeout = aiohttp.ClientTimeout(total=None, sock_connect=t.connect, sock_read=t.read)
+        # the call's deadline is aiohttp's own total timer (it also bounds the body read):
+        # cheaper than a second timer around the exchange
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        timeout = aiohttp.ClientTimeout(total=left, sock_connect=t.connect, sock_read=t.read)
         headers = dict(req.headers)
         headers.setdefault("Accept-Encoding", _ACCEPT_ENCODING)
         received = False
@@ -279,6 +282,8 @@ class AsyncTransport:
             )
         except aiohttp.ClientError as exc:
             raise from_aiohttp(exc, req.ctx) from exc
+        except TimeoutError:  # aiohttp's total timer (its read/connect ones are ClientErrors)
+            raise total_timeout_error(req.ctx, req.total) from None
         conn = resp.connection
         fresh = bool(getattr(conn, "_qwen_fresh", True)) if conn is not None else True
         ok = False
@@ -298,6 +303,8 @@ class AsyncTransport:
             ok = True
         except aiohttp.ClientError as exc:
             raise from_aiohttp(exc, req.ctx).with_received(received) from exc
+        except TimeoutError:
+            raise total_timeout_error(req.ctx, req.total, received=received) from None
         finally:
             if ok:
                 resp.release()
@@ -422,7 +429,9 @@ class AsyncTransport:
             else:
                 await slots.acquire()
             try:
-                exchange = self._httpx_exchange if self.http2 else self._aiohttp_exchange
+                if not self.http2:  # bounded by aiohttp's total timer
+                    return await self._aiohttp_exchange(req, deadline)
+                exchange = self._httpx_exchange
                 if deadline is None:
                     return await exchange(req, deadline)
                 try:
