@@ -22,6 +22,7 @@ __all__ = ["AsyncSDKHTTPClient", "SDKHTTPClient", "async_openai", "sdk_reply", "
 # Errors that mean "no HTTP exchange happened" on a cleartext HTTP/2 attempt: the server
 # does not speak h2c (prior knowledge) and dropped the connection.
 _H2C_FAILURES = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
+_NO_KEY = "EMPTY"  # the api_key given to the SDK when there is none
 
 
 class _NoTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
@@ -32,6 +33,30 @@ class _NoTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
 
     async def handle_async_request(self, request: Any) -> Any:
         raise RuntimeError("requests of this client go through the shared pool")
+
+
+def _request_secret(request: Any) -> str | None:
+    """The API key a request of the SDK carries (its ``Authorization`` value without the
+    scheme), or ``None`` (no header, or the ``"EMPTY"`` placeholder sent without a key)."""
+    value = request.headers.get("authorization")
+    if not value:
+        return None
+    scheme, _, rest = value.strip().partition(" ")
+    secret = rest.strip() or scheme
+    return None if secret == _NO_KEY else secret
+
+
+def scrub_response_headers(response: Any, request: Any) -> Any:
+    """``response`` with every header value scrubbed of the request's API key (exact,
+    case-changed or truncated echoes, and any ``Bearer``/``Basic``/``token`` value; see
+    ``errors.scrub``), before the SDK sees it: ``openai._base_client`` logs the
+    ``x-request-id`` value at DEBUG and keeps it on its exceptions (``request_id``)."""
+    secret = _request_secret(request)
+    items = response.headers.multi_items()
+    cleaned = [(name, scrub(value, secret)) for name, value in items]
+    if cleaned != items:
+        response.headers = httpx.Headers(cleaned)
+    return response
 
 
 class SDKHTTPClient(httpx.Client):
@@ -51,11 +76,12 @@ class SDKHTTPClient(httpx.Client):
 
     def send(self, request: Any, **kwargs: Any) -> Any:
         try:
-            return pool.sync_transport(self._pool_key).send_httpx(request, **kwargs)
+            response = pool.sync_transport(self._pool_key).send_httpx(request, **kwargs)
         except _H2C_FAILURES:
             if not pool.h2c_fallback(self._pool_key):
                 raise
-        return pool.sync_transport(self._pool_key).send_httpx(request, **kwargs)
+            response = pool.sync_transport(self._pool_key).send_httpx(request, **kwargs)
+        return scrub_response_headers(response, request)
 
     def close(self) -> None:
         """Nothing to close (the pool is shared; see ``close_all()``)."""
@@ -73,11 +99,12 @@ class AsyncSDKHTTPClient(httpx.AsyncClient):
 
     async def send(self, request: Any, **kwargs: Any) -> Any:
         try:
-            return await pool.async_transport(self._pool_key).send_httpx(request, **kwargs)
+            response = await pool.async_transport(self._pool_key).send_httpx(request, **kwargs)
         except _H2C_FAILURES:
             if not pool.h2c_fallback(self._pool_key):
                 raise
-        return await pool.async_transport(self._pool_key).send_httpx(request, **kwargs)
+            response = await pool.async_transport(self._pool_key).send_httpx(request, **kwargs)
+        return scrub_response_headers(response, request)
 
     async def aclose(self) -> None:
         """Nothing to close (the pool is shared; see ``aclose_all()``)."""
@@ -88,7 +115,7 @@ def sync_openai(key: PoolKey, *, base_url: str, api_key: str | None) -> Any:
     import openai
 
     return openai.OpenAI(
-        api_key=api_key or "EMPTY",
+        api_key=api_key or _NO_KEY,
         base_url=base_url,
         http_client=cast(Any, SDKHTTPClient(key)),
         max_retries=0,
@@ -100,7 +127,7 @@ def async_openai(key: PoolKey, *, base_url: str, api_key: str | None) -> Any:
     import openai
 
     return openai.AsyncOpenAI(
-        api_key=api_key or "EMPTY",
+        api_key=api_key or _NO_KEY,
         base_url=base_url,
         http_client=cast(Any, AsyncSDKHTTPClient(key)),
         max_retries=0,

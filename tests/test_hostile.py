@@ -149,6 +149,57 @@ def test_sdk_failures_are_chained_scrubbed(hostile: HostileServer) -> None:
     assert info.value.__cause__ is not None  # the SDK's failure, as a scrubbed copy
 
 
+SDK_MODES = ["use_sdk", "async_use_sdk", "openai_client", "async_openai_client"]
+
+
+def _sdk_call(hostile: HostileServer, mode: str) -> BaseException:
+    """One embedding call through the openai SDK on the library's pool; its exception."""
+    settings = {"base_url": hostile.base_url, "api_key": KEY, "retry": ONCE}
+    try:
+        if mode == "use_sdk":
+            q.EmbeddingClient(**settings, use_sdk=True).embed_query("sdk")  # type: ignore[arg-type]
+        elif mode == "async_use_sdk":
+            aclient = q.AsyncEmbeddingClient(**settings, use_sdk=True)  # type: ignore[arg-type]
+            asyncio.run(aclient.embed_query("sdk"))
+        elif mode == "openai_client":
+            sdk = q.EmbeddingClient(**settings).openai_client()  # type: ignore[arg-type]
+            sdk.embeddings.create(input=["sdk"], model="m")
+        else:
+            asdk = q.AsyncEmbeddingClient(**settings).openai_client()  # type: ignore[arg-type]
+            asyncio.run(asdk.embeddings.create(input=["sdk"], model="m"))
+    except Exception as exc:
+        return exc
+    raise AssertionError("the call succeeded against a 500")
+
+
+@pytest.mark.parametrize("transform", ["exact", "upper", "lower", "truncate", "bare"])
+@pytest.mark.parametrize("mode", SDK_MODES)
+def test_a_key_echoed_in_a_response_header_is_scrubbed_before_the_sdk_logs_it(
+    hostile: HostileServer, caplog: pytest.LogCaptureFixture, transform: str, mode: str
+) -> None:
+    """``openai._base_client`` logs ``x-request-id`` at DEBUG: the SDK bridge hands it
+    response headers already scrubbed, so no logger (all at DEBUG) records the key."""
+    caplog.set_level(logging.DEBUG)
+    hostile.set("echo_auth", on="embeddings", transform=transform, where="header")
+    exc = _sdk_call(hostile, mode)
+    if mode.endswith("use_sdk"):
+        assert isinstance(exc, q.ServerError)
+        assert exc.status == 500
+    else:
+        import openai
+
+        assert isinstance(exc, openai.InternalServerError)
+        assert exc.status_code == 500
+        assert exc.request_id is not None
+        assert "***" in exc.request_id
+    logged = [r.getMessage() for r in caplog.records]
+    assert any(m.startswith("request_id: ") and "***" in m for m in logged), logged
+    secret_bits = {KEY, KEY.upper(), KEY.lower(), KEY[:-4], KEY[3:]}
+    for text in [*logged, caplog.text, str(exc), repr(vars(exc))]:
+        for bit in secret_bits:
+            assert bit not in text, (transform, mode, text[:300])
+
+
 # --------------------------------------------------------------------------- shapes
 
 
