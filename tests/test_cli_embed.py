@@ -4,6 +4,7 @@ formats, a resumable job after a failure, and the safety of INPUT and OUTPUT."""
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ import orjson
 import pytest
 from cli_support import journal_batches, numbered_texts, received_batches, run, wait_until
 
+from qwen_embed_plugins.cli import embed as embed_command
 from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
 
 
@@ -235,6 +237,57 @@ def test_output_that_is_the_input_is_refused(
     assert "refusing to overwrite the input" in err
     assert src.read_bytes() == original
     assert server.requests == 0
+
+
+# --------------------------------------------------------------------------- deadline
+
+
+def closed_port() -> int:
+    """A loopback port nothing listens on (bound, then closed)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+    return port
+
+
+def test_a_server_nobody_listens_on_ends_the_run_naming_the_url(tmp_path: Path) -> None:
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n")
+    out = tmp_path / "out.npy"
+    base_url = f"http://127.0.0.1:{closed_port()}/v1"
+    result = run("embed", "--base-url", base_url, "--deadline", "3", str(src), str(out))
+    assert result.exit_code == 1
+    assert f"cannot connect to {base_url}: " in result.stderr
+    assert "Connection refused" in result.stderr
+    assert not out.exists()
+    assert files(tmp_path) == ["in.txt"]
+
+
+def test_deadline_is_an_option_in_seconds_with_its_default() -> None:
+    result = run("embed", "--help")
+    assert result.exit_code == 0
+    text = " ".join(result.output.split())
+    assert "--deadline SECONDS" in text
+    assert "in seconds" in text
+    assert "default: 300" in text
+    bad = run("embed", "--base-url", "http://127.0.0.1:9/v1", "--deadline", "0", "a", "b")
+    assert bad.exit_code == 2
+
+
+def test_the_first_contact_bound_does_not_cut_a_slow_first_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server answers, after longer than the first-contact bound: the batch is sent
+    again with the full --deadline, and the run completes."""
+    monkeypatch.setattr(embed_command, "_FIRST_CONTACT", 0.2)
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n")
+    out = tmp_path / "out.npy"
+    with EmbeddingServer(latency=1.0) as slow:
+        code, err = embed(slow, src, out, "--deadline", "60")
+        assert code == 0, err
+        assert slow.requests == 2  # cut once by the 0.2 s bound, then answered
+    assert np.array_equal(np.load(out), np.stack([expected_embedding(t) for t in ("one", "two")]))
 
 
 def test_bad_utf8_is_reported_on_its_true_line(server: EmbeddingServer, tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ if TYPE_CHECKING:
 __all__ = ["embed"]
 
 _OUTPUT_SUFFIXES = (".npy", ".jsonl", ".ndjson")
+_DEADLINE = 300.0  # seconds: RetryConfig's default deadline of a bulk call
+_FIRST_CONTACT = 15.0  # seconds: longest wait for a server no request of the run reached
 
 
 @click.command()
@@ -38,6 +40,16 @@ _OUTPUT_SUFFIXES = (".npy", ".jsonl", ".ndjson")
     help="Most texts held in memory at once (in flight); bounds memory with --concurrency.",
 )
 @click.option("--http2", is_flag=True, help="Use HTTP/2 (falls back to HTTP/1.1).")
+@click.option(
+    "--deadline",
+    type=click.FloatRange(0.001, 86400.0),
+    default=_DEADLINE,
+    show_default=True,
+    metavar="SECONDS",
+    help="Longest time one batch may take, retries and waits included, in seconds. "
+    "Until a first batch succeeds, a server that cannot be connected to ends the run "
+    f"after at most {_FIRST_CONTACT:g} s (or SECONDS when shorter).",
+)
 @click.option(
     "--resume",
     is_flag=True,
@@ -84,6 +96,7 @@ def embed(
     concurrency: int,
     chunk_size: int,
     http2: bool,
+    deadline: float,
     resume: bool,
     use_ray: bool,
     column: str,
@@ -131,6 +144,7 @@ def embed(
             batch_size=batch_size,
             concurrency=concurrency,
             http2=http2,
+            deadline=deadline,
             column=column,
             address=address,
             actors=actors,
@@ -140,7 +154,7 @@ def embed(
     if Path(input_path).is_dir():
         raise click.UsageError("INPUT is a folder: only --ray reads folders")
 
-    from .. import Limits, QwenEmbedError
+    from .. import Limits, QwenEmbedError, RetryConfig
     from ._embed_job import Settings, StatePaths, UsageProblem, check_paths
     from ._options import verify_setting
     from ._output import console, fail
@@ -166,9 +180,11 @@ def embed(
             limits=Limits(max_connections=max(Limits().max_connections, concurrency)),
             http2=http2,
             verify=verify_setting(ca, insecure),
+            retry=RetryConfig(deadline=deadline),
         )
     except QwenEmbedError as exc:
         fail(str(exc), 2)
+    first = cfg.replace(retry=RetryConfig(deadline=min(deadline, _FIRST_CONTACT)))
     settings = Settings(
         endpoint=cfg.endpoint,
         model=str(cfg.model),
@@ -180,7 +196,7 @@ def embed(
     err = console(stderr=True)
     started = time.perf_counter()
     outcome = _run(
-        EmbeddingClient(cfg),
+        _FirstContact(EmbeddingClient(cfg), EmbeddingClient(first), cfg.endpoint),
         input_path,
         paths,
         settings,
@@ -218,12 +234,13 @@ def _run_on_ray(input_path: str, output_path: str, **opts: Any) -> None:
         # Ray actors read the key from their environment (it is never pickled); local
         # actors inherit this process's.
         os.environ["QWEN_EMBED_API_KEY"] = opts["api_key"]
-    from .. import QwenEmbedError
+    from .. import QwenEmbedError, RetryConfig
 
     settings: dict[str, Any] = {
         "model": opts["model"],
         "dimensions": opts["dimensions"],
         "http2": opts["http2"],
+        "retry": RetryConfig(deadline=opts["deadline"]),
         "verify": verify_setting(opts["ca"], opts["insecure"]),
     }
     started = time.perf_counter()
@@ -251,6 +268,49 @@ def _run_on_ray(input_path: str, output_path: str, **opts: Any) -> None:
         soft_wrap=True,
         markup=False,
     )
+
+
+class _FirstContact:
+    """The job's client, failing fast while no batch of the run has succeeded.
+
+    Until one does, batches go through ``first`` (a deadline of at most
+    ``_FIRST_CONTACT`` s): one that cannot connect (refused, unreachable, TLS refused)
+    ends the run with "cannot connect to URL: ..." instead of retrying for the whole
+    deadline; one that failed there for what the short deadline may have cut (the
+    server answered 503 or 429, or slowly) is sent again through ``client``, with the
+    full deadline; other failures are the batch's own.
+    """
+
+    def __init__(self, client: Any, first: Any, endpoint: str) -> None:
+        self._client = client
+        self._first = first
+        self._endpoint = endpoint
+        self._reached = False
+
+    def embed_documents_array(self, texts: list[str]) -> Any:
+        if self._reached:
+            return self._client.embed_documents_array(texts)
+        from .. import ConnectError, ConnectTimeout, QwenEmbedError, TimeoutException
+        from ..retry import classify
+        from ._embed_job import JobError
+
+        try:
+            vectors = self._first.embed_documents_array(texts)
+        except (ConnectError, ConnectTimeout) as exc:
+            if self._reached:  # another batch got through meanwhile
+                return self._client.embed_documents_array(texts)
+            reason = str(exc).removeprefix(f"cannot connect to {exc.url}: ")
+            raise JobError(
+                f"cannot connect to {self._endpoint}: {reason} (no request of this run "
+                "reached it; is the server up, and is the URL right?)"
+            ) from exc
+        except QwenEmbedError as exc:
+            if classify(exc) != "outage" and not isinstance(exc, TimeoutException):
+                raise
+            self._reached = True  # the server answered; the short deadline cut the batch
+            return self._client.embed_documents_array(texts)
+        self._reached = True
+        return vectors
 
 
 def _blank_notice(count: int, lines: list[int]) -> str:
