@@ -112,10 +112,17 @@ class _LoopServer:
             target=self._run, args=(sock,), name=f"{self._name}-{self.port}", daemon=True
         )
         self._thread.start()
-        if not self._ready.wait(timeout) or self._error is not None:
-            error = self._error
+        started = self._ready.wait(timeout)
+        if started and self._error is None:
+            return
+        stuck = ""
+        try:  # the start failure is what to report, not a stop that fails after it
             self.stop(timeout)
-            raise RuntimeError(f"{self._name} failed to start: {error!r}") from error
+        except RuntimeError:
+            stuck = " (its thread is still running)"
+        error = self._error
+        what = f"failed to start: {error!r}" if error else f"did not start within {timeout:g} s"
+        raise RuntimeError(f"{self._name} {what}{stuck}") from error
 
     def stop(self, timeout: float) -> None:
         thread, self._thread = self._thread, None
@@ -162,6 +169,13 @@ class _LoopServer:
             await self._handler(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError, TimeoutError):
             pass
+        except asyncio.CancelledError:
+            if not self.stopping() or task is None:
+                raise
+            # `stop` cancelled this handler after its grace: end quietly. A connection
+            # task that ends cancelled is logged with a traceback by asyncio's stream
+            # callback (Python 3.11: it calls task.exception() on it).
+            task.uncancel()
         finally:
             writer.close()
             try:

@@ -76,25 +76,37 @@ class _ThreadServer:
         self._error: BaseException | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_event: asyncio.Event | None = None
+        self._stopping = False
         port = sock.getsockname()[1]
         self._thread = threading.Thread(
             target=self._run, name=f"EmbeddingServer-{port}", daemon=True
         )
 
     def start(self, timeout: float) -> None:
+        """Start the thread and wait until the server serves.
+
+        Raises:
+            RuntimeError: the server failed to start (chained to the thread's error), or
+                did not start within ``timeout`` seconds; never a failure to stop that
+                follows either.
+        """
         self._thread.start()
-        if not self._ready.wait(timeout):
-            self.stop(timeout)
-            raise RuntimeError(f"EmbeddingServer did not start within {timeout:g} s")
-        if self._error is not None:
-            self._thread.join(timeout)
-            raise RuntimeError(f"EmbeddingServer failed to start: {self._error!r}") from self._error
+        started = self._ready.wait(timeout)
+        if started and self._error is None:
+            return
+        if not started:
+            self._stopping = True  # seen by _main when it has not begun yet
+            self._signal_stop()
+        self._thread.join(timeout)
+        stuck = " (its thread is still running)" if self._thread.is_alive() else ""
+        if not stuck:
+            self._sock.close()
+        error = self._error
+        what = f"failed to start: {error!r}" if error else f"did not start within {timeout:g} s"
+        raise RuntimeError(f"EmbeddingServer {what}{stuck}") from error
 
     def stop(self, timeout: float) -> None:
-        loop = self._loop
-        if loop is not None and self._thread.is_alive():
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(self._begin_stop)
+        self._signal_stop()
         self._thread.join(timeout)
         if self._thread.is_alive():
             raise RuntimeError(f"EmbeddingServer thread did not stop within {timeout:g} s")
@@ -102,22 +114,49 @@ class _ThreadServer:
         if self._error is not None:
             logger.error("EmbeddingServer thread failed", exc_info=self._error)
 
+    def _signal_stop(self) -> None:
+        loop = self._loop
+        if loop is not None and self._thread.is_alive():
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(self._begin_stop)
+
     def _begin_stop(self) -> None:
         self._app.request_stop()
         if self._stop_event is not None:
             self._stop_event.set()
+        if self._settings.http2 and not self._settings.h2_only and self._tls is not None:
+            # hypercorn over TLS waits for each connection's TLS close, which an idle
+            # client never answers (asyncio gives up after 30 s): end the idle ones now,
+            # the others once requests in flight had their grace
+            state = self._app.state
+            state.command("close_connections", {"idle_only": True})
+            loop = asyncio.get_running_loop()
+            loop.call_later(_GRACEFUL_SHUTDOWN, state.command, "close_connections", {})
 
     def _run(self) -> None:
         try:
             asyncio.run(self._main())
         except BaseException as exc:  # reported by start() / stop()
-            self._error = exc
+            if self._error is None:  # the first cause (a lifespan failure) wins
+                self._error = exc
         finally:
             self._ready.set()
 
+    def _exception_handler(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        """The loop's handler: drops a CancelledError once the server is stopping (a
+        connection task cancelled at shutdown, which the stream callback of Python 3.11
+        logs at ERROR with a traceback), passes everything else on."""
+        stopping = self._stop_event is not None and self._stop_event.is_set()
+        if stopping and isinstance(context.get("exception"), asyncio.CancelledError):
+            return
+        loop.default_exception_handler(context)
+
     async def _main(self) -> None:
-        self._loop = asyncio.get_running_loop()
+        self._loop = loop = asyncio.get_running_loop()
+        loop.set_exception_handler(self._exception_handler)
         self._stop_event = stop_event = asyncio.Event()
+        if self._stopping:  # start() gave up before this loop ran
+            return
         if self._settings.h2_only:
             from ._h2server import serve_h2  # h2 only for this mode
 
@@ -139,7 +178,12 @@ class _ThreadServer:
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
-                self._app.begin_run()
+                try:
+                    self._app.begin_run()
+                except Exception as exc:  # reported by start() as the cause
+                    self._error = exc
+                    await send({"type": "lifespan.startup.failed", "message": repr(exc)})
+                    return
                 await send({"type": "lifespan.startup.complete"})
                 self._ready.set()
             elif message["type"] == "lifespan.shutdown":
