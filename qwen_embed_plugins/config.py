@@ -379,6 +379,13 @@ def _normalise_one_url(value: object) -> str:
             f"replica URLs) or set {ENV_BASE_URL}; there is deliberately no default endpoint"
         )
     url = value.strip().rstrip("/")
+    if ";" in url or any(c.isspace() for c in url):
+        # "http://a:1/v1;http://b:2/v1" parses as one URL whose path holds the other
+        raise ConfigError(
+            f"base_url (or {ENV_BASE_URL}) holds ';' or whitespace, which a base URL may not "
+            "contain here; separate replica URLs with a comma "
+            "('http://a:8000/v1,http://b:8000/v1') or pass a list"
+        )
     try:
         parts = urlsplit(url)
     except ValueError as exc:

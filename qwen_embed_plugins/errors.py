@@ -371,6 +371,10 @@ class OverloadedError(ServerError):
 
 # --------------------------------------------------------------------------- building errors
 
+# An input position a server names in a refusal ("the input at index 3", "input[3]"):
+# counted within the request it got, one batch of the call (the engine's rule too).
+_SERVER_POSITION = re.compile(r"\b(?:index|input|item)\s*(?:at\s+(?:index\s+)?)?\[?(\d+)\]?", re.I)
+
 
 def error_from_response(
     status: int,
@@ -397,6 +401,13 @@ def error_from_response(
     request_id = response_request_id(headers, body, secret=secret)
     shown = message or "(empty body)"
     text = f"HTTP {status} from {label}: {shown}"
+    position = _SERVER_POSITION.search(message) if status in (400, 413, 422) else None
+    if position:
+        # the caller's input index is added by the engine ("[input index N of this call]")
+        text += (
+            f" (the server's index {position.group(1)} counts within the batch it was sent,"
+            " not within the call)"
+        )
     if request_id:
         text += f" (request id {request_id})"
     kwargs: dict[str, Any] = {

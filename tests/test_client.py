@@ -616,3 +616,20 @@ def test_sdk_path_unreadable_body_is_a_response_error(srv: EmbeddingServer, faul
     srv.inject(fault)
     with pytest.raises(q.ResponseError):
         client.embed_documents(["only one"])
+
+
+def test_a_context_length_error_tells_the_servers_index_from_the_callers() -> None:
+    """Call index 6 is batch-local index 2 of the second batch of four: the message gives
+    both, and says which is which."""
+    texts = [f"text {i}" for i in range(8)]
+    texts[6] = "x" * 50
+    with EmbeddingServer(max_input_chars=20) as server:
+        client = q.EmbeddingClient(base_url=server.base_url, batch_size=4, max_concurrency=1)
+        with pytest.raises(q.ContextLengthError) as info:
+            client.embed_documents(texts)
+    q.close_all()
+    text = str(info.value)
+    assert info.value.index == 6
+    assert "[input index 6 of this call]" in text
+    assert "at index 2 " in text  # the server's own words
+    assert "the server's index 2 counts within the batch it was sent, not within the call" in text

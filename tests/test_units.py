@@ -71,6 +71,27 @@ def test_config_errors_name_the_field(kwargs: dict[str, object], field: str | No
         assert field in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["http://a:1/v1;http://b:2/v1", "http://a:1/v1; http://b:2/v1", "http://a:1/v1 http://b:2/v1"],
+)
+def test_replica_urls_joined_by_anything_but_a_comma_are_refused(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """urlsplit takes "http://a:1/v1;http://b:2/v1" for one URL (path "/v1;http://b..."):
+    refused when configured, naming the comma, from the argument and the environment."""
+    with pytest.raises(q.ConfigError, match="comma") as info:
+        EmbeddingConfig(base_url=value)
+    assert isinstance(info.value, ValueError)
+    monkeypatch.setenv("QWEN_EMBED_BASE_URL", value)
+    with pytest.raises(q.ConfigError, match="separate replica URLs with a comma"):
+        EmbeddingConfig.from_env()
+    with pytest.raises(q.ConfigError, match="QWEN_EMBED_BASE_URL"):
+        q.EmbeddingClient()
+    joined = EmbeddingConfig(base_url="http://a:1/v1,http://b:2/v1")
+    assert joined.base_url == ("http://a:1/v1", "http://b:2/v1")
+
+
 def test_api_key_is_stripped_and_checked_without_showing_it() -> None:
     cfg = EmbeddingConfig(base_url="http://h/v1", api_key="sk-FILE-KEY-1234\n")
     assert cfg.api_key_value() == "sk-FILE-KEY-1234"
@@ -317,6 +338,34 @@ def test_error_bodies_of_every_server(status: int, body: object, cls: type, mess
     assert exc.request_id == "r1"
     assert "u:p" not in str(exc)
     assert "k=1" not in str(exc)
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "position"),
+    [
+        (400, "The input at index 1 (50 characters) is longer than the model's context", "1"),
+        (400, "Input at index 2 is empty", "2"),
+        (413, "input[3] is too long for the model", "3"),
+        (400, "This model's maximum context length is 8192 tokens", None),
+        (500, "input 4 crashed the worker", None),
+    ],
+)
+def test_a_position_the_server_names_is_marked_as_within_the_batch_sent(
+    status: int, message: str, position: str | None
+) -> None:
+    """The engine appends the caller's index ("[input index N of this call]"); the server's
+    own index counts within the batch it got, and the message says so."""
+    exc = errors.error_from_response(
+        status, orjson.dumps({"error": {"message": message}}), url="http://h/v1"
+    )
+    note = (
+        f"(the server's index {position} counts within the batch it was sent, not within the call)"
+    )
+    if position is None:
+        assert "the server's index" not in str(exc)
+    else:
+        assert note in str(exc)
+    assert exc.message == message  # the server's text itself is kept as it came
 
 
 def test_batch_limit_parsing() -> None:
