@@ -31,7 +31,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import pool, servers
@@ -95,6 +95,7 @@ class _Bisection:
     since: float  # monotonic time the bisected batch failed
     ok: int = 0
     max_ok: int = 0
+    ok_on: dict[Replica, int] = field(default_factory=dict)  # replica -> largest piece
     failed_leaves: int = 0
     input_failed: bool = False
 
@@ -630,6 +631,7 @@ class Engine(Learning):
         if bis is not None:
             bis.ok += len(texts)
             bis.max_ok = max(bis.max_ok, len(texts))
+            bis.ok_on[replica] = max(bis.ok_on.get(replica, 0), len(texts))
         rows = self._finish(rows, sq, dims, bad, state, replica)
         part.pieces.append((0, rows))
         for row, reason in bad.items():
@@ -676,15 +678,18 @@ class Engine(Learning):
             and not call.stop
         ):
             # Every piece went through: the batch failed for its size (a server that
-            # drops requests above some size, e.g. out of memory). Learn the limit.
+            # drops requests above some size, e.g. out of memory). Learn the limit, for
+            # the replica that dropped it and only from pieces that same replica took
+            # (pieces another replica answered say nothing about this one's size).
             replica = getattr(first, "_replica", None)
-            if replica is not None:
+            took = bis.ok_on.get(replica, 0) if replica is not None else 0
+            if replica is not None and took:
                 state = replica.state(self.model)
-                state.size_failures.append(bis.max_ok)
+                state.size_failures.append(took)
                 if len(state.size_failures) < 2:
                     return part  # once could be chance: wait for a second batch to say so
-                if state.batch_limit is None or bis.max_ok < state.batch_limit:
-                    state.batch_limit = bis.max_ok
+                if state.batch_limit is None or took < state.batch_limit:
+                    state.batch_limit = took
                     state.limit_inferred = True  # retested later: it may have been a spell
                     state.ok_since_limit = 0
                     replica.metrics.fallback("batch_limit")
@@ -694,8 +699,8 @@ class Engine(Learning):
                         replica.label,
                         len(texts),
                         type(first).__name__,
-                        bis.max_ok,
-                        bis.max_ok,
+                        took,
+                        took,
                     )
         return part
 

@@ -741,3 +741,28 @@ def test_a_slower_replica_is_probed_as_soon_as_its_cooldown_ends() -> None:
                 assert slow.requests == 0, "a request reached an ejected replica"
             assert calls < 100_000, "the replica was never probed"
         assert replica.ejected_until == 0.0
+
+
+def test_no_batch_limit_is_learned_for_a_replica_from_pieces_another_took() -> None:
+    """A batch dropped by both replicas (one drops anything over 4 texts, the other every
+    request) is bisected; its pieces are all answered by the first. The second replica
+    took none of them, so no batch limit is learned for it from that bisection."""
+    with _servers({"latency": 0.002}, {"latency": 0.002}) as (small, broken):
+        small.drop_batches_over(4)
+        broken.inject("close", count=100_000)
+        retry = FAST.replace(circuit_failure_threshold=100_000)  # keep both in rotation
+        client = q.EmbeddingClient(
+            base_url=[small.base_url, broken.base_url],
+            batch_size=16,
+            max_concurrency=1,
+            retry=retry,
+        )
+        texts = _texts(96, "pieces")
+        np.testing.assert_array_equal(
+            client.embed_documents_array(texts), expected_embeddings(texts)
+        )
+        states = _states(client)
+        assert states[broken.base_url].batch_limit is None
+        assert broken.texts == 0
+        limit = states[small.base_url].batch_limit
+        assert limit is None or limit <= 4
