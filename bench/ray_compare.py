@@ -12,12 +12,12 @@ Side by side in one run, on one local Ray instance, against the same loopback re
   vector out of ``http_response``; its own knobs (``batch_size`` rows per call,
   ``concurrency`` actors, ``qps`` cap) left at their defaults unless given.
 
-Until the client balances over replicas itself (issue 15 item 1), a job over ``R``
-replicas is run as ``R`` shards of the rows (by ``id mod R``), each embedded against one
-replica, as one Ray job (``Dataset.union``); the actors are shared out over the shards
-(so fewer actors than replicas leave replicas idle: those cells are marked). Ray's
-processor takes one URL, so it gets the same sharding. Once ``EmbeddingConfig`` accepts
-a list of base URLs the script passes the list to ``embed_dataset`` instead (re-run it).
+``embed_dataset`` gets the ``R`` replicas as one list of base URLs: every actor's client
+balances over them (fewest requests in flight). Ray's processor takes one URL, so for it
+a job over ``R`` replicas is run as ``R`` shards of the rows (by ``id mod R``), each
+against one replica, as one Ray job (``Dataset.union``). (Before the client accepted a
+list, ``embed_dataset`` was sharded the same way; ``replicas_supported`` keeps that path
+for such versions.)
 
 Measured per run: rows/s (wall time from building the plan to the last row consumed by
 the driver), embedding requests and TCP connections counted by the servers, CPU seconds
