@@ -674,15 +674,17 @@ class AsyncEmbeddingClient(_ClientBase):
     async def _embed_one(self, text: str, *, query: bool) -> FloatArray:
         engine = self._engine
         call = engine.new_call(query=query)
+        delay = engine.endpoint.p95() if query and self._config.hedge else None
+        if delay is None:  # the common path: no extra coroutine per query
+            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._send)
+            first: FloatArray = part.pieces[0][1][0]
+            return first
 
         async def one() -> FloatArray:
             part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._send)
             row: FloatArray = part.pieces[0][1][0]
             return row
 
-        delay = engine.endpoint.p95() if query and self._config.hedge else None
-        if delay is None:
-            return await one()
         row: FloatArray = await ahedged(one, delay, engine.endpoint.hedges)
         return row
 
