@@ -164,6 +164,9 @@ def _sigkill_and_resume(server: EmbeddingServer, tmp_path: Path, n: int, suffix:
     proc.finish()
     written = journal_batches(tmp_path / f".{out.name}.resume")
     assert 0 < len(written) < batches
+    # requests of the killed run that the server was still answering would otherwise be
+    # counted after the reset below (only the held one may stay: its delay is 600 s)
+    wait_until(lambda: server.stats()["in_flight"] <= 1, "the killed run's other requests to end")
     server.reset_counters()
     status, _, stderr = embed_process(server, src, out, "--resume", *args).finish()
     assert status == 0, stderr
