@@ -125,8 +125,12 @@ def test_5000_rows_exact_and_aligned_across_two_servers() -> None:
         assert one.texts > 0
         assert two.texts > 0
         assert one.texts + two.texts == ROWS
-        # One pool per actor: connections stay within actors x max_in_flight (4).
-        assert one.connections_opened + two.connections_opened <= 2 * 4
+        # One client per actor, one pool per replica in it: at most max_in_flight (4)
+        # requests of an actor at once, so at most actors x max_in_flight at a server and
+        # actors x replicas x max_in_flight connections in all (160 requests were sent).
+        for server in (one, two):
+            assert server.stats()["max_in_flight"] <= 2 * 4
+        assert one.connections_opened + two.connections_opened <= 2 * 2 * 4
 
 
 def test_actor_killed_mid_job_is_retried_exact_no_duplicates(tmp_path: Path) -> None:
