@@ -90,6 +90,23 @@ def wait_until() -> Callable[..., None]:
     return _wait_until
 
 
+def forget_learned(base_url: str) -> None:
+    """Forget what this process learned about the server at ``base_url`` (batch and token
+    limits, dialect, base64, health). A new server can get the port of an earlier
+    test's server, whose learned limits would otherwise apply to it."""
+    from qwen_embed_plugins import balance
+
+    for replica in list(balance._replicas.values()):
+        if replica.url == base_url:
+            with replica._lock:
+                replica.states.clear()
+                replica.failures = 0
+                replica.streak_started = None
+                replica.ejected_until = 0.0
+                replica.probing = False
+                replica.last_error = None
+
+
 @pytest.fixture
 def embedding_server() -> Iterator[EmbeddingServer]:
     """A started default `EmbeddingServer` (SGLang dialect, HTTP/1.1 on uvicorn, 1024-dim
@@ -97,6 +114,7 @@ def embedding_server() -> Iterator[EmbeddingServer]:
     from qwen_embed_plugins.testing import EmbeddingServer
 
     with EmbeddingServer() as server:
+        forget_learned(server.base_url)
         yield server
 
 
@@ -106,6 +124,7 @@ def server() -> Iterator[EmbeddingServer]:
     from qwen_embed_plugins.testing import EmbeddingServer
 
     with EmbeddingServer() as shared:
+        forget_learned(shared.base_url)
         yield shared
 
 
