@@ -344,8 +344,13 @@ class Engine(Learning):
             replica = pin if pin is not None else self.endpoint.choose(list(failed_on) or avoid)
             pin = None
             probe = replica.probing  # chosen as the probe of an ejected replica
-            state = replica.state(self.model)
-            profile = self.profile(replica, state)
+            try:
+                state = replica.state(self.model)
+                profile = self.profile(replica, state)
+            except BaseException:
+                if probe:
+                    replica.probing = False  # not sent: another request may probe it
+                raise
             limit = state.batch_limit
             retest = False
             if limit is not None and len(texts) > limit and state.retest_due():
@@ -369,10 +374,15 @@ class Engine(Learning):
                 if probe:
                     replica.probing = False
                 raise _Split(tokens=tokens)
-            fmt, dims = self.wire(state, profile)
-            if force_float:
-                fmt = "float"
-            request = self._request(replica, state, texts, fmt, dims, call)
+            try:
+                fmt, dims = self.wire(state, profile)
+                if force_float:
+                    fmt = "float"
+                request = self._request(replica, state, texts, fmt, dims, call)
+            except BaseException:
+                if probe:
+                    replica.probing = False
+                raise
             metrics = replica.metrics
             replica.begin()
             metrics.request_started()

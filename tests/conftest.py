@@ -107,6 +107,21 @@ def forget_learned(base_url: str) -> None:
                 replica.last_error = None
 
 
+@pytest.fixture(autouse=True)
+def _fresh_replica_health() -> None:
+    """Each test starts with every known replica healthy (not ejected, not being probed):
+    a server started by this test can get the port, hence the replica, of an earlier
+    test's server that test ejected."""
+    from qwen_embed_plugins import balance
+
+    for replica in list(balance._replicas.values()):
+        with replica._lock:
+            replica.failures = 0
+            replica.streak_started = None
+            replica.ejected_until = 0.0
+            replica.probing = False
+
+
 @pytest.fixture
 def embedding_server() -> Iterator[EmbeddingServer]:
     """A started default `EmbeddingServer` (SGLang dialect, HTTP/1.1 on uvicorn, 1024-dim
