@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import command_line, environment, markdown_table, median, save
+from _harness import percentile
 
 from qwen_embed_plugins import EmbeddingClient, Limits, adaptive, close_all, transport
 from qwen_embed_plugins.testing import (
@@ -108,16 +109,6 @@ class RequestTimes:
 
     def __exit__(self, *exc: object) -> None:
         transport.SyncTransport.send = self._original  # type: ignore[method-assign]
-
-
-def percentile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = (len(ordered) - 1) * q / 100.0
-    lo = int(k)
-    hi = min(lo + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
 
 
 def run_one(kind: str, setting: int | str, seconds: float, chunk: int) -> dict[str, Any]:
