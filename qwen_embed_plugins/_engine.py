@@ -112,7 +112,7 @@ class Engine(Learning):
         self._api_key = config.api_key  # a Secret: never shown by repr or vars()
         self.endpoint: Endpoint = endpoint_for(config)
         self.timeouts = config.timeouts
-        self.headers = _Headers(self._api_key)
+        self.headers = _Headers(self._api_key, config.headers)
         self.fixed = None if config.server == "auto" else servers.get_profile(str(config.server))
         self._contexts: dict[str, ErrorContext] = {}
         self._gates: dict[str, Any] = {}
@@ -252,7 +252,10 @@ class Engine(Learning):
     ) -> Request:
         if self.append_eos:
             texts = [t if t.endswith(_EOS) else t + _EOS for t in texts]
-        body = encode_request(texts, model=self.model, encoding_format=fmt, dimensions=dims)
+        extra = self.config.extra_body  # EmbeddingConfig.extra_body: merged in
+        body = encode_request(
+            texts, model=self.model, encoding_format=fmt, dimensions=dims, extra=extra
+        )
         total = self.timeouts.total
         left = call.remaining()
         if left is not None:
@@ -796,14 +799,16 @@ class Engine(Learning):
 
 
 class _Headers(Mapping[str, str]):
-    """The request headers of a client: the ``Authorization`` value is built from the
-    ``Secret`` only when the transport reads it, and never appears in a ``repr``."""
+    """The request headers of a client: its own, the configured ``headers`` (a secret one
+    withheld from a pickle raises ``ConfigError`` here), and ``Authorization`` built from
+    the ``Secret`` only when the transport reads it. No secret appears in a ``repr``."""
 
-    __slots__ = ("_base", "_key")
+    __slots__ = ("_base", "_extra", "_key")
 
-    def __init__(self, key: Any) -> None:
-        self._key = key
-        self._base = {"Content-Type": "application/json", "Accept": "application/json"}
+    def __init__(self, key: Any, extra: Mapping[str, str] | None = None) -> None:
+        self._key, self._extra = key, extra
+        own = {"Content-Type": "application/json", "Accept": "application/json"}
+        self._base = own if extra is None else {**extra, **own}  # never the same names
 
     def _all(self) -> dict[str, str]:
         if self._key is None:
@@ -820,10 +825,10 @@ class _Headers(Mapping[str, str]):
         return len(self._base) + (self._key is not None)
 
     def __repr__(self) -> str:
-        shown = dict(self._base)
+        shown = {"Content-Type": "application/json", "Accept": "application/json"}
         if self._key is not None:
             shown["Authorization"] = "Bearer **********"
-        return f"_Headers({shown!r})"
+        return f"_Headers({shown!r}, {self._extra!r})"  # RequestHeaders masks its secrets
 
 
 def _pin(exc: QwenEmbedError, index: int) -> None:

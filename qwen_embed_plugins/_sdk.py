@@ -7,13 +7,14 @@ HTTP client sends through the endpoint's pool.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 import orjson
 
 from . import pool
 from ._http import httpx
-from .config import PoolKey
+from .config import RESERVED_BODY_KEYS, PoolKey
 from .errors import ErrorContext, QwenEmbedError, from_sdk, scrub
 from .transport import Reply
 
@@ -110,8 +111,15 @@ class AsyncSDKHTTPClient(httpx.AsyncClient):
         """Nothing to close (the pool is shared; see ``aclose_all()``)."""
 
 
-def sync_openai(key: PoolKey, *, base_url: str, api_key: str | None) -> Any:
-    """An ``openai.OpenAI`` on ``key``'s pool, SDK retries off (``max_retries=0``)."""
+def sync_openai(
+    key: PoolKey,
+    *,
+    base_url: str,
+    api_key: str | None,
+    headers: Mapping[str, str] | None = None,
+) -> Any:
+    """An ``openai.OpenAI`` on ``key``'s pool, SDK retries off (``max_retries=0``),
+    sending ``headers`` (``EmbeddingConfig.headers``) with every request."""
     import openai
 
     return openai.OpenAI(
@@ -119,11 +127,19 @@ def sync_openai(key: PoolKey, *, base_url: str, api_key: str | None) -> Any:
         base_url=base_url,
         http_client=cast(Any, SDKHTTPClient(key)),
         max_retries=0,
+        default_headers=dict(headers) if headers else None,
     )
 
 
-def async_openai(key: PoolKey, *, base_url: str, api_key: str | None) -> Any:
-    """An ``openai.AsyncOpenAI`` on ``key``'s pools, SDK retries off."""
+def async_openai(
+    key: PoolKey,
+    *,
+    base_url: str,
+    api_key: str | None,
+    headers: Mapping[str, str] | None = None,
+) -> Any:
+    """An ``openai.AsyncOpenAI`` on ``key``'s pools, SDK retries off, sending
+    ``headers`` with every request."""
     import openai
 
     return openai.AsyncOpenAI(
@@ -131,6 +147,7 @@ def async_openai(key: PoolKey, *, base_url: str, api_key: str | None) -> Any:
         base_url=base_url,
         http_client=cast(Any, AsyncSDKHTTPClient(key)),
         max_retries=0,
+        default_headers=dict(headers) if headers else None,
     )
 
 
@@ -143,6 +160,9 @@ def sdk_kwargs(model: str, body: bytes) -> dict[str, Any]:
         kwargs["encoding_format"] = "float"
     if data.get("dimensions") is not None:
         kwargs["dimensions"] = data["dimensions"]
+    extra = {k: v for k, v in data.items() if k not in RESERVED_BODY_KEYS}
+    if extra:  # EmbeddingConfig.extra_body
+        kwargs["extra_body"] = extra
     return kwargs
 
 

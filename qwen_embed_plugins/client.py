@@ -410,6 +410,7 @@ class EmbeddingClient(_ClientBase):
                 self._config.pool_key,
                 base_url=self._config.replicas[0],
                 api_key=self._engine.secret,
+                headers=self._config.headers,
             )
         sdk: openai.OpenAI = self._sdk
         return sdk
@@ -617,6 +618,7 @@ class AsyncEmbeddingClient(_ClientBase):
                 self._config.pool_key,
                 base_url=self._config.replicas[0],
                 api_key=self._engine.secret,
+                headers=self._config.headers,
             )
         async_sdk: openai.AsyncOpenAI = self._sdk
         return async_sdk

@@ -19,6 +19,14 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import urlsplit
 
+from ._extras import (
+    RESERVED_BODY_KEYS,
+    RequestBody,
+    RequestHeaders,
+    is_secret_header,
+    request_body,
+    request_headers,
+)
 from .errors import ConfigError, endpoint_label
 
 __all__ = [
@@ -27,6 +35,7 @@ __all__ = [
     "ENV_SETTINGS",
     "NOT_GIVEN",
     "QWEN3_EMBEDDING_DIMS",
+    "RESERVED_BODY_KEYS",
     "SERVER_NAMES",
     "EmbeddingConfig",
     "EncodingFormat",
@@ -34,6 +43,8 @@ __all__ = [
     "NotGiven",
     "OnError",
     "PoolKey",
+    "RequestBody",
+    "RequestHeaders",
     "RetryConfig",
     "Secret",
     "Timeouts",
@@ -42,6 +53,9 @@ __all__ = [
     "environment_proxy",
     "insecure_key_target",
     "is_loopback",
+    "is_secret_header",
+    "request_body",
+    "request_headers",
 ]
 
 DEFAULT_QUERY_TASK: Final = (
@@ -569,6 +583,19 @@ class EmbeddingConfig(_Replaceable):
         server: the server behind ``base_url``: ``"auto"`` (default: identified from its
             answers, see ``qwen_embed_plugins.servers``) or one of ``SERVER_NAMES``;
             naming it sets its known limits at once.
+        headers: extra HTTP headers sent with every request (a gateway's credential, a
+            tenant header), or ``None``. Per request: they never split the pool.
+            ``Content-Type``, ``Accept``, ``Content-Length``, ``Host`` and the other
+            headers the client sets are refused, and so is ``Authorization`` together
+            with ``api_key`` (without one, an ``Authorization`` header is sent as given,
+            e.g. ``Basic ...``). Values of credential-like headers (``Authorization``,
+            ``Cookie``, names with ``auth``, ``api-key``, ``token``, ``secret``,
+            ``password``) are hidden from ``repr``, logs and errors and never pickled.
+            Stored as ``RequestHeaders``.
+        extra_body: extra JSON fields merged into every request body (vLLM's
+            ``truncate_prompt_tokens``, TEI's ``truncate``, Ollama's ``options``), or
+            ``None``. ``input``, ``model``, ``encoding_format`` and ``dimensions`` are
+            the client's own and refused. Stored as ``RequestBody``.
     """
 
     base_url: str | tuple[str, ...] | list[str] | None = None
@@ -597,6 +624,8 @@ class EmbeddingConfig(_Replaceable):
     hedge: bool = False
     use_sdk: bool = False
     server: str = NOT_GIVEN  # type: ignore[assignment]
+    headers: Mapping[str, str] | None = None
+    extra_body: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -617,6 +646,8 @@ class EmbeddingConfig(_Replaceable):
         elif api_key is not None:
             raise ConfigError("api_key must be a str, a Secret or None")
         set_(self, "api_key", api_key)
+        set_(self, "headers", request_headers(self.headers, api_key=api_key is not None))
+        set_(self, "extra_body", request_body(self.extra_body))
         model = self.model or env_setting("model") or DEFAULT_MODEL
         if not isinstance(model, str):
             raise ConfigError(f"model must be a str, got {type(model).__name__}")

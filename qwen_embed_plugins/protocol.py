@@ -232,9 +232,14 @@ def encode_request(
     model: str,
     encoding_format: str,
     dimensions: int | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """The JSON body of one ``POST /embeddings`` (``encoding_format`` always explicit)."""
+    """The JSON body of one ``POST /embeddings`` (``encoding_format`` always explicit),
+    with the fields of ``extra`` (``EmbeddingConfig.extra_body``) merged in; the
+    client's own fields (``input``, ``model``, ``encoding_format``, ``dimensions``)
+    always win."""
     body: dict[str, Any] = {
+        **(extra or {}),
         "input": list(texts),
         "model": model,
         "encoding_format": encoding_format,

@@ -245,8 +245,8 @@ def test_env_fallbacks_and_errors(monkeypatch: pytest.MonkeyPatch) -> None:
     assert emb.base_url == "http://127.0.0.1:9/v1"
     assert isinstance(emb.api_key, SecretStr)
     assert emb.api_key.get_secret_value() == SECRET
-    with pytest.raises(ValidationError, match="extra"):
-        QwenPooledEmbeddings(chunk_size=10)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match="did you mean 'chunk_size'"):
+        QwenPooledEmbeddings(chunk_sise=10)  # type: ignore[call-arg]
     with pytest.raises(ValidationError, match=r"batch_size must be in \[1, 2048\]"):
         QwenPooledEmbeddings(batch_size=0)
     with pytest.raises(ValidationError, match="max_connections"):

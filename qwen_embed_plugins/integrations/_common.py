@@ -9,8 +9,11 @@ the defaults and descriptions below, and build the core ``EmbeddingConfig`` with
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any, Final
+import difflib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Annotated, Any, Final
+
+from pydantic import PlainSerializer, PlainValidator
 
 from ..config import (
     DEFAULT_MODEL,
@@ -18,12 +21,26 @@ from ..config import (
     NOT_GIVEN,
     EmbeddingConfig,
     Limits,
+    RequestBody,
+    RequestHeaders,
     RetryConfig,
     Timeouts,
     env_setting,
+    request_body,
+    request_headers,
 )
+from ..errors import ConfigError
 
-__all__ = ["DESCRIPTIONS", "build_config", "env_default", "setting"]
+__all__ = [
+    "DESCRIPTIONS",
+    "ExtraBodyField",
+    "HeadersField",
+    "Stock",
+    "build_config",
+    "env_default",
+    "resolve_names",
+    "setting",
+]
 
 _T = Timeouts()
 _L = Limits()
@@ -90,6 +107,14 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "use_sdk": "Send requests through the openai SDK on the same pool (slower; for comparison).",
     "server": "The server behind base_url: 'auto' (identified from its answers) or 'sglang', "
     "'vllm', 'tei', 'infinity', 'ollama', 'llamacpp', 'dashscope', 'siliconflow', 'openai'.",
+    "headers": "Extra HTTP headers sent with every request (a gateway credential, a tenant "
+    "header); per request, they never split the pool. Content-Type, Accept, Host and the "
+    "other headers the client sets are refused, and Authorization with api_key. Values of "
+    "credential-like headers (Authorization, Cookie, *auth*, *api-key*, *token*, *secret*) "
+    "are masked in repr and dumps and never pickled.",
+    "extra_body": "Extra JSON fields merged into every request body (vLLM "
+    "truncate_prompt_tokens, TEI truncate, Ollama options/keep_alive); input, model, "
+    "encoding_format and dimensions are the client's own and refused.",
 }
 """One description per flat setting, shared by both adapters' fields."""
 
@@ -134,6 +159,8 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "hedge": False,
     "use_sdk": False,
     "server": "auto",
+    "headers": None,
+    "extra_body": None,
 }
 
 
@@ -213,4 +240,171 @@ def build_config(values: Mapping[str, Any], *, api_key: str | None) -> Embedding
         hedge=values["hedge"],
         use_sdk=values["use_sdk"],
         server=values["server"],
+        headers=values.get("headers"),
+        extra_body=values.get("extra_body"),
     )
+
+
+# --------------------------------------------------------------------------- headers and body
+
+
+def _headers_in(value: object) -> RequestHeaders | None:
+    return request_headers(value)
+
+
+def _body_in(value: object) -> RequestBody | None:
+    return request_body(value)
+
+
+def _headers_out(value: RequestHeaders | None) -> dict[str, str] | None:
+    return None if value is None else value.masked()
+
+
+def _body_out(value: RequestBody | None) -> dict[str, Any] | None:
+    return None if value is None else dict(value)
+
+
+HeadersField = Annotated[
+    Mapping[str, str] | None,
+    PlainValidator(_headers_in, json_schema_input_type=dict[str, str] | None),
+    PlainSerializer(_headers_out),
+]
+"""An adapter's ``headers`` field: stored as the core ``RequestHeaders`` (secret values
+masked in ``repr`` and dumps, never pickled)."""
+
+ExtraBodyField = Annotated[
+    Mapping[str, Any] | None,
+    PlainValidator(_body_in, json_schema_input_type=dict[str, Any] | None),
+    PlainSerializer(_body_out),
+]
+"""An adapter's ``extra_body`` field: stored as the core ``RequestBody``."""
+
+
+# --------------------------------------------------------------------------- parameter names
+
+
+def _seconds(name: str) -> Callable[[Any], Any]:
+    def convert(value: Any) -> Any:
+        if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+            return value
+        raise ConfigError(
+            f"{name}= takes a number of seconds (the total per request) or None, got "
+            f"{type(value).__name__}; for per-phase limits use connect_timeout=, "
+            "read_timeout=, write_timeout=, pool_timeout="
+        )
+
+    return convert
+
+
+class Stock:
+    """How an adapter treats the parameter names of the stock adapter it replaces.
+
+    Attributes:
+        aliases: stock name -> this adapter's field, with the same meaning.
+        convert: stock name -> a function checking and converting its value.
+        harmless: stock name -> the one value accepted (it asks for what this adapter
+            always does; any other value is refused with the hint in ``refused``).
+        refused: stock name -> why it has no equivalent here and what to use instead.
+    """
+
+    def __init__(
+        self,
+        aliases: Mapping[str, str],
+        *,
+        harmless: Mapping[str, object] | None = None,
+        refused: Mapping[str, str] | None = None,
+    ) -> None:
+        self.aliases = dict(aliases)
+        self.convert = {
+            alias: _seconds(alias) for alias, field in aliases.items() if field == "total_timeout"
+        }
+        self.harmless = dict(harmless or {})
+        self.refused = dict(refused or {})
+
+
+_NO_TOKENIZER = (
+    "no tokenizer is used here: texts are sent as strings, never tiktoken ids; "
+    "max_text_chars bounds a text (characters), max_batch_tokens a request"
+)
+_SHARED_POOL = (
+    "requests go through the process-wide shared pool; set max_connections, verify, proxy, "
+    "http2 or the *_timeout fields instead"
+)
+REFUSED_HINTS: Final[dict[str, str]] = {
+    "embedding_ctx_length": _NO_TOKENIZER,
+    "tiktoken_model_name": _NO_TOKENIZER,
+    "allowed_special": _NO_TOKENIZER,
+    "disallowed_special": _NO_TOKENIZER,
+    "check_embedding_ctx_length": _NO_TOKENIZER,
+    "tiktoken_enabled": _NO_TOKENIZER,
+    "http_client": _SHARED_POOL,
+    "http_async_client": _SHARED_POOL,
+    "async_http_client": _SHARED_POOL,
+    "client": _SHARED_POOL,
+    "async_client": _SHARED_POOL,
+    "reuse_client": "clients are always reused: they are handles on the shared pool",
+    "retry_min_seconds": "backoff is built in (capped exponential, full jitter); bound a "
+    "call with deadline= (seconds) and max_retries=",
+    "retry_max_seconds": "backoff is built in (capped exponential, full jitter); bound a "
+    "call with deadline= (seconds) and max_retries=",
+    "default_query": "URL query parameters are not sent; use headers= or extra_body=",
+    "organization": "OpenAI organisations do not apply; if a gateway wants a header, pass headers=",
+    "openai_organization": "OpenAI organisations do not apply; if a gateway wants a "
+    "header, pass headers=",
+    "deployment": "Azure OpenAI is not supported",
+    "api_version": "Azure OpenAI is not supported",
+    "openai_api_version": "Azure OpenAI is not supported",
+    "openai_api_type": "Azure OpenAI is not supported",
+}
+"""Stock parameters (``OpenAIEmbeddings``, ``OpenAIEmbedding``) with no equivalent here,
+and what to use instead."""
+
+
+def resolve_names(
+    owner: str, data: dict[str, Any], fields: Iterable[str], stock: Stock
+) -> dict[str, Any]:
+    """``data`` (constructor keywords) with stock aliases renamed to this adapter's fields.
+
+    Raises:
+        ConfigError: an alias given together with its field (or another alias of it);
+            a stock parameter with no equivalent (with a hint); any other unknown name
+            ("did you mean ..." naming the closest accepted name).
+    """
+    known = set(fields)
+    out: dict[str, Any] = {}
+    source: dict[str, str] = {}
+    for name, value in data.items():
+        target = name
+        if name not in known:
+            if name in stock.aliases:
+                target = stock.aliases[name]
+                convert = stock.convert.get(name)
+                value = convert(value) if convert is not None else value
+            elif name in stock.harmless and value == stock.harmless[name]:
+                continue
+            elif name in stock.harmless:
+                raise ConfigError(
+                    f"{owner}: only {name}={stock.harmless[name]!r} is accepted (what this "
+                    f"adapter always does): {REFUSED_HINTS[name]}"
+                )
+            elif name in REFUSED_HINTS:
+                hint = REFUSED_HINTS[name]
+                raise ConfigError(f"{owner}: parameter {name!r} is not supported: {hint}")
+            else:
+                raise ConfigError(_unknown(owner, name, known, stock))
+        if target in out:
+            raise ConfigError(f"{owner}: pass either {source[target]!r} or {name!r}, not both")
+        out[target] = value
+        source[target] = name
+    return out
+
+
+def _unknown(owner: str, name: str, known: set[str], stock: Stock) -> str:
+    names = sorted(known | set(stock.aliases))
+    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
+    if not close:
+        return f"{owner}: unknown parameter {name!r} (docs/migration.md lists the accepted ones)"
+    match = close[0]
+    field = stock.aliases.get(match)
+    also = f" (an alias of {field!r})" if field else ""
+    return f"{owner}: unknown parameter {name!r}; did you mean {match!r}{also}?"

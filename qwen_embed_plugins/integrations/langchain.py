@@ -25,7 +25,15 @@ from ..client import AsyncEmbeddingClient, EmbeddingClient
 from ..config import ENV_API_KEY, EmbeddingConfig, EncodingFormat
 from ..errors import ConfigError
 from ..protocol import validate_texts
-from ._common import DESCRIPTIONS, build_config, setting
+from ._common import (
+    DESCRIPTIONS,
+    ExtraBodyField,
+    HeadersField,
+    Stock,
+    build_config,
+    resolve_names,
+    setting,
+)
 
 __all__ = ["QwenPooledEmbeddings"]
 
@@ -33,6 +41,22 @@ __all__ = ["QwenPooledEmbeddings"]
 _TQDM_MISSING = (
     "show_progress=True needs tqdm: pip install 'qwen-embed-plugins[langchain]' "
     "(or pip install tqdm)"
+)
+
+# The parameter names of langchain_openai.OpenAIEmbeddings (docs/migration.md).
+_STOCK = Stock(
+    {
+        "chunk_size": "batch_size",
+        "timeout": "total_timeout",
+        "request_timeout": "total_timeout",
+        "show_progress_bar": "show_progress",
+        "default_headers": "headers",
+        "model_kwargs": "extra_body",
+        "openai_api_key": "api_key",
+        "openai_api_base": "base_url",
+        "openai_proxy": "proxy",
+    },
+    harmless={"check_embedding_ctx_length": False, "tiktoken_enabled": False},
 )
 
 # Key in the pickled state: "the instance had an API key; re-read it from the
@@ -286,12 +310,16 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
 
     server: str = setting("server")
 
+    headers: HeadersField = Field(default=None, description=DESCRIPTIONS["headers"])
+
+    extra_body: ExtraBodyField = Field(default=None, description=DESCRIPTIONS["extra_body"])
+
     # ------------------------------------------------------------------ UI
 
     show_progress: bool = False
     """Show a ``tqdm`` progress bar (in texts) that advances once per finished batch
     in ``embed_documents`` / ``aembed_documents``. Needs ``tqdm`` (in the
-    ``langchain`` extra)."""
+    ``langchain`` extra). Also accepted as ``show_progress_bar=``."""
 
     model_config = ConfigDict(
         extra="forbid",
@@ -312,10 +340,15 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
         """Wrap a plain-string ``api_key`` at once, in place, so that no validation error
         holds the key in clear: ``ValidationError.errors()`` carries the original input
         mapping (a constructor's own ``**kwargs`` dict; with ``model_validate(d)``, ``d``
-        gets the ``SecretStr``)."""
-        if isinstance(data, dict) and isinstance(data.get("api_key"), str):
-            data["api_key"] = SecretStr(data["api_key"])
-        return data
+        gets the ``SecretStr``). Then rename the stock adapter's parameters to these
+        fields and refuse unknown names with a hint (``ConfigError``, raised as
+        pydantic's ``ValidationError``)."""
+        if not isinstance(data, dict):
+            return data
+        for name in ("api_key", "openai_api_key"):
+            if isinstance(data.get(name), str):
+                data[name] = SecretStr(data[name])
+        return resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
 
     @model_validator(mode="after")
     def _validate_settings(self) -> Self:

@@ -57,9 +57,18 @@ from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr
 
 from ..client import AsyncEmbeddingClient, EmbeddingClient
 from ..config import DEFAULT_MODEL, ENV_API_KEY, EmbeddingConfig, env_setting
-from ..errors import ConfigError, QwenEmbedError
+from ..errors import QwenEmbedError
 from ..protocol import format_query, validate_text, validate_texts
-from ._common import DESCRIPTIONS, build_config, env_default, setting
+from ._common import (
+    DESCRIPTIONS,
+    ExtraBodyField,
+    HeadersField,
+    Stock,
+    build_config,
+    env_default,
+    resolve_names,
+    setting,
+)
 
 __all__ = ["QwenPooledEmbedding"]
 
@@ -189,12 +198,19 @@ _SPAN_MARK: str = getattr(
     _instrumentation, "DISPATCHER_SPAN_DECORATED_ATTR", "__dispatcher_span_decorated__"
 )
 
-# Names the LangChain adapter (and other embedders) use, accepted for the same field.
-_ALIASES = {
-    "batch_size": "embed_batch_size",
-    "model": "model_name",
-    "api_base": "base_url",
-}
+# Names the LangChain adapter and LlamaIndex's OpenAIEmbedding / OpenAILikeEmbedding use,
+# accepted for the same field (docs/migration.md).
+_STOCK = Stock(
+    {
+        "batch_size": "embed_batch_size",
+        "model": "model_name",
+        "api_base": "base_url",
+        "timeout": "total_timeout",
+        "default_headers": "headers",
+        "additional_kwargs": "extra_body",
+    },
+    harmless={"reuse_client": True},
+)
 
 
 class QwenPooledEmbedding(BaseEmbedding):
@@ -292,6 +308,8 @@ class QwenPooledEmbedding(BaseEmbedding):
     hedge: bool = setting("hedge")
     use_sdk: bool = setting("use_sdk")
     server: str = setting("server")
+    headers: HeadersField = Field(default=None, description=DESCRIPTIONS["headers"])
+    extra_body: ExtraBodyField = Field(default=None, description=DESCRIPTIONS["extra_body"])
 
     _config: EmbeddingConfig | None = PrivateAttr(default=None)
     _config_key: tuple[Any, ...] | None = PrivateAttr(default=None)
@@ -310,12 +328,7 @@ class QwenPooledEmbedding(BaseEmbedding):
     def _from_environment(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
-        data = dict(data)
-        for alias, name in _ALIASES.items():
-            if alias in data:
-                if name in data:
-                    raise ConfigError(f"pass either {alias!r} or {name!r}, not both")
-                data[name] = data.pop(alias)
+        data = resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
         if "api_key" not in data:
             data["api_key"] = env_setting("api_key")
         if isinstance(data["api_key"], str):  # kept as a SecretStr: masked in repr

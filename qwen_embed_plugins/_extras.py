@@ -1,0 +1,249 @@
+"""Per-request extras of a config: ``EmbeddingConfig.headers`` and ``extra_body``.
+
+Both are frozen and hashable (part of the config), and neither is part of the pool key:
+they travel with each request, so they never split a pool. Credential-like header values
+never show in a ``repr``, a dump or a pickle.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+import orjson
+
+from .errors import ConfigError
+
+__all__ = [
+    "RESERVED_BODY_KEYS",
+    "RequestBody",
+    "RequestHeaders",
+    "is_secret_header",
+    "request_body",
+    "request_headers",
+]
+
+
+_SECRET_HEADER = re.compile(r"auth|cookie|api[-_]?key|token|secret|password|credential", re.I)
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_CLIENT_HEADERS: Final = frozenset(
+    {
+        "accept",
+        "accept-encoding",
+        "connection",
+        "content-length",
+        "content-type",
+        "host",
+        "te",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+RESERVED_BODY_KEYS: Final = frozenset({"input", "model", "encoding_format", "dimensions"})
+"""Request body fields the client writes itself: ``extra_body`` may not hold them."""
+_MASK: Final = "**********"
+
+
+def is_secret_header(name: str) -> bool:
+    """Whether header ``name`` looks like a credential (``Authorization``, ``Cookie``, or a
+    name holding ``auth``, ``api-key``, ``token``, ``secret``, ``password`` or
+    ``credential``): its value is hidden from reprs, dumps, pickles, logs and errors."""
+    return _SECRET_HEADER.search(name) is not None
+
+
+class _Withheld:
+    """A secret header value that was not pickled (see ``RequestHeaders``)."""
+
+    def __repr__(self) -> str:
+        return "<withheld>"
+
+    def __reduce__(self) -> str:
+        return "_WITHHELD"
+
+
+_WITHHELD: Final = _Withheld()
+
+
+class RequestHeaders(Mapping[str, str]):
+    """``EmbeddingConfig.headers``: extra request headers, immutable and hashable.
+
+    Values of credential-like headers (``is_secret_header``) show as ``'**********'``
+    in ``repr`` and ``masked()``, and are never pickled: an unpickled copy knows their
+    names only, and a client built from it raises ``ConfigError`` asking for them
+    again (rather than sending a request a gateway would refuse).
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, str | _Withheld]) -> None:
+        self._items = dict(items)
+
+    def __getitem__(self, name: str) -> str:
+        value = self._items[name]
+        if isinstance(value, _Withheld):
+            raise ConfigError(
+                f"header {name!r} looks like a credential, so it was not pickled or "
+                "serialised; pass headers= with its value again in this process"
+            )
+        return value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RequestHeaders):
+            return other._items == self._items
+        return isinstance(other, Mapping) and dict(other) == self._items
+
+    def __hash__(self) -> int:
+        return hash(
+            tuple((k, repr(v) if isinstance(v, _Withheld) else v) for k, v in self._items.items())
+        )
+
+    def withheld(self) -> list[str]:
+        """The names of secret headers whose values were not pickled."""
+        return [k for k, v in self._items.items() if isinstance(v, _Withheld)]
+
+    def masked(self) -> dict[str, str]:
+        """The headers with every secret value replaced by ``'**********'``."""
+        return {k: _MASK if is_secret_header(k) else str(v) for k, v in self._items.items()}
+
+    def __repr__(self) -> str:
+        return f"RequestHeaders({self.masked()!r})"
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, str | _Withheld]]]:
+        kept = {k: _WITHHELD if is_secret_header(k) else v for k, v in self._items.items()}
+        return (RequestHeaders, (kept,))
+
+    # copy/deepcopy stay in the process: keep the values
+    def __copy__(self) -> RequestHeaders:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RequestHeaders:
+        return self
+
+
+def request_headers(value: object, *, api_key: bool = False) -> RequestHeaders | None:
+    """``value`` (a mapping of header names to values, or ``None``) as ``RequestHeaders``.
+
+    Raises:
+        ConfigError: a name or value an HTTP header cannot carry; a header the client
+            sets itself (``Content-Type``, ``Accept``, ``Content-Length``, ``Host``, ...);
+            the same name twice in different case; ``Authorization`` together with an
+            ``api_key`` (pass the key one way). Messages never show a secret value.
+    """
+    if value is None:
+        return None
+    if isinstance(value, RequestHeaders):
+        items: Mapping[str, Any] = value._items
+    elif isinstance(value, Mapping):
+        items = value
+    else:
+        raise ConfigError(
+            f"headers must be a mapping of names to values, got {type(value).__name__}"
+        )
+    seen: dict[str, str] = {}
+    for name, item in items.items():
+        if not isinstance(name, str) or not _HEADER_NAME.fullmatch(name):
+            raise ConfigError(f"headers: {name!r} is not a valid HTTP header name")
+        lowered = name.lower()
+        if lowered in seen:
+            raise ConfigError(f"headers: {seen[lowered]!r} and {name!r} are the same header")
+        seen[lowered] = name
+        if lowered in _CLIENT_HEADERS:
+            raise ConfigError(
+                f"headers: {name!r} is set by the client itself (the JSON request body and "
+                "its framing) and cannot be overridden"
+            )
+        if lowered == "authorization" and api_key:
+            raise ConfigError(
+                "headers: 'Authorization' given together with api_key; pass the credential "
+                "one way (api_key= sends 'Authorization: Bearer <key>')"
+            )
+        if isinstance(item, _Withheld):
+            continue
+        if item == _MASK and is_secret_header(name):
+            raise ConfigError(
+                f"headers: {name!r} holds the mask {_MASK!r} of a dumped secret, not its "
+                "value; pass the real value"
+            )
+        shown = "(hidden)" if is_secret_header(name) else repr(item)
+        if not isinstance(item, str):
+            raise ConfigError(
+                f"headers: the value of {name!r} must be a str, got {type(item).__name__}"
+            )
+        if not item.isascii() or any(c in item for c in "\r\n\x00") or not item.strip():
+            raise ConfigError(
+                f"headers: the value of {name!r} {shown} is empty, not ASCII, or holds a line "
+                "break, which an HTTP header cannot carry"
+            )
+    return RequestHeaders(
+        {k: v if isinstance(v, _Withheld) else v.strip() for k, v in items.items()}
+    )
+
+
+class RequestBody(Mapping[str, Any]):
+    """``EmbeddingConfig.extra_body``: extra JSON fields of every request body, immutable
+    and hashable (by their canonical JSON)."""
+
+    __slots__ = ("_items", "_json")
+
+    def __init__(self, items: Mapping[str, Any]) -> None:
+        try:
+            self._json = orjson.dumps(dict(items), option=orjson.OPT_SORT_KEYS)
+        except TypeError as exc:
+            raise ConfigError(f"extra_body must be JSON-serialisable: {exc}") from None
+        self._items: dict[str, Any] = orjson.loads(self._json)  # a deep, private copy
+
+    def __getitem__(self, name: str) -> Any:
+        return self._items[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RequestBody):
+            return other._json == self._json
+        return isinstance(other, Mapping) and dict(other) == self._items
+
+    def __hash__(self) -> int:
+        return hash(self._json)
+
+    def __repr__(self) -> str:
+        return f"RequestBody({self._items!r})"
+
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
+        return (RequestBody, (self._items,))
+
+
+def request_body(value: object) -> RequestBody | None:
+    """``value`` (a mapping of JSON fields, or ``None``) as ``RequestBody``.
+
+    Raises:
+        ConfigError: not a mapping with ``str`` keys, not JSON-serialisable, or it holds
+            a field the client writes itself (``input``, ``model``, ``encoding_format``,
+            ``dimensions``; the message names it).
+    """
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ConfigError(
+            f"extra_body must be a mapping of JSON fields, got {type(value).__name__}"
+        )
+    for key in value:
+        if not isinstance(key, str):
+            raise ConfigError(f"extra_body: field names must be str, got {key!r}")
+        if key in RESERVED_BODY_KEYS:
+            hint = " (use dimensions=)" if key == "dimensions" else ""
+            raise ConfigError(
+                f"extra_body: {key!r} is written by the client itself and cannot be "
+                f"overridden{hint}"
+            )
+    return value if isinstance(value, RequestBody) else RequestBody(value)

@@ -1,0 +1,373 @@
+"""A drop-in for the stock adapters (issue 22): ``headers=`` / ``extra_body=`` in the core,
+the stock parameter names on both adapters, "did you mean" for any other name, and
+secret header values kept out of reprs, dumps, pickles, logs and errors.
+
+What the client sends is read at a loopback `RecordingServer` (headers and body of each
+request); the core's own fields (``input``, ``model``, ``encoding_format``) are checked
+there too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from llama_index.core.bridge.pydantic import ValidationError as LlamaValidationError
+from pydantic import ValidationError
+from recording_server import Received, RecordingServer
+
+import qwen_embed_plugins as q
+from qwen_embed_plugins import AsyncEmbeddingClient, ConfigError, EmbeddingClient, EmbeddingConfig
+from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings
+from qwen_embed_plugins.integrations.llama_index import QwenPooledEmbedding
+from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
+
+GATEWAY_SECRET = "gw-secret-7f3a9c0e11"
+TOKEN_SECRET = "tok-secret-55aa0b1c"
+HEADERS = {"X-Tenant": "acme", "X-Api-Key": GATEWAY_SECRET, "X-Auth-Token": TOKEN_SECRET}
+BODY = {"truncate_prompt_tokens": 64, "options": {"num_ctx": 8192}, "user": "u-1"}
+TEXTS = ["alpha one", "beta two", "gamma three", "delta four", "epsilon five"]
+UNUSED_URL = "http://127.0.0.1:9/v1"
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("QWEN_EMBED_API_KEY", "QWEN_EMBED_BASE_URL", "QWEN_EMBED_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def rec() -> Iterator[RecordingServer]:
+    with RecordingServer() as server:
+        yield server
+
+
+def _carried(seen: Received, *, model: str = q.DEFAULT_MODEL) -> None:
+    """``seen`` carried the configured headers and body fields, and the client's own."""
+    assert seen.headers["x-tenant"] == "acme"
+    assert seen.headers["x-api-key"] == GATEWAY_SECRET
+    assert seen.headers["x-auth-token"] == TOKEN_SECRET
+    assert seen.headers["content-type"] == "application/json"
+    for key, value in BODY.items():
+        assert seen.body[key] == value
+    assert seen.body["model"] == model
+    assert seen.body["encoding_format"] in ("base64", "float")
+    assert isinstance(seen.body["input"], list)
+    assert seen.body["input"]
+
+
+def _no_secret(text: str) -> None:
+    assert GATEWAY_SECRET not in text
+    assert TOKEN_SECRET not in text
+
+
+# --------------------------------------------------------------------------- core
+
+
+def test_core_sends_headers_and_extra_body_sync_and_async(rec: RecordingServer) -> None:
+    config = EmbeddingConfig(
+        base_url=rec.base_url, api_key="sk-core-key-1", headers=HEADERS, extra_body=BODY
+    )
+    vectors = EmbeddingClient(config).embed_documents(TEXTS)
+    assert vectors[0] == pytest.approx(expected_embedding(TEXTS[0]).tolist(), abs=1e-6)
+    EmbeddingClient(config).embed_query("where?")
+
+    async def run() -> None:
+        client = AsyncEmbeddingClient(config)
+        await client.embed_documents(TEXTS[:2])
+        await client.embed_query("async where?")
+
+    asyncio.run(run())
+    seen = rec.all()
+    assert len(seen) == 4
+    for one in seen:
+        _carried(one)
+        assert one.headers["authorization"] == "Bearer sk-core-key-1"
+    assert seen[0].body["input"] == TEXTS
+    assert seen[1].body["input"] == [q.format_query("where?", q.DEFAULT_QUERY_TASK)]
+
+
+def test_core_sdk_path_sends_headers_and_extra_body(rec: RecordingServer) -> None:
+    """``use_sdk=True`` and ``openai_client()``: the SDK gets the same headers and body."""
+    config = EmbeddingConfig(base_url=rec.base_url, headers=HEADERS, extra_body=BODY, use_sdk=True)
+    EmbeddingClient(config).embed_documents(TEXTS[:2])
+
+    async def run() -> None:
+        await AsyncEmbeddingClient(config).embed_documents(TEXTS[:3])
+
+    asyncio.run(run())
+    for one in rec.all():
+        _carried(one)
+
+
+def test_authorization_header_without_api_key_is_sent_as_given(rec: RecordingServer) -> None:
+    config = EmbeddingConfig(base_url=rec.base_url, headers={"Authorization": "Basic dXNlcjpwdw=="})
+    EmbeddingClient(config).embed_documents(["x"])
+    assert rec.last().headers["authorization"] == "Basic dXNlcjpwdw=="
+    assert "dXNlcjpwdw" not in repr(config)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["Content-Type", "accept", "Content-Length", "Host"])
+def test_headers_the_client_sets_are_refused(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"'{name}' is set by the client itself"):
+        EmbeddingConfig(base_url=UNUSED_URL, headers={name: "x"})
+
+
+@pytest.mark.unit
+def test_authorization_header_and_api_key_together_are_refused() -> None:
+    with pytest.raises(ConfigError, match="'Authorization' given together with api_key") as info:
+        EmbeddingConfig(base_url=UNUSED_URL, api_key="sk-a1b2c3d4", headers={"authorization": "x"})
+    assert "sk-a1b2c3d4" not in str(info.value)
+
+
+@pytest.mark.unit
+def test_bad_header_values_are_refused_without_showing_secrets() -> None:
+    with pytest.raises(ConfigError, match="line break") as info:
+        EmbeddingConfig(base_url=UNUSED_URL, headers={"X-Api-Key": GATEWAY_SECRET + "\r\nX: y"})
+    _no_secret(str(info.value))
+    with pytest.raises(ConfigError, match="not a valid HTTP header name"):
+        EmbeddingConfig(base_url=UNUSED_URL, headers={"bad name": "x"})
+    with pytest.raises(ConfigError, match="same header"):
+        EmbeddingConfig(base_url=UNUSED_URL, headers={"X-A": "1", "x-a": "2"})
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("key", ["input", "model", "encoding_format", "dimensions"])
+def test_extra_body_cannot_override_the_clients_fields(key: str) -> None:
+    with pytest.raises(ConfigError, match=f"extra_body: '{key}' is written by the client"):
+        EmbeddingConfig(base_url=UNUSED_URL, extra_body={key: "x"})
+    with pytest.raises(ValidationError, match=f"'{key}' is written by the client"):
+        QwenPooledEmbeddings(base_url=UNUSED_URL, model_kwargs={key: "x"})
+    with pytest.raises(LlamaValidationError, match=f"'{key}' is written by the client"):
+        QwenPooledEmbedding(base_url=UNUSED_URL, additional_kwargs={key: "x"})
+
+
+@pytest.mark.unit
+def test_extra_body_must_be_json() -> None:
+    with pytest.raises(ConfigError, match="JSON-serialisable"):
+        EmbeddingConfig(base_url=UNUSED_URL, extra_body={"x": object()})
+
+
+@pytest.mark.unit
+def test_headers_and_body_are_frozen_hashable_and_do_not_split_the_pool() -> None:
+    body = {"options": {"num_ctx": 1}}
+    plain = EmbeddingConfig(base_url=UNUSED_URL)
+    given = EmbeddingConfig(base_url=UNUSED_URL, headers=HEADERS, extra_body=body)
+    body["options"]["num_ctx"] = 2  # the caller's dict is copied, not kept
+    assert given.extra_body == {"options": {"num_ctx": 1}}
+    assert given.pool_key == plain.pool_key
+    assert hash(given) == hash(
+        EmbeddingConfig(
+            base_url=UNUSED_URL, headers=HEADERS, extra_body={"options": {"num_ctx": 1}}
+        )
+    )
+    assert given != plain
+    assert given.replace(batch_size=8).headers == given.headers
+
+
+def test_headers_do_not_split_the_pool_on_the_wire(rec: RecordingServer) -> None:
+    label = EmbeddingConfig(base_url=rec.base_url).pool_key.label
+    before = q.pool_stats().get(label, {}).get("connections_opened", 0)
+    EmbeddingClient(EmbeddingConfig(base_url=rec.base_url)).embed_documents(["a"])
+    EmbeddingClient(
+        EmbeddingConfig(base_url=rec.base_url, headers={"X-Tenant": "b"})
+    ).embed_documents(["b"])
+    EmbeddingClient(
+        EmbeddingConfig(base_url=rec.base_url, extra_body={"user": "c"})
+    ).embed_documents(["c"])
+    assert q.pool_stats()[label]["connections_opened"] - before == 1
+    assert [r.headers.get("x-tenant") for r in rec.all()] == [None, "b", None]
+
+
+@pytest.mark.unit
+def test_secret_headers_never_in_repr_or_pickle() -> None:
+    config = EmbeddingConfig(base_url=UNUSED_URL, headers=HEADERS)
+    _no_secret(repr(config))
+    _no_secret(str(config.headers))
+    assert "acme" in repr(config)  # the other headers are shown
+    data = pickle.dumps(config)
+    _no_secret(data.decode("latin-1"))
+    copy = pickle.loads(data)
+    assert copy.headers.withheld() == ["X-Api-Key", "X-Auth-Token"]
+    with pytest.raises(ConfigError, match="'X-Api-Key' looks like a credential, so it was not"):
+        EmbeddingClient(copy)
+
+
+def test_secret_headers_never_in_errors_or_logs(caplog: pytest.LogCaptureFixture) -> None:
+    """A server that refuses the request (401): the error and the log hold no secret."""
+    caplog.set_level(logging.DEBUG)
+    with EmbeddingServer(api_key="the-servers-key") as server:
+        config = EmbeddingConfig(base_url=server.base_url, headers=HEADERS)
+        with pytest.raises(q.QwenEmbedError) as info:
+            EmbeddingClient(config).embed_documents(["x"])
+    _no_secret(str(info.value))
+    _no_secret(repr(info.value))
+    _no_secret(caplog.text)
+
+
+# --------------------------------------------------------------------------- LangChain
+
+
+def _langchain(url: str, **extra: Any) -> QwenPooledEmbeddings:
+    return QwenPooledEmbeddings(
+        base_url=url,
+        chunk_size=2,
+        default_headers=HEADERS,
+        model_kwargs=BODY,
+        **extra,
+    )
+
+
+def test_langchain_stock_names_reach_the_wire_sync_and_async(rec: RecordingServer) -> None:
+    emb = _langchain(rec.base_url, timeout=42.5)
+    assert emb.batch_size == 2
+    assert emb.config.timeouts.total == 42.5
+    emb.embed_documents(TEXTS)
+    emb.embed_query("q")
+    asyncio.run(emb.aembed_documents(TEXTS))
+    asyncio.run(emb.aembed_query("q2"))
+    seen = rec.all()
+    assert sorted(len(r.body["input"]) for r in seen) == [1, 1, 1, 1, 2, 2, 2, 2]  # chunk_size
+    for one in seen:
+        _carried(one)
+
+
+@pytest.mark.unit
+def test_langchain_aliases_map_onto_fields() -> None:
+    emb = QwenPooledEmbeddings(
+        openai_api_base=UNUSED_URL,
+        openai_api_key="sk-lc-key-1",
+        request_timeout=7,
+        show_progress_bar=True,
+        check_embedding_ctx_length=False,  # what the adapter always does: accepted
+        tiktoken_enabled=False,
+    )
+    assert emb.base_url == UNUSED_URL
+    assert emb.api_key is not None
+    assert emb.api_key.get_secret_value() == "sk-lc-key-1"
+    assert emb.total_timeout == 7
+    assert emb.config.timeouts.total == 7
+    assert emb.show_progress is True
+    assert QwenPooledEmbeddings(base_url=UNUSED_URL, timeout=None).config.timeouts.total is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"chunk_sise": 4}, "unknown parameter 'chunk_sise'; did you mean 'chunk_size'"),
+        ({"batch_sise": 4}, "unknown parameter 'batch_sise'; did you mean 'batch_size'"),
+        (
+            {"max_conections": 4},
+            "unknown parameter 'max_conections'; did you mean 'max_connections'",
+        ),
+        ({"chunk_size": 4, "batch_size": 8}, "pass either 'chunk_size' or 'batch_size'"),
+        ({"timeout": 1, "request_timeout": 2}, "pass either 'timeout' or 'request_timeout'"),
+        ({"timeout": (1, 2)}, "takes a number of seconds"),
+        ({"http_client": object()}, "'http_client' is not supported: requests go through"),
+        ({"embedding_ctx_length": 100}, "no tokenizer is used here"),
+        ({"check_embedding_ctx_length": True}, "only check_embedding_ctx_length=False"),
+        ({"openai_api_type": "azure"}, "Azure OpenAI is not supported"),
+        ({"zzz": 1}, "unknown parameter 'zzz'"),
+    ],
+)
+def test_langchain_unknown_names_get_a_hint(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValidationError) as info:
+        QwenPooledEmbeddings(base_url=UNUSED_URL, **kwargs)
+    assert message in str(info.value)
+    assert "Extra inputs are not permitted" not in str(info.value)
+    with pytest.raises(ValidationError, match="did you mean 'chunk_size'"):
+        QwenPooledEmbeddings.model_validate({"base_url": UNUSED_URL, "chunk_sise": 4})
+
+
+@pytest.mark.unit
+def test_langchain_secret_headers_never_in_repr_dump_or_pickle() -> None:
+    emb = _langchain(UNUSED_URL)
+    for text in (repr(emb), str(emb.model_dump()), emb.model_dump_json(), repr(emb.config)):
+        _no_secret(text)
+        assert "acme" in text
+    assert emb.model_dump()["headers"]["X-Api-Key"] == "**********"
+    _no_secret(pickle.dumps(emb).decode("latin-1"))
+    copy = pickle.loads(pickle.dumps(emb))
+    assert copy.headers["X-Tenant"] == "acme"
+    with pytest.raises(ConfigError, match="'X-Api-Key' looks like a credential"):
+        copy.embed_documents(["x"])
+    with pytest.raises(ValidationError, match="holds the mask"):  # a dump is not a config
+        QwenPooledEmbeddings(**emb.model_dump())
+
+
+# --------------------------------------------------------------------------- LlamaIndex
+
+
+def _llama(url: str, **extra: Any) -> QwenPooledEmbedding:
+    return QwenPooledEmbedding(
+        base_url=url,
+        embed_batch_size=2,
+        default_headers=HEADERS,
+        additional_kwargs=BODY,
+        **extra,
+    )
+
+
+def test_llama_index_stock_names_reach_the_wire_sync_and_async(rec: RecordingServer) -> None:
+    emb = _llama(rec.base_url, timeout=33.0, reuse_client=True)
+    assert emb.config.timeouts.total == 33.0
+    assert emb.config.batch_size == 2
+    emb.get_text_embedding_batch(TEXTS)
+    emb.get_query_embedding("q")
+
+    async def run() -> None:
+        await emb.aget_text_embedding_batch(TEXTS)
+        await emb.aget_query_embedding("q2")
+
+    asyncio.run(run())
+    seen = rec.all()
+    assert sorted(len(r.body["input"]) for r in seen) == [1, 1, 1, 1, 2, 2, 2, 2]
+    for one in seen:
+        _carried(one)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"embed_batchsize": 4},
+            "unknown parameter 'embed_batchsize'; did you mean 'embed_batch_size'",
+        ),
+        ({"additional_kwarg": {}}, "did you mean 'additional_kwargs' (an alias of 'extra_body')"),
+        (
+            {"batch_size": 4, "embed_batch_size": 8},
+            "pass either 'batch_size' or 'embed_batch_size'",
+        ),
+        ({"timeout": "60"}, "takes a number of seconds"),
+        ({"api_version": "2024-01-01"}, "Azure OpenAI is not supported"),
+        ({"reuse_client": False}, "only reuse_client=True"),
+        ({"async_http_client": object()}, "'async_http_client' is not supported"),
+    ],
+)
+def test_llama_index_unknown_names_get_a_hint(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(LlamaValidationError) as info:
+        QwenPooledEmbedding(base_url=UNUSED_URL, **kwargs)
+    assert message in str(info.value)
+    assert "Extra inputs are not permitted" not in str(info.value)
+
+
+@pytest.mark.unit
+def test_llama_index_secret_headers_never_in_repr_dump_or_pickle() -> None:
+    emb = _llama(UNUSED_URL)
+    for text in (repr(emb), emb.to_json(), str(emb.to_dict()), str(emb.model_dump())):
+        _no_secret(text)
+        assert "acme" in text
+    _no_secret(pickle.dumps(emb).decode("latin-1"))
+    copy = pickle.loads(pickle.dumps(emb))
+    assert copy.config.extra_body == BODY
+    with pytest.raises(ConfigError, match="'X-Api-Key' looks like a credential"):
+        copy.get_text_embedding("x")
+    with pytest.raises(LlamaValidationError, match="holds the mask"):
+        QwenPooledEmbedding.from_dict(emb.to_dict())
