@@ -33,10 +33,13 @@ Importing this module sets ``RAY_USAGE_STATS_ENABLED=0`` unless the variable is 
 set, so a Ray instance started afterwards (by `embed_files`, or automatically by the
 first dataset) never reports usage statistics online.
 
-The API key is never pickled (see ``config.Secret``): each Ray worker reads
+The API key is never pickled (see ``config.Secret``). An explicit ``api_key=`` travels to
+the workers through Ray's object store (``ray.put``): what Ray pickles for the actors
+holds only its ``ObjectRef``, and each actor reads the key with ``ray.get`` (see
+``_WorkerKey``); nothing logs it (Ray logs a ``runtime_env``, env vars included, when it
+creates one, so the key is not sent that way). Without ``api_key=``, each worker reads
 ``QWEN_EMBED_API_KEY`` from its own environment (on a local Ray instance started by this
-module, workers inherit the driver's; on a cluster set it in the nodes' environment or in
-``runtime_env={"env_vars": ...}``).
+module, workers inherit the driver's; on a cluster set it in the nodes' environment).
 
 Needs the ``ray`` extra: ``pip install 'qwen-embed-plugins[ray]'``.
 """
@@ -111,33 +114,60 @@ def _ensure_ray(address: str | None) -> None:
         ray.init(address=address)
 
 
+class _WorkerKey:
+    """An explicit API key on its way to the Ray actors, held in Ray's object store.
+
+    Pickling it (as Ray does with the actors' constructor arguments, or ``pickle``)
+    carries only the ``ObjectRef``, an id; ``repr`` shows no key. The actor reads the
+    key with ``ray.get``. The driver's dataset keeps the reference, so the object lives
+    as long as the dataset can run.
+    """
+
+    __slots__ = ("_ref",)
+
+    def __init__(self, ref: Any) -> None:
+        self._ref = ref
+
+    @classmethod
+    def put(cls, key: str) -> _WorkerKey:
+        """Store ``key`` in the object store (``ray.put``)."""
+        return cls(ray.put(key))
+
+    def get(self) -> str:
+        """The key (``ray.get``), in an actor."""
+        return str(ray.get(self._ref))
+
+    def __repr__(self) -> str:
+        return "_WorkerKey(<in Ray's object store>)"
+
+    def __reduce__(self) -> tuple[type[_WorkerKey], tuple[Any]]:
+        return (_WorkerKey, (self._ref,))
+
+
 def _client_config(
     base_url: Any, max_in_flight: int, request_batch_size: int | None, settings: dict[str, Any]
-) -> tuple[EmbeddingConfig, bool]:
+) -> tuple[EmbeddingConfig, bool, _WorkerKey | None]:
     """The config each actor rebuilds its client from, checked here in the driver.
 
-    Returns the config and whether it holds an API key (each worker must then find one in
-    ``QWEN_EMBED_API_KEY``: a pickled config re-reads the key from the environment).
+    Returns the config (without an explicit key), whether the workers must find a key in
+    ``QWEN_EMBED_API_KEY`` (the driver read one from there: a pickled config re-reads the
+    key from the environment), and the explicit ``api_key``, put in the object store.
     """
     if "max_concurrency" in settings or "batch_size" in settings:
         raise ConfigError(
             "embed_dataset: use max_in_flight= (requests in flight per actor) and "
             "request_batch_size= (texts per request) instead of max_concurrency / batch_size"
         )
-    api_key = settings.get("api_key", NOT_GIVEN)
-    if not isinstance(api_key, NotGiven) and api_key is not None:
-        raise ConfigError(
-            "embed_dataset: an explicit api_key cannot be shipped to Ray workers (keys are "
-            "never pickled); set QWEN_EMBED_API_KEY in the workers' environment instead "
-            "(it is inherited by a local Ray instance, or pass "
-            "runtime_env={'env_vars': {'QWEN_EMBED_API_KEY': ...}})"
-        )
     if request_batch_size is not None:
         settings = {**settings, "batch_size": request_batch_size}
     if "limits" not in settings and max_in_flight > Limits().max_connections:
         settings = {**settings, "limits": Limits(max_connections=max_in_flight)}
     config = EmbeddingConfig(base_url=base_url, max_concurrency=max_in_flight, **settings)
-    return config, config.api_key_value() is not None
+    explicit = settings.get("api_key", NOT_GIVEN)
+    key = config.api_key_value()
+    if isinstance(explicit, NotGiven) or key is None:
+        return config, key is not None, None
+    return config.replace(api_key=None), False, _WorkerKey.put(key)
 
 
 def _compute(concurrency: int | tuple[int, int]) -> Any:
@@ -231,12 +261,15 @@ class _EmbedBatch:
         error_column: str,
         on_error: OnError,
         needs_key: bool,
+        api_key: _WorkerKey | None = None,
     ) -> None:
+        if api_key is not None:
+            config = config.replace(api_key=api_key.get())
         if needs_key and config.api_key_value() is None:
             raise ConfigError(
                 "the driver has an API key but this Ray worker has no QWEN_EMBED_API_KEY in "
-                "its environment; set it on the cluster's nodes or pass "
-                "runtime_env={'env_vars': {'QWEN_EMBED_API_KEY': ...}}"
+                "its environment; set it on the cluster's nodes, or pass api_key= to "
+                "embed_dataset (it reaches the workers through Ray's object store)"
             )
         self._client = EmbeddingClient(config)
         self._column = column
@@ -349,7 +382,9 @@ def embed_dataset(
         error_column: the error column's name (``on_error="skip"`` only).
         runtime_env: Ray ``runtime_env`` for the actors (e.g. ``env_vars``).
         **settings: any other ``EmbeddingConfig`` field (``model``, ``dimensions``,
-            ``timeout``, ``retry``, ``http2``, ...); not ``api_key`` (see the module doc).
+            ``timeout``, ``retry``, ``http2``, ``api_key``, ...). An explicit ``api_key``
+            reaches the actors through Ray's object store, never in a pickle or a log
+            (see the module doc).
 
     Returns:
         A new ``ray.data.Dataset``: the input columns plus ``output_column`` (and
@@ -368,7 +403,9 @@ def embed_dataset(
         raise ConfigError(f"batch_size (rows per call) must be a positive int, got {batch_size!r}")
     if not (isinstance(num_cpus, int | float) and num_cpus >= 0):
         raise ConfigError(f"num_cpus must be a number >= 0, got {num_cpus!r}")
-    config, needs_key = _client_config(base_url, max_in_flight, request_batch_size, settings)
+    config, needs_key, api_key = _client_config(
+        base_url, max_in_flight, request_batch_size, settings
+    )
     compute = _compute(concurrency)
     schema = ds.schema(fetch_if_missing=False)
     if schema is not None and column not in schema.names:
@@ -385,6 +422,7 @@ def embed_dataset(
             "error_column": error_column,
             "on_error": on_error,
             "needs_key": needs_key,
+            "api_key": api_key,
         },
         batch_size=batch_size,
         batch_format="pyarrow",  # Arrow in, Arrow out: no pandas/numpy conversion

@@ -215,6 +215,40 @@ def test_api_key_comes_from_the_workers_environment(monkeypatch: pytest.MonkeyPa
         _assert_exact(_collect(given), server, range(50))
 
 
+def test_explicit_api_key_reaches_the_workers_but_no_pickle_or_log(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``api_key=`` travels through Ray's object store: the server (which answers 401
+    without ``Authorization: Bearer <key>``) embeds every row, while what Ray pickles for
+    the actors, its repr, and the Ray session's log files hold no trace of the key."""
+    import pickle
+
+    key = "sk-test-ray-explicit-5e1f0c2a"
+    monkeypatch.delenv("QWEN_EMBED_API_KEY", raising=False)  # nowhere in any environment
+    rows = [{"id": i, "text": t} for i, t in enumerate(_texts(50))]
+    with EmbeddingServer(api_key=key) as server:
+        ds = qray.embed_dataset(ray.data.from_items(rows), base_url=server.base_url, api_key=key)
+        _assert_exact(_collect(ds), server, range(50))
+        assert server.requests > 0
+    config, needs_key, shipped = qray._client_config(server.base_url, 4, None, {"api_key": key})
+    assert shipped is not None
+    assert not needs_key
+    assert config.api_key is None
+    for blob in (
+        pickle.dumps((config, shipped)),
+        ray.cloudpickle.dumps((config, shipped)),
+        repr((config, shipped)).encode(),
+    ):
+        assert key.encode() not in blob
+    assert shipped.get() == key
+    sockets = Path(ray.nodes()[0]["ObjectStoreSocketName"]).parent
+    logs = sockets.parent / "logs"
+    assert logs.is_dir()
+    for path in logs.rglob("*"):
+        if path.is_file():
+            assert key.encode() not in path.read_bytes(), path
+
+
 def test_embed_files_parquet_in_parquet_out(tmp_path: Path) -> None:
     n = 600
     source = tmp_path / "corpus.parquet"
@@ -301,8 +335,6 @@ def test_output_column_shares_the_decoded_arrays_memory() -> None:
 def test_settings_are_checked_in_the_driver() -> None:
     ds = ray.data.from_items([{"text": "a"}])
     url = "http://127.0.0.1:9/v1"
-    with pytest.raises(ConfigError, match="QWEN_EMBED_API_KEY"):
-        qray.embed_dataset(ds, base_url=url, api_key="sk-test-not-shipped")
     with pytest.raises(ConfigError, match="on_error"):
         qray.embed_dataset(ds, base_url=url, on_error="ignore")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="request_batch_size"):
