@@ -371,3 +371,23 @@ def test_llama_index_secret_headers_never_in_repr_dump_or_pickle() -> None:
         copy.get_text_embedding("x")
     with pytest.raises(LlamaValidationError, match="holds the mask"):
         QwenPooledEmbedding.from_dict(emb.to_dict())
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("adapter", [QwenPooledEmbeddings, QwenPooledEmbedding])
+def test_assignment_and_model_copy_keep_secret_headers_masked(adapter: Any) -> None:
+    """Assignment and ``model_copy(update=...)`` skip pydantic's validation: the headers
+    are still stored masked, and checked."""
+    emb = adapter(base_url=UNUSED_URL)
+    emb.headers = HEADERS
+    copy = emb.model_copy(update={"headers": {"X-Api-Key": GATEWAY_SECRET + "-2"}})
+    for one in (emb, copy):
+        _no_secret(repr(one))
+        _no_secret(pickle.dumps(one).decode("latin-1"))
+    assert copy.config.headers["X-Api-Key"] == GATEWAY_SECRET + "-2"
+    emb.extra_body = {"user": "u"}
+    assert emb.config.extra_body == {"user": "u"}
+    with pytest.raises(ConfigError, match="'model' is written by the client"):
+        emb.extra_body = {"model": "other"}
+    with pytest.raises(ConfigError, match="set by the client itself"):
+        emb.model_copy(update={"headers": {"Content-Type": "text/plain"}})

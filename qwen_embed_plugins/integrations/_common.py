@@ -37,6 +37,7 @@ __all__ = [
     "HeadersField",
     "Stock",
     "build_config",
+    "coerce",
     "env_default",
     "resolve_names",
     "setting",
@@ -262,6 +263,21 @@ def _headers_out(value: RequestHeaders | None) -> dict[str, str] | None:
 
 def _body_out(value: RequestBody | None) -> dict[str, Any] | None:
     return None if value is None else dict(value)
+
+
+def coerce(name: str, value: Any) -> Any:
+    """``value`` of field ``name`` as stored: ``headers`` as ``RequestHeaders`` and
+    ``extra_body`` as ``RequestBody`` (for assignment and ``model_copy(update=...)``,
+    which skip validation), anything else unchanged.
+
+    Raises:
+        ConfigError: an invalid ``headers`` or ``extra_body``.
+    """
+    if name == "headers":
+        return request_headers(value)
+    if name == "extra_body":
+        return request_body(value)
+    return value
 
 
 HeadersField = Annotated[

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 import os
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from contextlib import contextmanager
 from typing import Any, Literal, NamedTuple, Self
 
@@ -31,6 +31,7 @@ from ._common import (
     HeadersField,
     Stock,
     build_config,
+    coerce,
     resolve_names,
     setting,
 )
@@ -372,6 +373,7 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
         if name not in type(self).model_fields:
             super().__setattr__(name, value)
             return
+        value = coerce(name, value)
         old = getattr(self, name)
         super().__setattr__(name, value)
         try:
@@ -405,6 +407,13 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
         return self._clients().config
 
     # ------------------------------------------------------------------ copying
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """Pydantic's ``model_copy``, with ``headers`` / ``extra_body`` in ``update``
+        stored as the validated, masked types (``update`` skips validation)."""
+        if update:
+            update = {name: coerce(name, value) for name, value in update.items()}
+        return super().model_copy(update=update, deep=deep)
 
     def __copy__(self) -> Self:
         """A shallow copy (also ``model_copy``) with its own client cache."""

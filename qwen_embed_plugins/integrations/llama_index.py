@@ -40,9 +40,9 @@ import logging
 import os
 import pickle
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Self
 
 import llama_index.core.instrumentation as _instrumentation
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
@@ -65,6 +65,7 @@ from ._common import (
     HeadersField,
     Stock,
     build_config,
+    coerce,
     env_default,
     resolve_names,
     setting,
@@ -391,6 +392,7 @@ class QwenPooledEmbedding(BaseEmbedding):
             return
         if name == "api_key" and isinstance(value, str):  # keep it masked in repr
             value = SecretStr(value) if value else None
+        value = coerce(name, value)
         old = getattr(self, name)
         super().__setattr__(name, value)
         try:
@@ -398,6 +400,13 @@ class QwenPooledEmbedding(BaseEmbedding):
         except Exception:
             super().__setattr__(name, old)
             raise
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """Pydantic's ``model_copy``, with ``headers`` / ``extra_body`` in ``update``
+        stored as the validated, masked types (``update`` skips validation)."""
+        if update:
+            update = {name: coerce(name, value) for name, value in update.items()}
+        return super().model_copy(update=update, deep=deep)
 
     # Clients are cheap handles on the process-wide pool, made on first use.
     def _sync_client(self) -> EmbeddingClient:
