@@ -168,6 +168,20 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
         keepalive_expiry: float
             Seconds an idle connection is kept (default 4.0).
 
+    Key init args — per request:
+        headers: dict[str, str] | None
+            Extra headers on every request; credential-like values masked, never
+            pickled.
+        extra_body: dict | None
+            Extra JSON fields merged into every request body.
+
+    ``OpenAIEmbeddings``' names are aliases with their meaning: ``chunk_size``
+    (``batch_size``), ``timeout`` / ``request_timeout`` (``total_timeout``, seconds per
+    request), ``show_progress_bar`` (``show_progress``), ``default_headers``
+    (``headers``), ``model_kwargs`` (``extra_body``), ``openai_api_key``,
+    ``openai_api_base``, ``openai_proxy``. Any other unknown name raises, naming the
+    closest accepted one (docs/migration.md lists them all).
+
     See the field list for every init arg, with its unit and default.
 
     Instantiate:

@@ -233,6 +233,13 @@ class QwenPooledEmbedding(BaseEmbedding):
             max_concurrency=4,                    # requests in flight per batch call
         )
 
+    ``OpenAILikeEmbedding``'s names are aliases with their meaning: ``api_base``
+    (``base_url``), ``timeout`` (``total_timeout``, seconds per request),
+    ``default_headers`` (``headers``: extra headers, credential-like values masked and
+    never pickled), ``additional_kwargs`` (``extra_body``: extra JSON body fields), and
+    ``model``, ``batch_size``. Any other unknown name raises, naming the closest accepted
+    one (docs/migration.md lists them all).
+
     Embed:
         ``get_query_embedding(q)`` -> ``dim`` floats, sent as
         ``Instruct: {query_instruction}\\nQuery:{q}``;
