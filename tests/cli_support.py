@@ -69,7 +69,12 @@ class CliProcess:
     ) -> None:
         env = dict(os.environ)
         env.pop("COLUMNS", None)
-        code = "from qwen_embed_plugins.cli import main; main()"
+        # As a terminal would start it: a shell's background job (CI, `cmd &`) starts
+        # children with SIGINT ignored, and Python keeps an ignored SIGINT ignored.
+        code = (
+            "import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            "from qwen_embed_plugins.cli import main; main()"
+        )
         if pause_import is not None:
             env["QWEN_EMBED_TEST_PAUSE_IMPORT"] = pause_import
             code = _PAUSE_HOOK + code
