@@ -134,7 +134,7 @@ def test_dimensions_and_model_copy_update(srv: EmbeddingServer) -> None:
     assert len(emb.embed_query("x")) == 1024
     # the server refuses `dimensions` (no matryoshka): the core slices client-side
     short = emb.model_copy(update={"dimensions": 64})
-    assert short._handles is not emb._handles  # each keeps its own client cache
+    assert short._cache is not emb._cache  # each keeps its own client cache
     vec = short.embed_documents(["sliced"])[0]
     assert len(vec) == 64
     np.testing.assert_allclose(np.linalg.norm(vec), 1.0, atol=1e-5)

@@ -1,26 +1,45 @@
-"""The flat settings both framework adapters take, defined once.
+"""The flat settings both framework adapters take, and their core client, defined once.
 
 LangChain and LlamaIndex users set plain fields (``max_connections=8``,
-``read_timeout=30``), not nested objects; both adapters declare the same fields, with
-the defaults and descriptions below, and build the core ``EmbeddingConfig`` with
+``read_timeout=30``), not nested objects. Both adapters inherit them from the pydantic
+mixin ``FlatSettings`` (each field documented there, once), with the one client
+cache, rebuild and pickling logic; they build the core ``EmbeddingConfig`` with
 ``build_config``. A field not given takes its ``QWEN_EMBED_*`` environment variable
-(the one resolver, ``config.env_setting``) or its default.
+(the one resolver, ``config.env_setting``) or its default, or the value of a
+``config=EmbeddingConfig(...)`` given with it.
 """
 
 from __future__ import annotations
 
+import copy
 import difflib
+import logging
+import os
+import pickle
 from collections.abc import Callable, Iterable, Mapping
-from typing import Annotated, Any, Final
+from typing import Annotated, Any, ClassVar, Final, Literal, NamedTuple, Self
 
-from pydantic import PlainSerializer, PlainValidator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    ModelWrapValidatorHandler,
+    PlainSerializer,
+    PlainValidator,
+    PrivateAttr,
+    SecretStr,
+    model_validator,
+)
 
+from ..client import AsyncEmbeddingClient, EmbeddingClient
 from ..config import (
     DEFAULT_MODEL,
     DEFAULT_QUERY_TASK,
+    ENV_API_KEY,
     NOT_GIVEN,
     EmbeddingConfig,
+    EncodingFormat,
     Limits,
+    NotGiven,
     RequestBody,
     RequestHeaders,
     RetryConfig,
@@ -33,91 +52,39 @@ from ..errors import ConfigError
 
 __all__ = [
     "DESCRIPTIONS",
+    "NO_EXTRAS",
+    "ClientCache",
+    "Clients",
     "ExtraBodyField",
+    "Extras",
+    "FlatSettings",
     "HeadersField",
     "Stock",
     "build_config",
     "coerce",
     "env_default",
+    "extras_of",
     "resolve_names",
     "setting",
 ]
+
+_log = logging.getLogger("qwen_embed_plugins")
 
 _T = Timeouts()
 _L = Limits()
 _R = RetryConfig()
 
 DESCRIPTIONS: Final[dict[str, str]] = {
-    "base_url": "The OpenAI-compatible API root, e.g. 'http://gpu-box:30000/v1' (requests go "
-    "to '{base_url}/embeddings'), or a list of replica URLs. Default: env "
-    "QWEN_EMBED_BASE_URL (comma-separated for replicas). Required.",
     "api_key": "Bearer token; None for servers without auth. Default: env QWEN_EMBED_API_KEY. "
     "Never shown, logged, serialised or pickled.",
     "model": f"Model name sent in every request. Default: env QWEN_EMBED_MODEL, then "
     f"{DEFAULT_MODEL!r}.",
-    "dimensions": "MRL output size in dimensions (None = the model's full size; "
-    "Qwen3-Embedding: 32..1024 for 0.6B, ..2560 for 4B, ..4096 for 8B). Sent when the "
-    "server supports it, else sliced and L2-renormalised client-side.",
-    "query_instruction": "Task put before queries as 'Instruct: {task}\\nQuery:{text}'; "
-    "documents are sent raw. None disables it (non-Qwen models). Default: "
-    f"{DEFAULT_QUERY_TASK!r}.",
     "batch_size": "Texts per request (1..2048; default 32, env QWEN_EMBED_BATCH_SIZE). "
     "Lowered automatically to a server's stated limit.",
-    "max_batch_tokens": "Most estimated tokens per request (None: the server's known cap, "
-    "else learned from its refusal).",
-    "max_concurrency": "Requests in flight at once per call (1..1024; default 4), or 'auto' "
-    "for an adaptive per-endpoint limit.",
-    "encoding_format": "'auto' (base64, falling back to float once per endpoint if refused), "
-    "'base64' or 'float'.",
-    "normalize": "L2-renormalise vectors whose norm is not 1 (default True).",
-    "max_text_chars": "Longest accepted text in characters (default 262,144; None = no "
-    "limit); longer texts raise InputError before anything is sent.",
-    "append_eos": "Append <|endoftext|> to every text client-side (None: check once on "
-    "llama.cpp endpoints and warn).",
-    "connect_timeout": f"Seconds to open a TCP (+TLS) connection (default {_T.connect}; "
-    "None = no limit).",
-    "read_timeout": f"Seconds to wait for response bytes (default {_T.read}; None = no limit).",
-    "write_timeout": f"Seconds to send a request body (default {_T.write}; None = no limit).",
-    "pool_timeout": f"Seconds to wait for a free pooled connection (default {_T.pool}; None "
-    "= no limit).",
-    "total_timeout": f"Seconds one HTTP exchange may take in all (default {_T.total}; bounds "
-    "a body that trickles in).",
-    "max_connections": f"Most TCP connections per pool (default {_L.max_connections}): the "
-    "sync pool is process-wide, each event loop has its own async pool.",
-    "max_keepalive_connections": "Most idle connections kept for reuse (default None = "
-    "max_connections).",
-    "keepalive_expiry": f"Seconds an idle connection is kept (default {_L.keepalive_expiry}); "
-    "keep it below the server's idle timeout (5 s for uvicorn-based servers and llama.cpp).",
-    "max_connections_per_process": "Most requests in flight to the endpoint from the whole "
-    "process, over every pool and event loop (default None: no process-wide cap).",
-    "max_retries": f"Retries after the first attempt for failures that are not outages "
-    f"(default {_R.max_attempts - 1}); outages (refused connections, 429, 502-504) are "
-    "retried until the deadline; 0 turns retries off entirely.",
-    "deadline": f"Seconds one bulk call may take in all, retries included (default "
-    f"{_R.deadline}; None = no deadline).",
-    "query_deadline": f"The same for a single query (default {_R.query_deadline}).",
-    "http2": "Negotiate HTTP/2 (ALPN over TLS; h2c over http://, falling back to HTTP/1.1).",
-    "verify": "TLS verification: True (CAs from certifi), False, or a CA bundle path.",
-    "proxy": "HTTP proxy URL for the endpoint; None (default): from HTTP(S)_PROXY / "
-    "ALL_PROXY / NO_PROXY when trust_env. Loopback hosts are never proxied.",
-    "trust_env": "Read proxies from the environment (default True).",
-    "insecure_key": "An API key over plain http:// to a non-loopback host: 'warn' (default), "
-    "'error' or 'allow'.",
-    "hedge": "Hedge single queries: a second copy after the endpoint's p95 latency, first "
-    "answer wins, at most 5% extra requests (default False).",
-    "use_sdk": "Send requests through the openai SDK on the same pool (slower; for comparison).",
-    "server": "The server behind base_url: 'auto' (identified from its answers) or 'sglang', "
-    "'vllm', 'tei', 'infinity', 'ollama', 'llamacpp', 'dashscope', 'siliconflow', 'openai'.",
-    "headers": "Extra HTTP headers sent with every request (a gateway credential, a tenant "
-    "header); per request, they never split the pool. Content-Type, Accept, Host and the "
-    "other headers the client sets are refused, and Authorization with api_key. Values of "
-    "credential-like headers (Authorization, Cookie, *auth*, *api-key*, *token*, *secret*) "
-    "are masked in repr and dumps and never pickled.",
-    "extra_body": "Extra JSON fields merged into every request body (vLLM "
-    "truncate_prompt_tokens, TEI truncate, Ollama options/keep_alive); input, model, "
-    "encoding_format and dimensions are the client's own and refused.",
 }
-"""One description per flat setting, shared by both adapters' fields."""
+"""The descriptions of the three settings the adapters declare each in their own way
+(``api_key``; LlamaIndex's ``model_name`` and ``embed_batch_size``); the other flat
+settings are documented once, on ``FlatSettings``."""
 
 _ENV_BACKED = {
     "base_url",
@@ -183,22 +150,46 @@ def env_default(name: str) -> Callable[[], Any]:
 
 
 def setting(name: str) -> Any:
-    """The pydantic ``Field`` of flat setting ``name``: its default (environment first)
-    and description, the same in both adapters."""
+    """The pydantic ``Field`` of flat setting ``name``: its default (environment first),
+    the same in both adapters (and its description, for the three in ``DESCRIPTIONS``;
+    the others have a docstring on ``FlatSettings``)."""
     from pydantic import Field
 
     if name == "proxy":
-        return Field(default=None, description=DESCRIPTIONS[name])
-    return Field(default_factory=env_default(name), description=DESCRIPTIONS[name])
+        return Field(default=None)
+    return Field(default_factory=env_default(name), description=DESCRIPTIONS.get(name))
 
 
-def build_config(values: Mapping[str, Any], *, api_key: str | None) -> EmbeddingConfig:
-    """The core ``EmbeddingConfig`` of an adapter's flat field ``values``.
+class Extras(NamedTuple):
+    """The parts of a ``config=`` that no flat field holds (the defaults without one).
+
+    Attributes:
+        retry: its ``RetryConfig``: backoff and circuit breaker (``max_attempts``,
+            ``deadline`` and ``query_deadline`` come from the flat fields).
+        max_response_bytes: its largest response body, in bytes.
+        no_proxy: it said ``proxy=None``, "never a proxy" (the flat ``proxy=None``
+            means "from the environment").
+    """
+
+    retry: RetryConfig = _R
+    max_response_bytes: int | None = None
+    no_proxy: bool = False
+
+
+NO_EXTRAS: Final = Extras()
+
+
+def build_config(
+    values: Mapping[str, Any], *, api_key: str | None, extras: Extras = NO_EXTRAS
+) -> EmbeddingConfig:
+    """The core ``EmbeddingConfig`` of an adapter's flat field ``values`` (and the
+    ``extras`` of the ``config=`` it was given).
 
     Raises:
         ConfigError: a value is out of range (the message names the field).
     """
-    proxy = values.get("proxy") or NOT_GIVEN  # None: from the environment (trust_env)
+    # None: from the environment (trust_env), unless the config= said "no proxy"
+    proxy = values.get("proxy") or (None if extras.no_proxy else NOT_GIVEN)
     base_url = values.get("base_url")
     if isinstance(base_url, list):
         base_url = tuple(base_url)
@@ -215,6 +206,7 @@ def build_config(values: Mapping[str, Any], *, api_key: str | None) -> Embedding
         normalize=values["normalize"],
         max_text_chars=values["max_text_chars"],
         append_eos=values["append_eos"],
+        max_response_bytes=extras.max_response_bytes,
         timeout=Timeouts(
             connect=values["connect_timeout"],
             read=values["read_timeout"],
@@ -228,7 +220,7 @@ def build_config(values: Mapping[str, Any], *, api_key: str | None) -> Embedding
             keepalive_expiry=values["keepalive_expiry"],
             max_connections_per_process=values["max_connections_per_process"],
         ),
-        retry=RetryConfig(
+        retry=extras.retry.replace(
             max_attempts=values["max_retries"] + 1,
             deadline=values["deadline"],
             query_deadline=values["query_deadline"],
@@ -244,6 +236,45 @@ def build_config(values: Mapping[str, Any], *, api_key: str | None) -> Embedding
         headers=values.get("headers"),
         extra_body=values.get("extra_body"),
     )
+
+
+# Flat settings that are an attribute of a part of EmbeddingConfig, not of the config.
+_NESTED: Final[dict[str, tuple[str, str]]] = {
+    "connect_timeout": ("timeout", "connect"),
+    "read_timeout": ("timeout", "read"),
+    "write_timeout": ("timeout", "write"),
+    "pool_timeout": ("timeout", "pool"),
+    "total_timeout": ("timeout", "total"),
+    "max_connections": ("limits", "max_connections"),
+    "max_keepalive_connections": ("limits", "max_keepalive_connections"),
+    "keepalive_expiry": ("limits", "keepalive_expiry"),
+    "max_connections_per_process": ("limits", "max_connections_per_process"),
+    "deadline": ("retry", "deadline"),
+    "query_deadline": ("retry", "query_deadline"),
+}
+
+
+def _flat_value(config: EmbeddingConfig, name: str) -> Any:
+    """Flat setting ``name`` of ``config``, as the adapters' field holds it."""
+    if name in _NESTED:
+        part, attribute = _NESTED[name]
+        return getattr(getattr(config, part), attribute)
+    if name == "max_retries":
+        return config.retry.max_attempts - 1
+    if name == "api_key":
+        key = config.api_key_value()
+        return None if key is None else SecretStr(key)
+    value = getattr(config, name)
+    if name == "base_url" and isinstance(value, tuple):
+        return list(value)
+    if name == "proxy" and isinstance(value, NotGiven):
+        return None
+    return value
+
+
+def extras_of(config: EmbeddingConfig) -> Extras:
+    """The parts of ``config`` that no flat field holds."""
+    return Extras(config.retry, config.max_response_bytes, config.proxy is None)
 
 
 # --------------------------------------------------------------------------- headers and body
@@ -379,18 +410,22 @@ and what to use instead."""
 def resolve_names(
     owner: str, data: dict[str, Any], fields: Iterable[str], stock: Stock
 ) -> dict[str, Any]:
-    """``data`` (constructor keywords) with stock aliases renamed to this adapter's fields.
+    """``data`` (constructor keywords) with stock aliases renamed to this adapter's fields,
+    and a ``config=`` (``EmbeddingConfig``) spread over the fields not given.
 
     Raises:
         ConfigError: an alias given together with its field (or another alias of it);
             a stock parameter with no equivalent (with a hint); any other unknown name
-            ("did you mean ..." naming the closest accepted name).
+            ("did you mean ..." naming the closest accepted name); a ``config`` that is
+            not an ``EmbeddingConfig``.
     """
     known = set(fields)
     out: dict[str, Any] = {}
     source: dict[str, str] = {}
     for name, value in data.items():
         target = name
+        if name == "config":
+            continue
         if name not in known:
             if name in stock.aliases:
                 target = stock.aliases[name]
@@ -412,11 +447,21 @@ def resolve_names(
             raise ConfigError(f"{owner}: pass either {source[target]!r} or {name!r}, not both")
         out[target] = value
         source[target] = name
+    config = data.get("config")
+    if config is not None:
+        if not isinstance(config, EmbeddingConfig):
+            raise ConfigError(
+                f"{owner}: config must be an EmbeddingConfig, got {type(config).__name__}"
+            )
+        for name in (*_SHARED_FIELDS, "api_key", "model", "batch_size"):
+            target = name if name in known else stock.aliases[name]
+            if target not in out:  # a flat field given overrides the config's value
+                out[target] = _flat_value(config, name)
     return out
 
 
 def _unknown(owner: str, name: str, known: set[str], stock: Stock) -> str:
-    names = sorted(known | set(stock.aliases))
+    names = sorted(known | set(stock.aliases) | {"config"})
     close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
     if not close:
         return f"{owner}: unknown parameter {name!r} (docs/migration.md lists the accepted ones)"
@@ -424,3 +469,380 @@ def _unknown(owner: str, name: str, known: set[str], stock: Stock) -> str:
     field = stock.aliases.get(match)
     also = f" (an alias of {field!r})" if field else ""
     return f"{owner}: unknown parameter {name!r}; did you mean {match!r}{also}?"
+
+
+# --------------------------------------------------------------------------- the shared fields
+
+
+class Clients(NamedTuple):
+    """The effective config of one set of field values, and its core clients (built on
+    first use)."""
+
+    fingerprint: tuple[Any, ...]
+    config: EmbeddingConfig
+    sync: EmbeddingClient | None
+    async_: AsyncEmbeddingClient | None
+
+
+class ClientCache:
+    """An adapter's ``Clients`` (a cache of its fields) and the ``Extras`` of the
+    ``config=`` it was given (state).
+
+    Compares equal to any cache with the same extras, so two adapters with equal fields
+    are equal. A copy or a pickle holds the extras only: the copy or the unpickled
+    instance builds its config and clients again on first use, on the pool of the
+    process it is in (clients and pools are never pickled).
+    """
+
+    __slots__ = ("current", "extras")
+
+    def __init__(self, extras: Extras = NO_EXTRAS) -> None:
+        self.extras = extras
+        self.current: Clients | None = None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ClientCache) and other.extras == self.extras
+
+    def __hash__(self) -> int:
+        return hash(self.extras)
+
+    def __reduce__(self) -> tuple[type[ClientCache], tuple[Extras]]:
+        return (ClientCache, (self.extras,))
+
+    def __copy__(self) -> ClientCache:
+        return ClientCache(self.extras)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ClientCache:
+        return ClientCache(self.extras)
+
+
+class FlatSettings(BaseModel):
+    """The flat settings both framework adapters take, declared once, and their core
+    client: the mixin of ``QwenPooledEmbeddings`` and ``QwenPooledEmbedding``.
+
+    The fields map onto the core ``EmbeddingConfig`` (``config`` is the effective one).
+    ``config=EmbeddingConfig(...)`` is accepted next to them: the fields not given take
+    its values (not the environment's), and a field given too overrides the config's
+    value, as ``EmbeddingConfig.replace`` would. Its parts with no field
+    (``max_response_bytes``, the retry backoff and circuit breaker settings, an explicit
+    ``proxy=None``) are kept by copies and pickles, not by ``model_dump()`` /
+    ``to_dict()``.
+
+    The core clients are built from the fields on first use and rebuilt after a field
+    changed; assigning a field checks the new settings at once (rolled back and raised
+    if invalid). Pickles hold the fields (not one that cannot be pickled, which takes
+    its default), never the API key, the clients or a pool; the unpickled instance
+    reads ``QWEN_EMBED_API_KEY`` from its own environment (see each adapter).
+
+    Adapters set ``_model_field`` / ``_batch_field`` (their names for ``model`` /
+    ``batch_size``), declare ``api_key``, and set ``_key_from_env``.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        use_attribute_docstrings=True,
+        # A validation error must not echo the inputs: they may hold the API key.
+        hide_input_in_errors=True,
+    )
+
+    _model_field: ClassVar[str]
+    _batch_field: ClassVar[str]
+    _key_from_env: ClassVar[Literal["always", "if_it_had_one"]]
+    """An unpickled instance reads ``QWEN_EMBED_API_KEY``: always, or only if the
+    pickled one had a key."""
+
+    # ------------------------------------------------------------------ endpoint
+
+    base_url: str | list[str] | None = setting("base_url")
+    """The OpenAI-compatible API root, e.g. 'http://gpu-box:30000/v1' (requests go to
+    '{base_url}/embeddings'), or a list of replica URLs. Default: env
+    QWEN_EMBED_BASE_URL (comma-separated for replicas). Required."""
+
+    # ------------------------------------------------------------------ embedding
+
+    dimensions: int | None = setting("dimensions")
+    """MRL output size in dimensions (None = the model's full size; Qwen3-Embedding:
+    32..1024 for 0.6B, ..2560 for 4B, ..4096 for 8B). Sent when the server supports
+    it, else sliced and L2-renormalised client-side."""
+
+    query_instruction: str | None = setting("query_instruction")
+    """Task put before queries as 'Instruct: {task}\\nQuery:{text}'; documents are
+    sent raw. None disables it (non-Qwen models). Default: 'Given a web search query,
+    retrieve relevant passages that answer the query'."""
+
+    max_batch_tokens: int | None = setting("max_batch_tokens")
+    """Most estimated tokens per request (None: the server's known cap, else learned
+    from its refusal)."""
+
+    max_concurrency: int | Literal["auto"] = setting("max_concurrency")
+    """Requests in flight at once per call (1..1024; default 4), or 'auto' for an
+    adaptive per-endpoint limit."""
+
+    encoding_format: EncodingFormat = setting("encoding_format")
+    """'auto' (base64, falling back to float once per endpoint if refused), 'base64'
+    or 'float'."""
+
+    normalize: bool = setting("normalize")
+    """L2-renormalise vectors whose norm is not 1 (default True)."""
+
+    max_text_chars: int | None = setting("max_text_chars")
+    """Longest accepted text in characters (default 262,144; None = no limit); longer
+    texts raise InputError before anything is sent."""
+
+    append_eos: bool | None = setting("append_eos")
+    """Append <|endoftext|> to every text client-side (None: check once on llama.cpp
+    endpoints and warn)."""
+
+    # ------------------------------------------------------------------ timeouts and retries
+
+    connect_timeout: float | None = setting("connect_timeout")
+    """Seconds to open a TCP (+TLS) connection (default 5.0; None = no limit)."""
+
+    read_timeout: float | None = setting("read_timeout")
+    """Seconds to wait for response bytes (default 60.0; None = no limit)."""
+
+    write_timeout: float | None = setting("write_timeout")
+    """Seconds to send a request body (default 30.0; None = no limit)."""
+
+    pool_timeout: float | None = setting("pool_timeout")
+    """Seconds to wait for a free pooled connection (default 60.0; None = no limit)."""
+
+    total_timeout: float | None = setting("total_timeout")
+    """Seconds one HTTP exchange may take in all (default 120.0; bounds a body that
+    trickles in)."""
+
+    max_retries: int = setting("max_retries")
+    """Retries after the first attempt for failures that are not outages (default 3);
+    outages (refused connections, 429, 502-504) are retried until the deadline; 0 turns
+    retries off entirely."""
+
+    deadline: float | None = setting("deadline")
+    """Seconds one bulk call may take in all, retries included (default 300.0; None =
+    no deadline)."""
+
+    query_deadline: float | None = setting("query_deadline")
+    """The same for a single query (default 15.0)."""
+
+    # ------------------------------------------------------------------ pool
+
+    max_connections: int = setting("max_connections")
+    """Most TCP connections per pool (default 20): the sync pool is process-wide, each
+    event loop has its own async pool."""
+
+    max_keepalive_connections: int | None = setting("max_keepalive_connections")
+    """Most idle connections kept for reuse (default None = max_connections)."""
+
+    keepalive_expiry: float = setting("keepalive_expiry")
+    """Seconds an idle connection is kept (default 4.0); keep it below the server's
+    idle timeout (5 s for uvicorn-based servers and llama.cpp)."""
+
+    max_connections_per_process: int | None = setting("max_connections_per_process")
+    """Most requests in flight to the endpoint from the whole process, over every pool
+    and event loop (default None: no process-wide cap)."""
+
+    # ------------------------------------------------------------------ transport
+
+    http2: bool = setting("http2")
+    """Negotiate HTTP/2 (ALPN over TLS; h2c over http://, falling back to HTTP/1.1)."""
+
+    verify: bool | str = setting("verify")
+    """TLS verification: True (CAs from certifi), False, or a CA bundle path."""
+
+    proxy: str | None = setting("proxy")
+    """HTTP proxy URL for the endpoint; None (default): from HTTP(S)_PROXY / ALL_PROXY /
+    NO_PROXY when trust_env. Loopback hosts are never proxied."""
+
+    trust_env: bool = setting("trust_env")
+    """Read proxies from the environment (default True)."""
+
+    insecure_key: Literal["warn", "error", "allow"] = setting("insecure_key")
+    """An API key over plain http:// to a non-loopback host: 'warn' (default), 'error'
+    or 'allow'."""
+
+    hedge: bool = setting("hedge")
+    """Hedge single queries: a second copy after the endpoint's p95 latency, first
+    answer wins, at most 5% extra requests (default False)."""
+
+    use_sdk: bool = setting("use_sdk")
+    """Send requests through the openai SDK on the same pool (slower; for comparison)."""
+
+    server: str = setting("server")
+    """The server behind base_url: 'auto' (identified from its answers) or 'sglang',
+    'vllm', 'tei', 'infinity', 'ollama', 'llamacpp', 'dashscope', 'siliconflow',
+    'openai'."""
+
+    # ------------------------------------------------------------------ per request
+
+    headers: HeadersField = None
+    """Extra HTTP headers sent with every request (a gateway credential, a tenant
+    header); per request, they never split the pool. Content-Type, Accept, Host and the
+    other headers the client sets are refused, and Authorization with api_key. Values
+    of credential-like headers (Authorization, Cookie, *auth*, *api-key*, *token*,
+    *secret*) are masked in repr and dumps and never pickled."""
+
+    extra_body: ExtraBodyField = None
+    """Extra JSON fields merged into every request body (vLLM truncate_prompt_tokens,
+    TEI truncate, Ollama options/keep_alive); input, model, encoding_format and
+    dimensions are the client's own and refused."""
+
+    _cache: ClientCache = PrivateAttr(default_factory=ClientCache)
+
+    # ------------------------------------------------------------------ config=
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_config_extras(cls, data: Any, handler: ModelWrapValidatorHandler[Self]) -> Self:
+        """Keep the parts of a ``config=`` that no field holds. (The adapter's own
+        ``mode="before"`` validator, which pydantic runs inside this one, spreads the
+        rest over the fields with ``resolve_names``.)"""
+        given = data.get("config") if isinstance(data, dict) else None
+        model = handler(data)
+        if isinstance(given, EmbeddingConfig):
+            model._cache = ClientCache(extras_of(given))
+        return model
+
+    # ------------------------------------------------------------------ the core config
+
+    @classmethod
+    def _config_names(cls) -> tuple[str, ...]:
+        """The fields the core config is built from."""
+        return (*_SHARED_FIELDS, "api_key", cls._model_field, cls._batch_field)
+
+    def _fingerprint(self) -> tuple[Any, ...]:
+        fields = self.__dict__
+        return tuple(fields.get(name) for name in self._config_names())
+
+    def _key(self) -> str | None:
+        key = self.__dict__.get("api_key")
+        if isinstance(key, SecretStr):
+            key = key.get_secret_value()
+        return key or None
+
+    def _build_config(self) -> EmbeddingConfig:
+        values = dict(self.__dict__)
+        values["model"] = values[self._model_field]
+        values["batch_size"] = values[self._batch_field]
+        return build_config(values, api_key=self._key(), extras=self._cache.extras)
+
+    def _refresh(self) -> Clients:
+        """Build (so check) the core config of the current fields and cache it; record
+        the resolved base URL and model in the fields, so that dumps are
+        self-contained.
+
+        Raises:
+            ConfigError: a field holds an invalid value.
+        """
+        config = self._build_config()
+        # __dict__ directly: no __setattr__ (it would refresh again)
+        base = config.base_url
+        self.__dict__["base_url"] = list(base) if isinstance(base, tuple) else base
+        self.__dict__[self._model_field] = config.model
+        current = self._cache.current = Clients(self._fingerprint(), config, None, None)
+        return current
+
+    def _clients(self) -> Clients:
+        """The config and both core clients for the current field values.
+
+        Rebuilt when a field changed by a path that skips ``__setattr__``
+        (``model_copy(update=...)``, ``model_construct``) and after copying or
+        unpickling; clients are cheap handles on the shared pool.
+        """
+        current = self._cache.current
+        if current is None or current.fingerprint != self._fingerprint():
+            current = self._refresh()
+        if current.sync is None or current.async_ is None:
+            current = self._cache.current = current._replace(
+                sync=EmbeddingClient(current.config),
+                async_=AsyncEmbeddingClient(current.config),
+            )
+        return current
+
+    @property
+    def config(self) -> EmbeddingConfig:
+        """The effective core ``EmbeddingConfig`` (frozen; its ``pool_key`` selects the
+        shared pool): the fields, and the parts of a ``config=`` no field holds.
+
+        Raises:
+            ConfigError: a field changed by a path that skips assignment
+                (``model_copy(update=...)``, ``model_construct``) holds an invalid value.
+        """
+        current = self._cache.current
+        if current is None or current.fingerprint != self._fingerprint():
+            current = self._refresh()
+        return current.config
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """Assigning a field checks the new settings at once (rolled back if invalid), as
+        the constructor does, instead of failing on the next call."""
+        if name not in self._config_names():
+            super().__setattr__(name, value)
+            return
+        if name == "api_key" and isinstance(value, str):  # kept masked in repr
+            value = SecretStr(value) if value else None
+        value = coerce(name, value)
+        old = getattr(self, name)
+        super().__setattr__(name, value)
+        try:
+            self._refresh()
+        except Exception:
+            super().__setattr__(name, old)
+            raise
+
+    # ------------------------------------------------------------------ copying
+
+    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
+        """Pydantic's ``model_copy``, with ``headers`` / ``extra_body`` in ``update``
+        stored as the validated, masked types (``update`` skips validation); the copy
+        has its own client cache."""
+        if update:
+            update = {name: coerce(name, value) for name, value in update.items()}
+        return super().model_copy(update=update, deep=deep)
+
+    def __copy__(self) -> Self:
+        """A shallow copy (also ``model_copy``) with its own client cache."""
+        clone = super().__copy__()
+        clone._cache = copy.copy(self._cache)
+        return clone
+
+    # ------------------------------------------------------------------ pickling
+
+    def __getstate__(self) -> dict[Any, Any]:
+        """The fields without the API key and without clients (see the class docstring).
+
+        A field that cannot be pickled (e.g. a LlamaIndex callback handler holding a
+        lock) is left out, with a warning, and takes its default in the copy, as
+        LlamaIndex's ``BaseComponent`` does, but without deleting it from this instance.
+        """
+        owner = type(self).__name__
+        fields: dict[str, Any] = {}
+        for name, value in self.__dict__.items():
+            if name == "api_key":
+                continue
+            try:
+                pickle.dumps(value)
+            except Exception:  # any failure means "not picklable"
+                _log.warning("%s: not pickling the field %r", owner, name)
+                continue
+            fields[name] = value
+        key = self._key()
+        if key is not None and key != os.environ.get(ENV_API_KEY):
+            _log.warning(
+                "%s: the API key is not pickled; the unpickled copy reads %s from its "
+                "environment, which does not hold this key",
+                owner,
+                ENV_API_KEY,
+            )
+        return {"fields": fields, "had_key": key is not None, "cache": self._cache}
+
+    def __setstate__(self, state: dict[Any, Any]) -> None:
+        """Through ``__init__`` (as LlamaIndex's ``BaseComponent`` does), so the settings
+        are checked again and the API key comes from this process's environment."""
+        fields = dict(state["fields"])
+        from_env = state["had_key"] or self._key_from_env == "always"
+        fields["api_key"] = env_setting("api_key") if from_env else None
+        self.__init__(**fields)  # type: ignore[misc]
+        self._cache = state["cache"]
+        self._refresh()
+
+
+_SHARED_FIELDS: Final[tuple[str, ...]] = tuple(FlatSettings.model_fields)

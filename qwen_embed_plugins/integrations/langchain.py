@@ -12,29 +12,17 @@ Needs the ``langchain`` extra: ``pip install 'qwen-embed-plugins[langchain]'``.
 from __future__ import annotations
 
 import importlib
-import os
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
+from collections.abc import Callable, Iterable, Iterator, Sized
 from contextlib import contextmanager
-from typing import Any, Literal, NamedTuple, Self
+from typing import Any, ClassVar, Literal, Self
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.utils import secret_from_env
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, SecretStr, model_validator
+from pydantic import ConfigDict, Field, SecretStr, model_validator
 
-from ..client import AsyncEmbeddingClient, EmbeddingClient
-from ..config import ENV_API_KEY, EmbeddingConfig, EncodingFormat
-from ..errors import ConfigError
+from ..config import ENV_API_KEY
 from ..protocol import validate_texts
-from ._common import (
-    DESCRIPTIONS,
-    ExtraBodyField,
-    HeadersField,
-    Stock,
-    build_config,
-    coerce,
-    resolve_names,
-    setting,
-)
+from ._common import DESCRIPTIONS, FlatSettings, Stock, resolve_names, setting
 
 __all__ = ["QwenPooledEmbeddings"]
 
@@ -60,10 +48,6 @@ _STOCK = Stock(
     harmless={"check_embedding_ctx_length": False, "tiktoken_enabled": False},
 )
 
-# Key in the pickled state: "the instance had an API key; re-read it from the
-# environment where it is unpickled" (the key itself is never pickled).
-_KEY_FROM_ENV = "qwen_embed_api_key_from_env"
-
 
 def _tqdm() -> Any:
     """``tqdm.auto.tqdm`` (console or notebook bar), or an ``ImportError`` saying how
@@ -73,43 +57,6 @@ def _tqdm() -> Any:
     except ImportError as exc:
         raise ImportError(_TQDM_MISSING) from exc
     return module.tqdm
-
-
-class _Clients(NamedTuple):
-    fingerprint: tuple[Any, ...]
-    config: EmbeddingConfig
-    sync: EmbeddingClient | None
-    async_: AsyncEmbeddingClient | None
-
-
-class _Handles:
-    """Per-instance cache of the core config and clients (built lazily).
-
-    A cache, not state: it compares equal to any other ``_Handles`` (so two adapters
-    with equal fields are equal), copies and pickles as an empty cache (a copy or an
-    unpickled instance rebuilds its clients on first use, on the pool of the process
-    it is in).
-    """
-
-    __slots__ = ("current",)
-
-    def __init__(self) -> None:
-        self.current: _Clients | None = None
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Handles)
-
-    def __hash__(self) -> int:
-        return 0
-
-    def __reduce__(self) -> tuple[type[_Handles], tuple[()]]:
-        return (_Handles, ())
-
-    def __copy__(self) -> _Handles:
-        return _Handles()
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> _Handles:
-        return _Handles()
 
 
 def _as_texts(texts: Any) -> Any:
@@ -123,7 +70,7 @@ def _as_texts(texts: Any) -> Any:
     return validate_texts(texts, max_chars=None)  # raises InputError naming the type
 
 
-class QwenPooledEmbeddings(BaseModel, Embeddings):
+class QwenPooledEmbeddings(FlatSettings, Embeddings):
     """Qwen3-Embedding (or any OpenAI-compatible ``/v1/embeddings`` server) for LangChain.
 
     Every instance for the same endpoint and transport settings shares the
@@ -181,6 +128,10 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
     (``headers``), ``model_kwargs`` (``extra_body``), ``openai_api_key``,
     ``openai_api_base``, ``openai_proxy``. Any other unknown name raises, naming the
     closest accepted one (docs/migration.md lists them all).
+
+    ``config=EmbeddingConfig(...)`` is accepted too: the fields not given take its
+    values, a field given with it overrides the config's value (``embeddings.config`` is
+    the effective config).
 
     See the field list for every init arg, with its unit and default.
 
@@ -248,9 +199,8 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
     ``ResponseError``, ``CircuitOpenError``; all are ``QwenEmbedError``.
     """
 
-    # ------------------------------------------------------------------ endpoint
-
-    base_url: str | list[str] | None = setting("base_url")
+    # The flat settings (base_url, dimensions, timeouts, pool limits, ...) are
+    # FlatSettings' fields, documented there; these three are declared here.
 
     api_key: SecretStr | None = Field(
         default_factory=secret_from_env(ENV_API_KEY, default=None),
@@ -259,75 +209,7 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
 
     model: str = setting("model")
 
-    # ------------------------------------------------------------------ embedding
-
-    dimensions: int | None = setting("dimensions")
-
-    query_instruction: str | None = setting("query_instruction")
-
     batch_size: int = setting("batch_size")
-
-    max_batch_tokens: int | None = setting("max_batch_tokens")
-
-    max_concurrency: int | Literal["auto"] = setting("max_concurrency")
-
-    encoding_format: EncodingFormat = setting("encoding_format")
-
-    normalize: bool = setting("normalize")
-
-    max_text_chars: int | None = setting("max_text_chars")
-
-    append_eos: bool | None = setting("append_eos")
-
-    # ------------------------------------------------------------------ timeouts and retries
-
-    connect_timeout: float | None = setting("connect_timeout")
-
-    read_timeout: float | None = setting("read_timeout")
-
-    write_timeout: float | None = setting("write_timeout")
-
-    pool_timeout: float | None = setting("pool_timeout")
-
-    total_timeout: float | None = setting("total_timeout")
-
-    max_retries: int = setting("max_retries")
-
-    deadline: float | None = setting("deadline")
-
-    query_deadline: float | None = setting("query_deadline")
-
-    # ------------------------------------------------------------------ pool
-
-    max_connections: int = setting("max_connections")
-
-    max_keepalive_connections: int | None = setting("max_keepalive_connections")
-
-    keepalive_expiry: float = setting("keepalive_expiry")
-
-    max_connections_per_process: int | None = setting("max_connections_per_process")
-
-    # ------------------------------------------------------------------ transport
-
-    http2: bool = setting("http2")
-
-    verify: bool | str = setting("verify")
-
-    proxy: str | None = setting("proxy")
-
-    trust_env: bool = setting("trust_env")
-
-    insecure_key: Literal["warn", "error", "allow"] = setting("insecure_key")
-
-    hedge: bool = setting("hedge")
-
-    use_sdk: bool = setting("use_sdk")
-
-    server: str = setting("server")
-
-    headers: HeadersField = Field(default=None, description=DESCRIPTIONS["headers"])
-
-    extra_body: ExtraBodyField = Field(default=None, description=DESCRIPTIONS["extra_body"])
 
     # ------------------------------------------------------------------ UI
 
@@ -336,16 +218,12 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
     in ``embed_documents`` / ``aembed_documents``. Needs ``tqdm`` (in the
     ``langchain`` extra). Also accepted as ``show_progress_bar=``."""
 
-    model_config = ConfigDict(
-        extra="forbid",
-        populate_by_name=True,
-        protected_namespaces=(),
-        use_attribute_docstrings=True,
-        # A validation error must not echo the inputs: they may hold the API key.
-        hide_input_in_errors=True,
-    )
+    # With FlatSettings': extra="forbid", attribute docstrings, inputs hidden in errors.
+    model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
 
-    _handles: _Handles = PrivateAttr(default_factory=_Handles)
+    _model_field: ClassVar[str] = "model"
+    _batch_field: ClassVar[str] = "batch_size"
+    _key_from_env: ClassVar[Literal["always", "if_it_had_one"]] = "if_it_had_one"
 
     # ------------------------------------------------------------------ validation
 
@@ -356,8 +234,8 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
         holds the key in clear: ``ValidationError.errors()`` carries the original input
         mapping (a constructor's own ``**kwargs`` dict; with ``model_validate(d)``, ``d``
         gets the ``SecretStr``). Then rename the stock adapter's parameters to these
-        fields and refuse unknown names with a hint (``ConfigError``, raised as
-        pydantic's ``ValidationError``)."""
+        fields, spread a ``config=`` over the fields not given, and refuse unknown names
+        with a hint (``ConfigError``, raised as pydantic's ``ValidationError``)."""
         if not isinstance(data, dict):
             return data
         for name in ("api_key", "openai_api_key"):
@@ -368,92 +246,10 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
     @model_validator(mode="after")
     def _validate_settings(self) -> Self:
         """Check every setting now (the core config validates ranges); open nothing."""
-        config = self._build_config()
+        self._refresh()
         if self.show_progress:
             _tqdm()
-        self._handles.current = _Clients(self._fingerprint(), config, None, None)
         return self
-
-    def _fingerprint(self) -> tuple[Any, ...]:
-        return tuple(self.__dict__.values())
-
-    def _build_config(self) -> EmbeddingConfig:
-        key = self.api_key.get_secret_value() if self.api_key is not None else None
-        return build_config(self.__dict__, api_key=key or None)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        """Assigning a field checks the new settings at once (rolled back if invalid), as
-        the constructor does, instead of failing on the next call."""
-        if name not in type(self).model_fields:
-            super().__setattr__(name, value)
-            return
-        value = coerce(name, value)
-        old = getattr(self, name)
-        super().__setattr__(name, value)
-        try:
-            self._build_config()
-        except ConfigError:
-            super().__setattr__(name, old)
-            raise
-
-    def _clients(self) -> _Clients:
-        """The config and both core clients for the current field values.
-
-        Rebuilt when a field changed since (assignment, ``model_copy(update=...)``) and
-        after unpickling; clients are cheap handles on the shared pool.
-        """
-        fingerprint = self._fingerprint()
-        current = self._handles.current
-        if current is None or current.fingerprint != fingerprint:
-            current = _Clients(fingerprint, self._build_config(), None, None)
-        if current.sync is None or current.async_ is None:
-            current = current._replace(
-                sync=EmbeddingClient(current.config),
-                async_=AsyncEmbeddingClient(current.config),
-            )
-            self._handles.current = current
-        return current
-
-    @property
-    def config(self) -> EmbeddingConfig:
-        """The core ``EmbeddingConfig`` these fields map onto (frozen; its ``pool_key``
-        selects the shared pool)."""
-        return self._clients().config
-
-    # ------------------------------------------------------------------ copying
-
-    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """Pydantic's ``model_copy``, with ``headers`` / ``extra_body`` in ``update``
-        stored as the validated, masked types (``update`` skips validation)."""
-        if update:
-            update = {name: coerce(name, value) for name, value in update.items()}
-        return super().model_copy(update=update, deep=deep)
-
-    def __copy__(self) -> Self:
-        """A shallow copy (also ``model_copy``) with its own client cache."""
-        clone = super().__copy__()
-        clone._handles = _Handles()
-        return clone
-
-    # ------------------------------------------------------------------ pickling
-
-    def __getstate__(self) -> dict[Any, Any]:
-        """Pickle the fields without the API key (see the class docstring)."""
-        state = super().__getstate__()
-        fields = dict(state["__dict__"])
-        state[_KEY_FROM_ENV] = fields.get("api_key") is not None
-        fields["api_key"] = None
-        state["__dict__"] = fields
-        state["__pydantic_private__"] = {"_handles": _Handles()}
-        return state
-
-    def __setstate__(self, state: dict[Any, Any]) -> None:
-        state = dict(state)
-        key_from_env = bool(state.pop(_KEY_FROM_ENV, False))
-        super().__setstate__(state)
-        if key_from_env:
-            value = os.environ.get(ENV_API_KEY)
-            self.__dict__["api_key"] = SecretStr(value) if value else None
 
     # ------------------------------------------------------------------ progress
 

@@ -36,44 +36,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import logging
-import os
-import pickle
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Literal, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import llama_index.core.instrumentation as _instrumentation
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
-from llama_index.core.bridge.pydantic import (
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    SecretStr,
-    model_validator,
-)
+from llama_index.core.bridge.pydantic import Field, SecretStr, model_validator
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 
 from ..client import AsyncEmbeddingClient, EmbeddingClient
-from ..config import DEFAULT_MODEL, ENV_API_KEY, EmbeddingConfig, env_setting
+from ..config import DEFAULT_MODEL, env_setting
 from ..errors import QwenEmbedError
 from ..protocol import format_query, validate_text, validate_texts
-from ._common import (
-    DESCRIPTIONS,
-    ExtraBodyField,
-    HeadersField,
-    Stock,
-    build_config,
-    coerce,
-    env_default,
-    resolve_names,
-    setting,
-)
+from ._common import DESCRIPTIONS, FlatSettings, Stock, env_default, resolve_names
 
 __all__ = ["QwenPooledEmbedding"]
 
-_log = logging.getLogger("qwen_embed_plugins")
 # The dispatcher LlamaIndex itself would give this module's classes (spans propagate to
 # the root dispatcher, where span handlers are usually added).
 _dispatcher = get_dispatcher(__name__)
@@ -185,15 +165,6 @@ _BATCH_CALL: contextvars.ContextVar[_BatchCall | None] = contextvars.ContextVar(
     "qwen_embed_llama_index_batch_call", default=None
 )
 
-# Fields that feed the core ``EmbeddingConfig``; assigning one rebuilds it.
-_CONFIG_FIELDS = (
-    "base_url",
-    "api_key",
-    "model_name",
-    "embed_batch_size",
-    *(name for name in DESCRIPTIONS if name not in ("base_url", "api_key", "model", "batch_size")),
-)
-
 # The mark ``dispatcher.span`` leaves on a function it has wrapped.
 _SPAN_MARK: str = getattr(
     _instrumentation, "DISPATCHER_SPAN_DECORATED_ATTR", "__dispatcher_span_decorated__"
@@ -214,7 +185,7 @@ _STOCK = Stock(
 )
 
 
-class QwenPooledEmbedding(BaseEmbedding):
+class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     """LlamaIndex embeddings for Qwen3-Embedding on an OpenAI-compatible server.
 
     Setup:
@@ -238,7 +209,9 @@ class QwenPooledEmbedding(BaseEmbedding):
     ``default_headers`` (``headers``: extra headers, credential-like values masked and
     never pickled), ``additional_kwargs`` (``extra_body``: extra JSON body fields), and
     ``model``, ``batch_size``. Any other unknown name raises, naming the closest accepted
-    one (docs/migration.md lists them all).
+    one (docs/migration.md lists them all). ``config=EmbeddingConfig(...)`` is accepted
+    too: the fields not given take its values, a field given with it overrides the
+    config's value (``embed_model.config`` is the effective config).
 
     Embed:
         ``get_query_embedding(q)`` -> ``dim`` floats, sent as
@@ -271,10 +244,10 @@ class QwenPooledEmbedding(BaseEmbedding):
             ``qwen_embed_plugins.errors``.
     """
 
-    # A validation error must not echo the inputs: they may hold the API key.
-    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+    # The flat settings (base_url, dimensions, timeouts, pool limits, ...) are
+    # FlatSettings' fields, documented there, with its model_config (extra="forbid",
+    # inputs hidden in errors); these three are declared here.
 
-    base_url: str | list[str] | None = setting("base_url")
     api_key: SecretStr | str | None = Field(
         default=None, exclude=True, description=DESCRIPTIONS["api_key"]
     )
@@ -288,48 +261,17 @@ class QwenPooledEmbedding(BaseEmbedding):
         le=2048,
         description=DESCRIPTIONS["batch_size"] + " Also accepted as batch_size=.",
     )
-    dimensions: int | None = setting("dimensions")
-    query_instruction: str | None = setting("query_instruction")
-    max_batch_tokens: int | None = setting("max_batch_tokens")
-    max_concurrency: int | Literal["auto"] = setting("max_concurrency")
-    encoding_format: Literal["auto", "base64", "float"] = setting("encoding_format")
-    normalize: bool = setting("normalize")
-    max_text_chars: int | None = setting("max_text_chars")
-    append_eos: bool | None = setting("append_eos")
-    connect_timeout: float | None = setting("connect_timeout")
-    read_timeout: float | None = setting("read_timeout")
-    write_timeout: float | None = setting("write_timeout")
-    pool_timeout: float | None = setting("pool_timeout")
-    total_timeout: float | None = setting("total_timeout")
-    max_retries: int = setting("max_retries")
-    deadline: float | None = setting("deadline")
-    query_deadline: float | None = setting("query_deadline")
-    max_connections: int = setting("max_connections")
-    max_keepalive_connections: int | None = setting("max_keepalive_connections")
-    keepalive_expiry: float = setting("keepalive_expiry")
-    max_connections_per_process: int | None = setting("max_connections_per_process")
-    http2: bool = setting("http2")
-    verify: bool | str = setting("verify")
-    proxy: str | None = setting("proxy")
-    trust_env: bool = setting("trust_env")
-    insecure_key: Literal["warn", "error", "allow"] = setting("insecure_key")
-    hedge: bool = setting("hedge")
-    use_sdk: bool = setting("use_sdk")
-    server: str = setting("server")
-    headers: HeadersField = Field(default=None, description=DESCRIPTIONS["headers"])
-    extra_body: ExtraBodyField = Field(default=None, description=DESCRIPTIONS["extra_body"])
 
-    _config: EmbeddingConfig | None = PrivateAttr(default=None)
-    _config_key: tuple[Any, ...] | None = PrivateAttr(default=None)
-    _client: EmbeddingClient | None = PrivateAttr(default=None)
-    _aclient: AsyncEmbeddingClient | None = PrivateAttr(default=None)
+    _model_field: ClassVar[str] = "model_name"
+    _batch_field: ClassVar[str] = "embed_batch_size"
+    _key_from_env: ClassVar[Literal["always", "if_it_had_one"]] = "always"
 
     if not TYPE_CHECKING:
         # Type checkers keep pydantic's field-based signature; at run time the core
         # config is built (and validated) here so bad settings raise ConfigError at once.
         def __init__(self, **data: Any) -> None:
             super().__init__(**data)
-            self._apply(self._build_config())
+            self._refresh()
 
     @model_validator(mode="before")
     @classmethod
@@ -350,84 +292,17 @@ class QwenPooledEmbedding(BaseEmbedding):
         """The name LlamaIndex stores in ``to_dict()["class_name"]``."""
         return "QwenPooledEmbedding"
 
-    # ------------------------------------------------------------------ config
-
-    def _build_config(self) -> EmbeddingConfig:
-        values = dict(self.__dict__)
-        values["model"] = self.model_name
-        values["batch_size"] = self.embed_batch_size
-        return build_config(values, api_key=self._key_value())
-
-    def _key_value(self) -> str | None:
-        key = self.api_key
-        return key.get_secret_value() if isinstance(key, SecretStr) else key or None
-
-    def _apply(self, config: EmbeddingConfig) -> None:
-        # Record the resolved values (env fallback, normalised URL) so to_dict() is
-        # self-contained; write __dict__ directly to skip __setattr__'s rebuild.
-        base = config.base_url
-        self.__dict__["base_url"] = list(base) if isinstance(base, tuple) else base
-        self.__dict__["model_name"] = config.model
-        self._config = config
-        self._config_key = self._fingerprint()
-        self._client = None
-        self._aclient = None
-
-    def _fingerprint(self) -> tuple[Any, ...]:
-        fields = self.__dict__
-        return tuple(fields.get(name) for name in _CONFIG_FIELDS)
-
-    @property
-    def config(self) -> EmbeddingConfig:
-        """The core ``EmbeddingConfig`` these settings map to (frozen).
-
-        Rebuilt when a field changed by a path that skips ``__setattr__``
-        (``model_copy(update=...)``, ``model_validate``, ``model_construct``).
-
-        Raises:
-            ConfigError: a field changed that way holds an invalid value.
-        """
-        config = self._config
-        if config is None or self._config_key != self._fingerprint():
-            config = self._build_config()
-            self._apply(config)
-        return config
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name not in _CONFIG_FIELDS:
-            super().__setattr__(name, value)
-            return
-        if name == "api_key" and isinstance(value, str):  # keep it masked in repr
-            value = SecretStr(value) if value else None
-        value = coerce(name, value)
-        old = getattr(self, name)
-        super().__setattr__(name, value)
-        try:
-            self._apply(self._build_config())
-        except Exception:
-            super().__setattr__(name, old)
-            raise
-
-    def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """Pydantic's ``model_copy``, with ``headers`` / ``extra_body`` in ``update``
-        stored as the validated, masked types (``update`` skips validation)."""
-        if update:
-            update = {name: coerce(name, value) for name, value in update.items()}
-        return super().model_copy(update=update, deep=deep)
-
     # Clients are cheap handles on the process-wide pool, made on first use.
     def _sync_client(self) -> EmbeddingClient:
-        config = self.config
-        client = self._client
-        if client is None:
-            client = self._client = EmbeddingClient(config)
+        client = self._clients().sync
+        if client is None:  # cannot happen
+            raise RuntimeError("internal error: client is None")
         return client
 
     def _async_client(self) -> AsyncEmbeddingClient:
-        config = self.config
-        client = self._aclient
-        if client is None:
-            client = self._aclient = AsyncEmbeddingClient(config)
+        client = self._clients().async_
+        if client is None:  # cannot happen
+            raise RuntimeError("internal error: client is None")
         return client
 
     def to_payload(self) -> dict[str, Any]:
@@ -438,41 +313,6 @@ class QwenPooledEmbedding(BaseEmbedding):
         payload["dimensions"] = self.dimensions
         payload["max_concurrency"] = self.max_concurrency
         return payload
-
-    # ------------------------------------------------------------------ pickling
-
-    def __getstate__(self) -> dict[str, Any]:
-        """Pickle the fields without the API key and without clients.
-
-        LlamaIndex's multi-process ingestion pickles the embed model into each worker;
-        the unpickled copy re-reads ``QWEN_EMBED_API_KEY`` there and attaches to that
-        process's pool on first use. Like LlamaIndex's ``BaseComponent``, a field that
-        cannot be pickled (e.g. a callback handler holding a lock) is left out and takes
-        its default — but here without deleting it from this instance.
-        """
-        fields: dict[str, Any] = {}
-        for name, value in self.__dict__.items():
-            if name == "api_key":
-                continue
-            try:
-                pickle.dumps(value)
-            except Exception:  # any failure means "not picklable"
-                _log.warning("QwenPooledEmbedding: not pickling the field %r", name)
-                continue
-            fields[name] = value
-        key = self._key_value()
-        if key is not None and key != os.environ.get(ENV_API_KEY):
-            _log.warning(
-                "QwenPooledEmbedding: the API key is not pickled; the unpickled copy "
-                "reads %s from its environment, which does not hold this key",
-                ENV_API_KEY,
-            )
-        return {"__dict__": fields}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        # Through __init__ (as LlamaIndex's BaseComponent does) so that the key is read
-        # from the environment and the settings validated; no silent fallback.
-        self.__init__(**state["__dict__"])  # type: ignore[misc]
 
     # ------------------------------------------------------------------ hooks
 

@@ -1,0 +1,330 @@
+"""What the two framework adapters share, tested on both: the flat fields declared once
+(``FlatSettings``), ``config=EmbeddingConfig(...)`` next to them, and the one client
+cache / rebuild / pickle helper.
+
+The wire is read at the loopback ``RecordingServer`` (headers and body of each request).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import io
+import pickle
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from pydantic import SecretStr, ValidationError
+from recording_server import RecordingServer
+
+import qwen_embed_plugins as q
+from qwen_embed_plugins.integrations._common import FlatSettings
+from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings
+from qwen_embed_plugins.integrations.llama_index import QwenPooledEmbedding
+
+SECRET = "sk-adapters-0123456789"
+GATEWAY_SECRET = "gw-adapters-9f8e7d6c"
+UNUSED_URL = "http://127.0.0.1:9/v1"
+ADAPTERS = [QwenPooledEmbeddings, QwenPooledEmbedding]
+Adapter = QwenPooledEmbeddings | QwenPooledEmbedding
+
+
+@pytest.fixture(autouse=True)
+def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("QWEN_EMBED_API_KEY", "QWEN_EMBED_BASE_URL", "QWEN_EMBED_MODEL"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture
+def rec() -> Iterator[RecordingServer]:
+    with RecordingServer() as server:
+        yield server
+
+
+def _embed_all(emb: Adapter, texts: list[str]) -> None:
+    """Documents and a query, sync and async, through the adapter's own API."""
+    if isinstance(emb, QwenPooledEmbeddings):
+        emb.embed_documents(texts)
+        emb.embed_query("q")
+        asyncio.run(emb.aembed_documents(texts))
+        asyncio.run(emb.aembed_query("q"))
+        return
+
+    async def run() -> None:
+        await emb.aget_text_embedding_batch(texts)
+        await emb.aget_query_embedding("q")
+
+    emb.get_text_embedding_batch(texts)
+    emb.get_query_embedding("q")
+    asyncio.run(run())
+
+
+def _config(base_url: str, **changes: Any) -> q.EmbeddingConfig:
+    """A config with every part away from its default (including the parts no flat
+    field holds)."""
+    settings: dict[str, Any] = {
+        "base_url": base_url,
+        "api_key": SECRET,
+        "model": "Qwen/Qwen3-Embedding-4B",
+        "dimensions": 256,
+        "query_instruction": "Given a question, find code",
+        "batch_size": 2,
+        "max_batch_tokens": 5000,
+        "max_concurrency": 3,
+        "encoding_format": "float",
+        "normalize": False,
+        "max_text_chars": 9000,
+        "append_eos": False,
+        "max_response_bytes": 1 << 20,
+        "timeout": q.Timeouts(connect=1.5, read=7.0, write=3.0, pool=4.0, total=9.0),
+        "limits": q.Limits(
+            max_connections=6,
+            max_keepalive_connections=2,
+            keepalive_expiry=1.5,
+            max_connections_per_process=9,
+        ),
+        "retry": q.RetryConfig(
+            max_attempts=2, backoff_initial=0.01, backoff_max=0.02, deadline=50.0
+        ),
+        "http2": False,
+        "proxy": None,
+        "trust_env": False,
+        "insecure_key": "allow",
+        "hedge": True,
+        "server": "vllm",
+        "headers": {"X-Tenant": "acme", "X-Api-Key": GATEWAY_SECRET},
+        "extra_body": {"user": "u-7"},
+    }
+    settings.update(changes)
+    return q.EmbeddingConfig(**settings)
+
+
+# ----------------------------------------------------------------------- declared once
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_the_flat_fields_are_declared_once(adapter: type[Adapter]) -> None:
+    shared = FlatSettings.model_fields
+    fields = adapter.model_fields
+    assert set(shared) <= set(fields)
+    for name, info in shared.items():
+        assert fields[name].description == info.description, name
+        assert fields[name].annotation == info.annotation, name
+    own = {"model", "batch_size"} if adapter is QwenPooledEmbeddings else set()
+    own |= {"model_name", "embed_batch_size"} if adapter is QwenPooledEmbedding else set()
+    assert own <= set(fields)
+    assert {"model", "model_name"} & set(fields) == {"model", "model_name"} & own
+
+
+@pytest.mark.unit
+def test_every_shared_field_has_a_docstring_whose_default_is_the_real_one() -> None:
+    emb = QwenPooledEmbeddings(base_url=UNUSED_URL)
+    documented = 0
+    for name, info in FlatSettings.model_fields.items():
+        assert info.description, f"{name} has no docstring"
+        match = re.search(r"\(default ([\d.,]+|None|True|False)\b", info.description)
+        if match is None:
+            continue
+        text = match.group(1).replace(",", "")
+        expected = {"None": None, "True": True, "False": False}.get(text, text)
+        value = getattr(emb, name)
+        assert (str(value) if isinstance(expected, str) else value) == expected, name
+        documented += 1
+    assert documented >= 15
+
+
+# ----------------------------------------------------------------------------- config=
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_config_is_the_effective_config(
+    adapter: type[Adapter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the environment does not override a config's values (the config read it already)
+    monkeypatch.setenv("QWEN_EMBED_BATCH_SIZE", "17")
+    monkeypatch.setenv("QWEN_EMBED_MODEL", "from-the-environment")
+    config = _config(UNUSED_URL)
+    emb = adapter(config=config)
+    assert emb.config == config
+    assert emb.config.api_key_value() == SECRET
+    assert emb.dimensions == 256
+    assert emb.max_retries == 1
+    assert emb.proxy is None
+    assert emb.config.proxy is None  # "no proxy", not "from the environment"
+    assert SECRET not in repr(emb)
+    assert GATEWAY_SECRET not in repr(emb)
+    assert emb.config == adapter(config=config, api_key=SECRET).config
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_a_flat_field_given_with_config_overrides_it(adapter: type[Adapter]) -> None:
+    config = _config(UNUSED_URL)
+    emb = adapter(config=config, dimensions=128, read_timeout=2.0, max_retries=0, timeout=5.0)
+    assert emb.config == config.replace(
+        dimensions=128,
+        timeout=config.timeouts.replace(read=2.0, total=5.0),  # timeout=: total_timeout
+        retry=config.retry.replace(max_attempts=1),
+    )
+    # the adapter's own names for model / batch size, and their aliases
+    names = (
+        {"model": "m-flat", "batch_size": 5}
+        if adapter is QwenPooledEmbeddings
+        else {"model_name": "m-flat", "embed_batch_size": 5}
+    )
+    for given in (names, {"model": "m-flat", "batch_size": 5}):
+        other = adapter(config=config, **given)
+        assert (other.config.model, other.config.batch_size) == ("m-flat", 5)
+        assert other.config.max_response_bytes == config.max_response_bytes
+    keyless = adapter(config=config, api_key=None)
+    assert keyless.config == config.replace(api_key=None)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_config_must_be_an_embedding_config(adapter: type[Adapter]) -> None:
+    with pytest.raises((q.ConfigError, ValidationError), match="config must be an EmbeddingConfig"):
+        adapter(config={"base_url": UNUSED_URL})
+    with pytest.raises((q.ConfigError, ValidationError), match="did you mean 'config'"):
+        adapter(base_url=UNUSED_URL, confg=_config(UNUSED_URL))
+    with pytest.raises((q.ConfigError, ValidationError), match="dimensions"):  # still checked
+        adapter(config=_config(UNUSED_URL), dimensions=100_000)
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_config_reaches_the_wire_sync_and_async(
+    adapter: type[Adapter], rec: RecordingServer
+) -> None:
+    config = _config(rec.base_url, dimensions=None, model="m-config")
+    emb = adapter(config=config, extra_body={"user": "u-flat"})
+    _embed_all(emb, ["one", "two", "three", "four"])
+    seen = rec.all()
+    assert sorted(len(r.body["input"]) for r in seen) == [1, 1, 2, 2, 2, 2]  # batch_size=2
+    for one in seen:
+        assert one.body["model"] == "m-config"
+        assert one.body["encoding_format"] == "float"
+        assert one.body["user"] == "u-flat"  # the flat field given overrides the config
+        assert one.headers["authorization"] == f"Bearer {SECRET}"
+        assert one.headers["x-tenant"] == "acme"
+        assert one.headers["x-api-key"] == GATEWAY_SECRET
+    queries = [r.body["input"][0] for r in seen if len(r.body["input"]) == 1]
+    assert queries == [q.format_query("q", "Given a question, find code")] * 2
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_config_parts_without_a_field_apply_and_survive_copies_and_pickles(
+    adapter: type[Adapter], rec: RecordingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``max_response_bytes`` has no flat field: a 3 x 1024-float answer is over 4 KiB."""
+    config = _config(
+        rec.base_url, dimensions=None, max_response_bytes=4096, batch_size=8, headers=None
+    )
+    monkeypatch.setenv("QWEN_EMBED_API_KEY", SECRET)
+    emb = adapter(config=config)
+    for one in (
+        emb,
+        copy.copy(emb),
+        copy.deepcopy(emb),
+        emb.model_copy(update={"dimensions": None}),
+        pickle.loads(pickle.dumps(emb)),
+    ):
+        assert one.config == config
+        embed = (
+            one.embed_documents
+            if isinstance(one, QwenPooledEmbeddings)
+            else one.get_text_embedding_batch
+        )
+        with pytest.raises(q.ResponseError, match="4,096 bytes"):
+            embed(["a", "b", "c"])
+    # the flat fields alone do not hold it: a dump is the fields (documented)
+    dumped = emb.model_dump(exclude={"api_key"})
+    if isinstance(emb, QwenPooledEmbedding):
+        dumped = {k: v for k, v in emb.to_dict().items() if k != "class_name"}
+    assert adapter(**dumped).config.max_response_bytes is None
+
+
+# --------------------------------------------------- the cache, rebuild and pickle helper
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_clients_are_built_lazily_and_rebuilt_after_a_change(adapter: type[Adapter]) -> None:
+    emb = adapter(base_url=UNUSED_URL)
+    first = emb.config
+    assert emb.config is first  # cached
+    emb.dimensions = 64  # assignment: rebuilt and checked at once
+    assert emb.config.dimensions == 64
+    with pytest.raises(q.ConfigError, match="dimensions"):
+        emb.dimensions = 5_000
+    assert emb.dimensions == 64  # rolled back
+    emb.api_key = SECRET  # a str is kept as a SecretStr on both adapters
+    assert isinstance(emb.api_key, SecretStr)
+    assert SECRET not in repr(emb)
+    assert emb.config.api_key_value() == SECRET
+    copied = emb.model_copy(update={"dimensions": 32})  # skips __setattr__: rebuilt on use
+    assert copied.config.dimensions == 32
+    assert emb.config.dimensions == 64
+
+
+def _classes_in(blob: bytes) -> set[tuple[str, str]]:
+    """The classes a pickle names (so: no client, engine, pool, socket or key type)."""
+    found: set[tuple[str, str]] = set()
+
+    class Recorder(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            found.add((module, name))
+            return super().find_class(module, name)
+
+    Recorder(io.BytesIO(blob)).load()
+    return found
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_pickles_hold_neither_the_key_nor_clients(
+    adapter: type[Adapter], rec: RecordingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    emb = adapter(config=_config(rec.base_url, dimensions=None))
+    _embed_all(emb, ["warm"])  # clients built, connections pooled
+    blob = pickle.dumps(emb)
+    assert SECRET.encode() not in blob
+    assert GATEWAY_SECRET.encode() not in blob  # a credential-like header value
+    llama_index_own = {  # BaseEmbedding's own field
+        ("llama_index.core.callbacks.base", "CallbackManager"),
+        ("collections", "defaultdict"),
+        ("builtins", "list"),
+    }
+    assert _classes_in(blob) - llama_index_own == {
+        (adapter.__module__, adapter.__name__),
+        ("qwen_embed_plugins.integrations._common", "ClientCache"),
+        ("qwen_embed_plugins.integrations._common", "Extras"),
+        ("qwen_embed_plugins.config", "RetryConfig"),
+        ("qwen_embed_plugins._extras", "RequestHeaders"),
+        ("qwen_embed_plugins._extras", "RequestBody"),
+        ("qwen_embed_plugins._extras", "_WITHHELD"),  # the header value left out
+    }
+    # deepcopy stays in the process: it keeps the key (SecretStr semantics)
+    deep = copy.deepcopy(emb)
+    assert deep.config == emb.config
+    assert deep.config.api_key_value() == SECRET
+
+
+@pytest.mark.unit
+def test_the_key_an_unpickled_instance_has() -> None:
+    """Today's behaviour, on both: the key is re-read from the environment where the
+    instance is unpickled; a LangChain instance without a key stays without one, a
+    LlamaIndex one always reads the environment (as its ``from_dict`` does)."""
+    with pytest.MonkeyPatch.context() as env:
+        for adapter in ADAPTERS:
+            keyed = adapter(base_url=UNUSED_URL, api_key=SECRET)
+            keyless = adapter(base_url=UNUSED_URL, api_key=None)
+            env.delenv("QWEN_EMBED_API_KEY", raising=False)
+            assert pickle.loads(pickle.dumps(keyed)).api_key is None
+            env.setenv("QWEN_EMBED_API_KEY", "sk-worker-env")
+            again = pickle.loads(pickle.dumps(keyed))
+            assert again.config.api_key_value() == "sk-worker-env"
+            restored = pickle.loads(pickle.dumps(keyless)).config.api_key_value()
+            assert restored == (None if adapter is QwenPooledEmbeddings else "sk-worker-env")
