@@ -33,7 +33,8 @@ Importing this module sets ``RAY_USAGE_STATS_ENABLED=0`` unless the variable is 
 set, so a Ray instance started afterwards (by `embed_files`, or automatically by the
 first dataset) never reports usage statistics online.
 
-The API key is never pickled (see ``config.Secret``): each Ray worker reads
+The API key and a proxy password are never pickled (see ``config.Secret``,
+``config.ProxyURL``): each Ray worker reads
 ``QWEN_EMBED_API_KEY`` from its own environment (on a local Ray instance started by this
 module, workers inherit the driver's; on a cluster set it in the nodes' environment or in
 ``runtime_env={"env_vars": ...}``).
@@ -58,7 +59,7 @@ import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from .client import EmbeddingClient
-from .config import NOT_GIVEN, EmbeddingConfig, Limits, NotGiven, known_model_dims
+from .config import NOT_GIVEN, EmbeddingConfig, Limits, NotGiven, ProxyURL, known_model_dims
 from .errors import BadRequestError, ConfigError, InputError
 
 # Nothing may phone home: Ray's usage statistics are off unless the user set the variable
@@ -137,6 +138,13 @@ def _client_config(
     if "limits" not in settings and max_in_flight > Limits().max_connections:
         settings = {**settings, "limits": Limits(max_connections=max_in_flight)}
     config = EmbeddingConfig(base_url=base_url, max_concurrency=max_in_flight, **settings)
+    proxy = config.proxy
+    if isinstance(proxy, ProxyURL) and not proxy.in_environment():
+        raise ConfigError(
+            "embed_dataset: a proxy password cannot be shipped to Ray workers (it is never "
+            "pickled); set QWEN_EMBED_PROXY to the proxy URL in the workers' environment "
+            "instead (inherited by a local Ray instance, or pass runtime_env)"
+        )
     return config, config.api_key_value() is not None
 
 

@@ -303,6 +303,9 @@ def test_settings_are_checked_in_the_driver() -> None:
     url = "http://127.0.0.1:9/v1"
     with pytest.raises(ConfigError, match="QWEN_EMBED_API_KEY"):
         qray.embed_dataset(ds, base_url=url, api_key="sk-test-not-shipped")
+    with pytest.raises(ConfigError, match="QWEN_EMBED_PROXY") as info:
+        qray.embed_dataset(ds, base_url=url, proxy="http://u:pr0xy-pw-not-shipped@proxy:3128")
+    assert "pr0xy-pw-not-shipped" not in str(info.value)
     with pytest.raises(ConfigError, match="on_error"):
         qray.embed_dataset(ds, base_url=url, on_error="ignore")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="request_batch_size"):

@@ -10,20 +10,72 @@ the defaults and descriptions below, and build the core ``EmbeddingConfig`` with
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
+from pydantic import BeforeValidator, InstanceOf, PlainSerializer, WithJsonSchema
+
+from .._server_text import has_credentials, redact_url
 from ..config import (
     DEFAULT_MODEL,
     DEFAULT_QUERY_TASK,
     NOT_GIVEN,
     EmbeddingConfig,
     Limits,
+    ProxyURL,
     RetryConfig,
     Timeouts,
     env_setting,
 )
 
-__all__ = ["DESCRIPTIONS", "build_config", "env_default", "setting"]
+__all__ = [
+    "DESCRIPTIONS",
+    "ProxySetting",
+    "build_config",
+    "env_default",
+    "mask_inputs",
+    "mask_proxy",
+    "setting",
+]
+
+
+def mask_proxy(value: Any) -> Any:
+    """A ``proxy`` value as an adapter holds it: a URL with credentials
+    (``user:password@``) becomes a ``ProxyURL`` (shown redacted, never pickled)."""
+    if isinstance(value, str) and has_credentials(value):
+        return ProxyURL(value)
+    return value
+
+
+def mask_inputs(data: Any) -> None:
+    """Hide the URL credentials of an adapter's constructor input, in place, before
+    validation: pydantic's ``ValidationError.errors()`` carries the input mapping, so a
+    proxy password (or a ``user:password@`` in ``base_url``, which is refused) must not
+    stay in it in clear."""
+    if not isinstance(data, dict):
+        return
+    if "proxy" in data:
+        data["proxy"] = mask_proxy(data["proxy"])
+    base = data.get("base_url")
+    if isinstance(base, str) and any(has_credentials(url) for url in base.split(",")):
+        data["base_url"] = ",".join(redact_url(url) for url in base.split(","))
+    elif isinstance(base, list | tuple) and any(
+        isinstance(url, str) and has_credentials(url) for url in base
+    ):
+        data["base_url"] = [redact_url(url) if isinstance(url, str) else url for url in base]
+
+
+def _shown_proxy(value: Any) -> Any:
+    return value.redacted if isinstance(value, ProxyURL) else value
+
+
+ProxySetting = Annotated[
+    InstanceOf[ProxyURL] | str | None,
+    BeforeValidator(mask_proxy),
+    PlainSerializer(_shown_proxy),  # model_dump / JSON / to_dict: the redacted URL
+    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"}]}),
+]
+"""The type of both adapters' ``proxy`` field: a URL, held as a ``ProxyURL`` when it
+has credentials; dumped redacted (``http://user:***@host:port``)."""
 
 _T = Timeouts()
 _L = Limits()
@@ -41,8 +93,10 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "Qwen3-Embedding: 32..1024 for 0.6B, ..2560 for 4B, ..4096 for 8B). Sent when the "
     "server supports it, else sliced and L2-renormalised client-side.",
     "query_instruction": "Task put before queries as 'Instruct: {task}\\nQuery:{text}'; "
-    "documents are sent raw. None disables it (non-Qwen models). Default: "
-    f"{DEFAULT_QUERY_TASK!r}.",
+    "documents are sent raw. None: queries are sent raw too. 'auto' (default): "
+    f"{DEFAULT_QUERY_TASK!r} for a model whose name identifies Qwen3-Embedding (hub "
+    "names, server paths, Ollama tags such as 'qwen3-embedding:8b'), raw queries for "
+    "any other model.",
     "batch_size": "Texts per request (1..2048; default 32, env QWEN_EMBED_BATCH_SIZE). "
     "Lowered automatically to a server's stated limit.",
     "max_batch_tokens": "Most estimated tokens per request (None: the server's known cap, "
@@ -80,8 +134,11 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "query_deadline": f"The same for a single query (default {_R.query_deadline}).",
     "http2": "Negotiate HTTP/2 (ALPN over TLS; h2c over http://, falling back to HTTP/1.1).",
     "verify": "TLS verification: True (CAs from certifi), False, or a CA bundle path.",
-    "proxy": "HTTP proxy URL for the endpoint; None (default): from HTTP(S)_PROXY / "
-    "ALL_PROXY / NO_PROXY when trust_env. Loopback hosts are never proxied.",
+    "proxy": "HTTP proxy URL for the endpoint; credentials in it (http://user:password@host:port) "
+    "are never shown, dumped or pickled (the URL shows as http://user:***@host:port; an "
+    "unpickled copy reads QWEN_EMBED_PROXY or HTTP(S)_PROXY). None (default): from "
+    "QWEN_EMBED_PROXY, else HTTP(S)_PROXY / ALL_PROXY / NO_PROXY when trust_env. Loopback "
+    "hosts are never proxied.",
     "trust_env": "Read proxies from the environment (default True).",
     "insecure_key": "An API key over plain http:// to a non-loopback host: 'warn' (default), "
     "'error' or 'allow'.",
@@ -107,7 +164,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "base_url": None,
     "model": DEFAULT_MODEL,
     "dimensions": None,
-    "query_instruction": DEFAULT_QUERY_TASK,
+    "query_instruction": "auto",
     "batch_size": 32,
     "max_batch_tokens": None,
     "max_concurrency": 4,

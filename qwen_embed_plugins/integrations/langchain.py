@@ -25,7 +25,14 @@ from ..client import AsyncEmbeddingClient, EmbeddingClient
 from ..config import ENV_API_KEY, EmbeddingConfig, EncodingFormat
 from ..errors import ConfigError
 from ..protocol import validate_texts
-from ._common import DESCRIPTIONS, build_config, setting
+from ._common import (
+    DESCRIPTIONS,
+    ProxySetting,
+    build_config,
+    mask_inputs,
+    mask_proxy,
+    setting,
+)
 
 __all__ = ["QwenPooledEmbeddings"]
 
@@ -274,7 +281,7 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
 
     verify: bool | str = setting("verify")
 
-    proxy: str | None = setting("proxy")
+    proxy: ProxySetting = setting("proxy")
 
     trust_env: bool = setting("trust_env")
 
@@ -315,6 +322,7 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
         gets the ``SecretStr``)."""
         if isinstance(data, dict) and isinstance(data.get("api_key"), str):
             data["api_key"] = SecretStr(data["api_key"])
+        mask_inputs(data)  # and URL credentials (proxy, base_url)
         return data
 
     @model_validator(mode="after")
@@ -339,6 +347,8 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
         if name not in type(self).model_fields:
             super().__setattr__(name, value)
             return
+        if name == "proxy":  # credentials: held as a ProxyURL, as at construction
+            value = mask_proxy(value)
         old = getattr(self, name)
         super().__setattr__(name, value)
         try:

@@ -59,7 +59,15 @@ from ..client import AsyncEmbeddingClient, EmbeddingClient
 from ..config import DEFAULT_MODEL, ENV_API_KEY, EmbeddingConfig, env_setting
 from ..errors import ConfigError, QwenEmbedError
 from ..protocol import format_query, validate_text, validate_texts
-from ._common import DESCRIPTIONS, build_config, env_default, setting
+from ._common import (
+    DESCRIPTIONS,
+    ProxySetting,
+    build_config,
+    env_default,
+    mask_inputs,
+    mask_proxy,
+    setting,
+)
 
 __all__ = ["QwenPooledEmbedding"]
 
@@ -286,7 +294,7 @@ class QwenPooledEmbedding(BaseEmbedding):
     max_connections_per_process: int | None = setting("max_connections_per_process")
     http2: bool = setting("http2")
     verify: bool | str = setting("verify")
-    proxy: str | None = setting("proxy")
+    proxy: ProxySetting = setting("proxy")
     trust_env: bool = setting("trust_env")
     insecure_key: Literal["warn", "error", "allow"] = setting("insecure_key")
     hedge: bool = setting("hedge")
@@ -310,6 +318,7 @@ class QwenPooledEmbedding(BaseEmbedding):
     def _from_environment(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        mask_inputs(data)  # URL credentials: hidden in the input pydantic keeps
         data = dict(data)
         for alias, name in _ALIASES.items():
             if alias in data:
@@ -378,6 +387,8 @@ class QwenPooledEmbedding(BaseEmbedding):
             return
         if name == "api_key" and isinstance(value, str):  # keep it masked in repr
             value = SecretStr(value) if value else None
+        if name == "proxy":  # credentials: held as a ProxyURL, as at construction
+            value = mask_proxy(value)
         old = getattr(self, name)
         super().__setattr__(name, value)
         try:
@@ -474,7 +485,7 @@ class QwenPooledEmbedding(BaseEmbedding):
 
     def _as_query(self, query: str) -> str:
         validate_text(query, None, max_chars=self.max_text_chars)
-        return format_query(query, self.query_instruction)
+        return format_query(query, self.config.query_task)
 
     def _get_query_embedding(self, query: str) -> Embedding:
         """One query, with the Qwen instruction (unless already added); ``dim`` floats."""
