@@ -420,18 +420,23 @@ class EmbeddingClient(_ClientBase):
         Args:
             texts: the documents (``n`` texts, each a non-empty ``str``).
             progress: called once per finished batch with the texts it covered.
-            on_error: ``"raise"`` (default) the error of the first input the server
-                cannot embed (its ``.index`` names it); ``"skip"``: embed every other
-                text and return an ``EmbeddingList`` with ``None`` in that slot and the
-                error in ``.errors``.
+            on_error: ``"raise"`` (default) the error of the first input that cannot be
+                embedded (its ``.index`` names it); ``"skip"``: embed every other text and
+                return an ``EmbeddingList`` with ``None`` in that slot and the error in
+                ``.errors`` — texts refused before sending (empty, whitespace-only, over
+                ``max_text_chars``, not a ``str``) included.
 
         Returns:
-            ``n x dim`` nested lists of floats, row ``i`` for ``texts[i]``.
+            ``n x dim`` nested lists of floats, row ``i`` for ``texts[i]``; ``[]`` for an
+            empty batch (no request). Every row has the same ``dim``: the known size of
+            the model (or ``dimensions``), else the size of the call's first answer.
 
         Raises:
             InputError: invalid input (names the index); nothing is sent.
-            HTTPStatusError, TransportError, ResponseError, CircuitOpenError: see
-                ``errors``; an input's own failure carries its ``.index``.
+            ResponseError: also when a replica answers vectors of another size (names
+                the replica and the index).
+            HTTPStatusError, TransportError, CircuitOpenError: see ``errors``; an input's
+                own failure carries its ``.index``.
         """
         inputs = self._inputs(texts, on_error)
         sink = self._embed(inputs, progress, on_error, lists=True, query=False)
@@ -461,13 +466,18 @@ class EmbeddingClient(_ClientBase):
         on_error: OnError = "raise",
     ) -> FloatArray | EmbeddingResult:
         """Like ``embed_documents`` but returns a float32 numpy array, ``n x dim`` (with
-        ``on_error="skip"``: an ``EmbeddingResult`` whose failed rows are NaN)."""
+        ``on_error="skip"``: an ``EmbeddingResult`` whose failed rows are NaN). An empty
+        batch gives ``(0, dim)`` when the size is known without asking the server
+        (``dimensions``, or a Qwen3-Embedding model named with its size), else
+        ``(0, 0)``; no request. Raises only this library's errors."""
         inputs = self._inputs(texts, on_error)
         sink = self._embed(inputs, progress, on_error, lists=False, query=False)
         return _finish_array(sink, inputs, on_error, self._known_dim())
 
     def embed_query(self, text: str) -> list[float]:
-        """Embed one search query with the Qwen3 instruction; ``dim`` floats.
+        """Embed one search query; ``dim`` floats. It is sent as
+        ``Instruct: {task}\\nQuery:{text}`` with ``config.query_task`` (by default the
+        Qwen3 retrieval task for Qwen3-Embedding models, raw for others).
 
         Raises:
             InputError: ``text`` is not a non-empty ``str``.

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import pickle
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -154,6 +155,35 @@ def test_a_refused_password_fails_without_showing_it(caplog: pytest.LogCaptureFi
         assert wrong.encode() not in pickle.dumps(error)
     for record in caplog.records:
         assert wrong not in record.getMessage()
+
+
+def test_an_unreachable_proxy_fails_without_showing_the_password(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    dead = f"http://{USER}:{PASSWORD}@127.0.0.1:{port}"
+    fast = q.RetryConfig(max_attempts=1, deadline=1.0, query_deadline=1.0)
+    remote = f"http://{ALIAS}:8000/v1"
+    errors: list[BaseException] = []
+    for make in (
+        lambda: q.EmbeddingClient(base_url=remote, proxy=dead, retry=fast).embed_query("x"),
+        lambda: asyncio.run(
+            q.AsyncEmbeddingClient(base_url=remote, proxy=dead, retry=fast).embed_query("x")
+        ),
+    ):
+        with pytest.raises(q.TransportError) as info:
+            make()
+        errors.append(info.value)
+    for error in errors:
+        current: BaseException | None = error
+        while current is not None:
+            _no_password(str(current), current.args)
+            current = current.__cause__ or current.__context__
+        _no_password(pickle.dumps(error))
+    _records_clean(caplog)
 
 
 def test_pickles_take_the_password_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
