@@ -61,6 +61,7 @@ from .protocol import (
     encode_request,
     estimate_tokens,
     parse_body,
+    size_errors,
 )
 from .retry import RetryState, classify, is_health_failure, parse_retry_after, retry_reason
 from .transport import Reply, Request
@@ -645,6 +646,10 @@ class Engine(Learning):
             bis.ok += len(texts)
             bis.max_ok = max(bis.max_ok, len(texts))
             bis.ok_on[replica] = max(bis.ok_on.get(replica, 0), len(texts))
+        if wrong := size_errors(rows, indices, replica.label, self.model, dims, self.config, call):
+            for row, err in enumerate(wrong):  # one size per call; "raise": the first raises
+                self._input_failed(call, part, row, indices[row], err, None)
+            return part
         rows = self._finish(rows, sq, dims, bad, state, replica)
         part.pieces.append((0, rows))
         for row, reason in bad.items():

@@ -89,6 +89,7 @@ class Call:
             control request), in seconds; ``-inf`` before any. A single input's
             ambiguous failure (a 500, a dropped connection, a 400 naming no input) is
             blamed on that input only when a request succeeded after it was sent.
+        dim: the vector size of the call's first answer (``agree_dim``), ``None`` before.
     """
 
     started: float
@@ -98,6 +99,16 @@ class Call:
     stop: bool = False
     lowest: int | None = None
     last_ok: float = float("-inf")
+    dim: int | None = None
+    _dim_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def agree_dim(self, size: int) -> int:
+        """The call's vector size: ``size`` if this is the first answer, else the first
+        answer's (batches finish on several threads)."""
+        with self._dim_lock:
+            if self.dim is None:
+                self.dim = size
+            return self.dim
 
     def remaining(self) -> float | None:
         if self.deadline is None:

@@ -16,9 +16,11 @@ import orjson
 
 __all__ = [
     "endpoint_label",
+    "has_credentials",
     "parse_batch_limit",
     "parse_error_body",
     "parse_token_limit",
+    "redact_url",
     "response_request_id",
     "scrub",
 ]
@@ -42,6 +44,26 @@ def endpoint_label(url: str) -> str:
         port = None
     netloc = f"{host}:{port}" if port is not None else host
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
+
+
+def redact_url(url: str) -> str:
+    """``url`` with the credentials of its user info hidden: ``http://user:***@host:port``
+    (a user name alone, often a token, becomes ``***``); unchanged without user info."""
+    try:
+        parts = urlsplit(url)
+        user, password = parts.username, parts.password
+    except ValueError:
+        return "<invalid url>"
+    if user is None and password is None:
+        return url
+    shown = "***" if password is None else f"{user}:***"
+    host = parts.netloc.rpartition("@")[2]
+    return parts._replace(netloc=f"{shown}@{host}").geturl()
+
+
+def has_credentials(url: str) -> bool:
+    """Whether ``url`` holds user info (``user:password@``)."""
+    return "@" in url.partition("://")[2].partition("/")[0]
 
 
 _BEARER = re.compile(r"(?i)\b(bearer|basic|token)(\s+|%20|\+)([^\s\"',;&<>]{4,})")

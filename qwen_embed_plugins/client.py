@@ -15,6 +15,7 @@ that SDK client to users who want its surface.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -37,9 +38,11 @@ from ._run import (
     run_sync,
     run_windowed,
 )
-from .config import EmbeddingConfig, OnError
+from .config import EmbeddingConfig, OnError, known_model_dims
 from .errors import (
+    ConfigError,
     HTTPStatusError,
+    InputError,
     PoolTimeout,
     QwenEmbedError,
     TimeoutException,
@@ -49,6 +52,7 @@ from .protocol import (
     FloatArray,
     format_query,
     plan_batches,
+    screen_texts,
     validate_text,
     validate_texts,
 )
@@ -58,6 +62,8 @@ from .transport import Reply, Retired
 
 if TYPE_CHECKING:
     import openai
+
+_log = logging.getLogger("qwen_embed_plugins")
 
 __all__ = [
     "AsyncEmbeddingClient",
@@ -179,11 +185,13 @@ class _Sink:
             if int(row) in self.failed
         }
 
-    def array_result(self) -> tuple[FloatArray, dict[int, QwenEmbedError]]:
+    def array_result(self, dim: int) -> tuple[FloatArray, dict[int, QwenEmbedError]]:
+        """The rows (``n_inputs x d``) and errors; ``d`` is ``dim`` when every input
+        failed (no answer said the size)."""
         plan = self.plan
         arr = self.array
         if arr is None:  # every input failed
-            arr = np.full((len(plan.unique), 0), np.nan, dtype=np.float32)
+            arr = np.full((len(plan.unique), dim), np.nan, dtype=np.float32)
         if plan.positions is not None:
             arr = arr[plan.positions]
         return arr, self._errors()
@@ -270,21 +278,100 @@ class _ClientBase:
 
     def _query_texts(self, texts: Iterable[str]) -> list[str]:
         items = validate_texts(texts, max_chars=self._config.max_text_chars)
-        task = self._config.query_instruction
+        task = self._config.query_task
         return [format_query(t, task) for t in items]
 
+    def _inputs(self, texts: object, on_error: OnError) -> _Inputs:
+        """Check a call's texts before anything is sent: ``"raise"`` raises the first
+        rejected text's ``InputError``; ``"skip"`` sets the rejected ones aside."""
+        if on_error not in ("raise", "skip"):
+            raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
+        items, rejected = screen_texts(texts, max_chars=self._config.max_text_chars)
+        if not rejected:
+            return _Inputs(items, len(items), None, {})
+        if on_error == "raise":
+            raise next(iter(rejected.values()))
+        first = next(iter(rejected))
+        _log.warning(
+            "skipping %d input(s) that cannot be sent (first: index %d: %s)",
+            len(rejected),
+            first,
+            rejected[first],
+        )
+        kept = [i for i in range(len(items)) if i not in rejected]
+        return _Inputs([items[i] for i in kept], len(items), kept, rejected)
 
-def _finish_list(sink: _Sink, on_error: OnError) -> list[list[float]] | EmbeddingList:
-    rows, errors = sink.list_result()
+    def _known_dim(self) -> int:
+        """The size of this config's vectors when known without asking the server
+        (``dimensions``, else a known Qwen3-Embedding model's size), else 0."""
+        config = self._config
+        return config.dimensions or known_model_dims(config.model or "") or 0
+
+
+@dataclass
+class _Inputs:
+    """A call's texts after the checks before sending.
+
+    Attributes:
+        texts: the texts to send (the rejected ones left out).
+        size: the number of inputs of the call (``n``), rejected ones included.
+        kept: the caller's index of each text in ``texts``; ``None``: all were kept.
+        rejected: the caller's index -> why that text cannot be sent.
+    """
+
+    texts: list[str]
+    size: int
+    kept: list[int] | None
+    rejected: dict[int, InputError]
+
+    def errors(self, found: dict[int, QwenEmbedError]) -> dict[int, QwenEmbedError]:
+        """Every input's error by the caller's index, in index order: ``found`` (keyed
+        by position in ``texts``) and the rejected inputs."""
+        if self.kept is None:
+            return found
+        kept = self.kept
+        merged: dict[int, QwenEmbedError] = {kept[j]: e for j, e in found.items()}
+        merged.update(self.rejected)
+        return dict(sorted(merged.items()))
+
+
+def _caller_indices(plan: BatchPlan, inputs: _Inputs) -> list[int]:
+    """For each unique text of ``plan``, the caller's index of its first occurrence
+    (errors name it), counting the inputs set aside before sending."""
+    if inputs.kept is None:
+        return plan.first_index
+    kept = inputs.kept
+    return [kept[i] for i in plan.first_index]
+
+
+def _finish_list(
+    sink: _Sink | None, inputs: _Inputs, on_error: OnError
+) -> list[list[float]] | EmbeddingList:
+    rows, errors = sink.list_result() if sink is not None else ([], {})
+    if inputs.kept is not None:
+        full: list[Any] = [None] * inputs.size
+        for j, i in enumerate(inputs.kept):
+            full[i] = rows[j]
+        rows = full
     if on_error == "skip":
-        return EmbeddingList(rows, errors)
+        return EmbeddingList(rows, inputs.errors(errors))
     return rows
 
 
-def _finish_array(sink: _Sink, on_error: OnError) -> FloatArray | EmbeddingResult:
-    arr, errors = sink.array_result()
+def _finish_array(
+    sink: _Sink | None, inputs: _Inputs, on_error: OnError, dim: int
+) -> FloatArray | EmbeddingResult:
+    if sink is not None:
+        arr, errors = sink.array_result(dim)
+    else:
+        arr, errors = np.empty((0, dim), dtype=np.float32), {}
+    if inputs.kept is not None:
+        full = np.full((inputs.size, arr.shape[1] or dim), np.nan, dtype=np.float32)
+        if len(arr):
+            full[inputs.kept] = arr
+        arr = full
     if on_error == "skip":
-        return EmbeddingResult(arr, errors)
+        return EmbeddingResult(arr, inputs.errors(errors))
     return arr
 
 
@@ -333,22 +420,27 @@ class EmbeddingClient(_ClientBase):
         Args:
             texts: the documents (``n`` texts, each a non-empty ``str``).
             progress: called once per finished batch with the texts it covered.
-            on_error: ``"raise"`` (default) the error of the first input the server
-                cannot embed (its ``.index`` names it); ``"skip"``: embed every other
-                text and return an ``EmbeddingList`` with ``None`` in that slot and the
-                error in ``.errors``.
+            on_error: ``"raise"`` (default) the error of the first input that cannot be
+                embedded (its ``.index`` names it); ``"skip"``: embed every other text and
+                return an ``EmbeddingList`` with ``None`` in that slot and the error in
+                ``.errors`` — texts refused before sending (empty, whitespace-only, over
+                ``max_text_chars``, not a ``str``) included.
 
         Returns:
-            ``n x dim`` nested lists of floats, row ``i`` for ``texts[i]``.
+            ``n x dim`` nested lists of floats, row ``i`` for ``texts[i]``; ``[]`` for an
+            empty batch (no request). Every row has the same ``dim``: the known size of
+            the model (or ``dimensions``), else the size of the call's first answer.
 
         Raises:
             InputError: invalid input (names the index); nothing is sent.
-            HTTPStatusError, TransportError, ResponseError, CircuitOpenError: see
-                ``errors``; an input's own failure carries its ``.index``.
+            ResponseError: also when a replica answers vectors of another size (names
+                the replica and the index).
+            HTTPStatusError, TransportError, CircuitOpenError: see ``errors``; an input's
+                own failure carries its ``.index``.
         """
-        items = validate_texts(texts, max_chars=self._config.max_text_chars)
-        sink = self._embed(items, progress, on_error, lists=True, query=False)
-        return _finish_list(sink, on_error)
+        inputs = self._inputs(texts, on_error)
+        sink = self._embed(inputs, progress, on_error, lists=True, query=False)
+        return _finish_list(sink, inputs, on_error)
 
     @overload
     def embed_documents_array(
@@ -374,13 +466,18 @@ class EmbeddingClient(_ClientBase):
         on_error: OnError = "raise",
     ) -> FloatArray | EmbeddingResult:
         """Like ``embed_documents`` but returns a float32 numpy array, ``n x dim`` (with
-        ``on_error="skip"``: an ``EmbeddingResult`` whose failed rows are NaN)."""
-        items = validate_texts(texts, max_chars=self._config.max_text_chars)
-        sink = self._embed(items, progress, on_error, lists=False, query=False)
-        return _finish_array(sink, on_error)
+        ``on_error="skip"``: an ``EmbeddingResult`` whose failed rows are NaN). An empty
+        batch gives ``(0, dim)`` when the size is known without asking the server
+        (``dimensions``, or a Qwen3-Embedding model named with its size), else
+        ``(0, 0)``; no request. Raises only this library's errors."""
+        inputs = self._inputs(texts, on_error)
+        sink = self._embed(inputs, progress, on_error, lists=False, query=False)
+        return _finish_array(sink, inputs, on_error, self._known_dim())
 
     def embed_query(self, text: str) -> list[float]:
-        """Embed one search query with the Qwen3 instruction; ``dim`` floats.
+        """Embed one search query; ``dim`` floats. It is sent as
+        ``Instruct: {task}\\nQuery:{text}`` with ``config.query_task`` (by default the
+        Qwen3 retrieval task for Qwen3-Embedding models, raw for others).
 
         Raises:
             InputError: ``text`` is not a non-empty ``str``.
@@ -391,12 +488,13 @@ class EmbeddingClient(_ClientBase):
     def embed_query_array(self, text: str) -> FloatArray:
         """Like ``embed_query`` but returns a float32 numpy array of shape ``(dim,)``."""
         validate_text(text, None, max_chars=self._config.max_text_chars)
-        return self._embed_one(format_query(text, self._config.query_instruction), query=True)
+        return self._embed_one(format_query(text, self._config.query_task), query=True)
 
     def embed_queries(self, texts: Sequence[str] | Iterable[str]) -> list[list[float]]:
         """Embed many queries (each with the instruction); ``n x dim`` floats."""
-        sink = self._embed(self._query_texts(texts), None, "raise", lists=True, query=True)
-        return _finish_list(sink, "raise")
+        inputs = _Inputs(self._query_texts(texts), 0, None, {})
+        sink = self._embed(inputs, None, "raise", lists=True, query=True)
+        return _finish_list(sink, inputs, "raise")
 
     def openai_client(self) -> openai.OpenAI:
         """An ``openai.OpenAI`` on the shared pool (SDK retries off: ``max_retries=0``).
@@ -493,25 +591,27 @@ class EmbeddingClient(_ClientBase):
 
     def _embed(
         self,
-        items: list[str],
+        inputs: _Inputs,
         progress: Progress | None,
         on_error: OnError,
         *,
         lists: bool,
         query: bool,
-    ) -> _Sink:
+    ) -> _Sink | None:
+        if not inputs.texts:
+            return None  # nothing to send: no request
         engine = self._engine
         call = engine.new_call(query=query, on_error=on_error)
-        plan = self._plan(items)
+        plan = self._plan(inputs.texts)
         sink = _Sink(plan, lists=lists)
         counts = self._batch_counts(plan) if progress is not None else None
         send = self._send
+        indices = _caller_indices(plan, inputs)
 
         def job(b: int) -> None:
             start, stop = plan.batches[b]
             part = run_sync(
-                engine.batch_flow(call, plan.unique[start:stop], plan.first_index[start:stop]),
-                send,
+                engine.batch_flow(call, plan.unique[start:stop], indices[start:stop]), send
             )
             sink.put(b, part)
             if progress is not None and counts is not None:
@@ -558,9 +658,9 @@ class AsyncEmbeddingClient(_ClientBase):
     ) -> list[list[float]] | EmbeddingList:
         """Embed documents; ``n x dim`` floats in input order (see
         ``EmbeddingClient.embed_documents``)."""
-        items = validate_texts(texts, max_chars=self._config.max_text_chars)
-        sink = await self._embed(items, progress, on_error, lists=True, query=False)
-        return _finish_list(sink, on_error)
+        inputs = self._inputs(texts, on_error)
+        sink = await self._embed(inputs, progress, on_error, lists=True, query=False)
+        return _finish_list(sink, inputs, on_error)
 
     @overload
     async def embed_documents_array(
@@ -586,9 +686,9 @@ class AsyncEmbeddingClient(_ClientBase):
         on_error: OnError = "raise",
     ) -> FloatArray | EmbeddingResult:
         """Embed documents into a float32 numpy array, ``n x dim``."""
-        items = validate_texts(texts, max_chars=self._config.max_text_chars)
-        sink = await self._embed(items, progress, on_error, lists=False, query=False)
-        return _finish_array(sink, on_error)
+        inputs = self._inputs(texts, on_error)
+        sink = await self._embed(inputs, progress, on_error, lists=False, query=False)
+        return _finish_array(sink, inputs, on_error, self._known_dim())
 
     async def embed_query(self, text: str) -> list[float]:
         """Embed one query with the Qwen3 instruction; ``dim`` floats."""
@@ -598,13 +698,14 @@ class AsyncEmbeddingClient(_ClientBase):
     async def embed_query_array(self, text: str) -> FloatArray:
         """Embed one query into a float32 numpy array of shape ``(dim,)``."""
         validate_text(text, None, max_chars=self._config.max_text_chars)
-        query = format_query(text, self._config.query_instruction)
+        query = format_query(text, self._config.query_task)
         return await self._embed_one(query, query=True)
 
     async def embed_queries(self, texts: Sequence[str] | Iterable[str]) -> list[list[float]]:
         """Embed many queries (each with the instruction); ``n x dim`` floats."""
-        sink = await self._embed(self._query_texts(texts), None, "raise", lists=True, query=True)
-        return _finish_list(sink, "raise")
+        inputs = _Inputs(self._query_texts(texts), 0, None, {})
+        sink = await self._embed(inputs, None, "raise", lists=True, query=True)
+        return _finish_list(sink, inputs, "raise")
 
     def openai_client(self) -> openai.AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` on the shared pools (``max_retries=0``).
@@ -692,25 +793,27 @@ class AsyncEmbeddingClient(_ClientBase):
 
     async def _embed(
         self,
-        items: list[str],
+        inputs: _Inputs,
         progress: Progress | None,
         on_error: OnError,
         *,
         lists: bool,
         query: bool,
-    ) -> _Sink:
+    ) -> _Sink | None:
+        if not inputs.texts:
+            return None  # nothing to send: no request
         engine = self._engine
         call = engine.new_call(query=query, on_error=on_error)
-        plan = self._plan(items)
+        plan = self._plan(inputs.texts)
         sink = _Sink(plan, lists=lists)
         counts = self._batch_counts(plan) if progress is not None else None
         send = self._send
+        indices = _caller_indices(plan, inputs)
 
         async def job(b: int) -> None:
             start, stop = plan.batches[b]
             part = await run_async(
-                engine.batch_flow(call, plan.unique[start:stop], plan.first_index[start:stop]),
-                send,
+                engine.batch_flow(call, plan.unique[start:stop], indices[start:stop]), send
             )
             sink.put(b, part)
             if progress is not None and counts is not None:

@@ -27,7 +27,15 @@ from ._extras import (
     request_body,
     request_headers,
 )
+from ._server_text import has_credentials, redact_url
 from .errors import ConfigError, endpoint_label
+from .protocol import (
+    DEFAULT_QUERY_TASK,
+    QWEN3_EMBEDDING_DIMS,
+    default_query_instruction,
+    is_qwen3_embedding,
+    known_model_dims,
+)
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -43,36 +51,27 @@ __all__ = [
     "NotGiven",
     "OnError",
     "PoolKey",
+    "ProxyURL",
     "RequestBody",
     "RequestHeaders",
     "RetryConfig",
     "Secret",
     "Timeouts",
     "TransportKey",
+    "default_query_instruction",
     "env_setting",
     "environment_proxy",
     "insecure_key_target",
     "is_loopback",
+    "is_qwen3_embedding",
     "is_secret_header",
+    "known_model_dims",
+    "redact_url",
     "request_body",
     "request_headers",
 ]
 
-DEFAULT_QUERY_TASK: Final = (
-    "Given a web search query, retrieve relevant passages that answer the query"
-)
-"""Qwen3-Embedding's default retrieval task (source: the Qwen3-Embedding model card and
-its ``config_sentence_transformers.json`` query prompt)."""
-
 DEFAULT_MODEL: Final = "Qwen/Qwen3-Embedding-0.6B"
-
-QWEN3_EMBEDDING_DIMS: Final[dict[str, int]] = {
-    "qwen3-embedding-0.6b": 1024,
-    "qwen3-embedding-4b": 2560,
-    "qwen3-embedding-8b": 4096,
-}
-"""Full vector size per Qwen3-Embedding model (source: the model cards). MRL allows any
-``dimensions`` from 32 up to this size."""
 
 QWEN3_MIN_DIMENSIONS: Final = 32
 
@@ -165,6 +164,64 @@ class Secret:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Secret:
         return self
+
+
+class ProxyURL:
+    """A proxy URL with credentials (``http://user:password@host:port``), held as a secret.
+
+    ``repr`` and ``str`` show it redacted (``http://user:***@host:port``). Pickling does
+    NOT carry the password: an unpickled ``ProxyURL`` takes the URL from the first of
+    ``QWEN_EMBED_PROXY``, ``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY`` (either case) of
+    the process it lands in that names the same proxy and user; without one it keeps
+    the redacted URL (the proxy then refuses it: 407). ``copy``/``deepcopy`` keep it.
+    """
+
+    __slots__ = ("_value", "redacted")
+
+    def __init__(self, value: str) -> None:
+        self._value = value
+        self.redacted = redact_url(value)
+
+    def get_secret_value(self) -> str:
+        """The URL with its credentials. Call only where the proxy is dialled."""
+        return self._value
+
+    def __repr__(self) -> str:
+        return f"ProxyURL({self.redacted!r})"
+
+    def __str__(self) -> str:
+        return self.redacted
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ProxyURL) and other._value == self._value
+
+    def __hash__(self) -> int:
+        return hash(("ProxyURL", self._value))
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return (_proxy_from_env, (self.redacted,))
+
+    def in_environment(self) -> bool:
+        """Whether an unpickled copy gets this URL back here (see above)."""
+        return _proxy_from_env(self.redacted) == self
+
+    def __copy__(self) -> ProxyURL:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> ProxyURL:
+        return self
+
+
+_PROXY_VARIABLES: Final = ("QWEN_EMBED_PROXY", "HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
+
+
+def _proxy_from_env(redacted: str) -> ProxyURL:
+    for name in _PROXY_VARIABLES:
+        for variable in (name, name.lower()):
+            value = (os.environ.get(variable) or "").strip()
+            if value and redact_url(value) == redacted:
+                return ProxyURL(value)
+    return ProxyURL(redacted)
 
 
 def _secret_from_env() -> Secret | None:
@@ -360,14 +417,15 @@ class RetryConfig(_Replaceable):
         )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class PoolKey:
     """The transport part of a config for one server (replica): the key of its
     process-wide pool.
 
-    Two configs with equal ``PoolKey`` share connections. It holds no credential (the
-    API key and the timeouts travel with each request), so clients of many tenants of
-    one server share one pool.
+    Two configs with equal ``PoolKey`` share connections. It holds no API key (the key
+    and the timeouts travel with each request), so clients of many tenants of one
+    server share one pool. ``proxy`` is the URL the transports dial, credentials
+    included; ``repr`` shows it redacted.
     """
 
     base_url: str
@@ -375,6 +433,13 @@ class PoolKey:
     http2: bool
     verify: bool | str
     proxy: str | None
+
+    def __repr__(self) -> str:
+        proxy = None if self.proxy is None else redact_url(self.proxy)
+        return (
+            f"PoolKey(base_url={self.base_url!r}, limits={self.limits!r}, "
+            f"http2={self.http2!r}, verify={self.verify!r}, proxy={proxy!r})"
+        )
 
     @property
     def label(self) -> str:
@@ -443,15 +508,6 @@ def _checked_api_key(value: str) -> Secret | None:
             "an HTTP Authorization header cannot carry; check how the key was read"
         )
     return Secret(value)
-
-
-def known_model_dims(model: str) -> int | None:
-    """Full vector size of a known Qwen3-Embedding model name or path, else ``None``."""
-    lowered = model.lower().rstrip("/")
-    for name, dim in QWEN3_EMBEDDING_DIMS.items():
-        if lowered.endswith(name) or lowered.endswith(name.replace("-", "_")):
-            return dim
-    return None
 
 
 # --------------------------------------------------------------------------- environment
@@ -536,8 +592,11 @@ class EmbeddingConfig(_Replaceable):
             server when it supports it (never when it equals the model's full size);
             otherwise vectors are sliced client-side and L2-renormalised.
         query_instruction: the retrieval task put before queries as
-            ``Instruct: {task}\\nQuery:{text}``; documents are sent raw. ``None``
-            disables it (for non-Qwen models).
+            ``Instruct: {task}\\nQuery:{text}``; documents are sent raw. ``None``: queries
+            are sent raw too. ``"auto"`` (default): ``DEFAULT_QUERY_TASK`` for a model
+            whose name identifies Qwen3-Embedding (``is_qwen3_embedding``: hub names,
+            server paths, Ollama tags), raw queries for any other model; the choice is
+            logged once per model (INFO). The resolved value is ``query_task``.
         batch_size: texts per request (default 32; 1..2048). Lowered automatically to
             a server's stated limit.
         max_batch_tokens: most (estimated) tokens per request (default ``None``: the
@@ -566,8 +625,10 @@ class EmbeddingConfig(_Replaceable):
             falling back to HTTP/1.1 when the server does not speak it).
         verify: TLS verification: ``True`` (CAs from certifi), ``False``, or the path of
             a CA bundle (PEM).
-        proxy: an HTTP proxy URL for this endpoint (``http://host:port``), ``None`` for
-            none; not given: from ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` and
+        proxy: an HTTP proxy URL for this endpoint (``http://host:port``, or
+            ``http://user:password@host:port``: then held as a ``ProxyURL``, shown
+            redacted and never pickled), ``None`` for none; not given: from
+            ``QWEN_EMBED_PROXY``, else ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` and
             ``NO_PROXY`` when ``trust_env``, as httpx does. Loopback hosts are never
             proxied.
         trust_env: read proxies from the environment (default ``True``).
@@ -604,7 +665,7 @@ class EmbeddingConfig(_Replaceable):
     # Not given (NOT_GIVEN): read from the environment in __post_init__; the declared
     # types are what the fields hold after it.
     dimensions: int | None = NOT_GIVEN  # type: ignore[assignment]
-    query_instruction: str | None = DEFAULT_QUERY_TASK
+    query_instruction: str | None = "auto"
     batch_size: int = NOT_GIVEN  # type: ignore[assignment]
     max_batch_tokens: int | None = NOT_GIVEN  # type: ignore[assignment]
     max_concurrency: int | Literal["auto"] = NOT_GIVEN  # type: ignore[assignment]
@@ -617,7 +678,7 @@ class EmbeddingConfig(_Replaceable):
     limits: Limits = field(default_factory=Limits)
     http2: bool = NOT_GIVEN  # type: ignore[assignment]
     verify: bool | str = True
-    proxy: str | NotGiven | None = NOT_GIVEN
+    proxy: str | ProxyURL | NotGiven | None = NOT_GIVEN
     trust_env: bool = True
     insecure_key: Literal["warn", "error", "allow"] = "warn"
     retry: RetryConfig = field(default_factory=RetryConfig)
@@ -664,6 +725,8 @@ class EmbeddingConfig(_Replaceable):
         proxy = self.proxy
         if isinstance(proxy, NotGiven):
             proxy = env_setting("proxy", NOT_GIVEN)
+        if isinstance(proxy, str) and has_credentials(proxy):
+            proxy = ProxyURL(proxy)  # a secret from here on: never shown in clear
         set_(self, "proxy", proxy)
         timeout = self.timeout
         if timeout is None or (isinstance(timeout, int | float) and not isinstance(timeout, bool)):
@@ -710,21 +773,25 @@ class EmbeddingConfig(_Replaceable):
                 f"got {self.server!r}"
             )
         if self.query_instruction is not None and not isinstance(self.query_instruction, str):
-            raise ConfigError("query_instruction must be a str or None")
+            raise ConfigError("query_instruction must be a str, 'auto' or None")
+        if self.query_instruction == "auto":
+            default_query_instruction(model)  # logs the choice (once per model)
         if not isinstance(self.verify, bool | str):
             raise ConfigError("verify must be True, False or a CA bundle path")
         if isinstance(self.verify, str) and not os.path.exists(self.verify):
             raise ConfigError(f"verify: CA bundle file not found: {self.verify}")
         if self.insecure_key not in ("warn", "error", "allow"):
             raise ConfigError("insecure_key must be 'warn', 'error' or 'allow'")
+        if isinstance(proxy, ProxyURL):
+            proxy = proxy.get_secret_value()
         if (
             proxy is not None
             and not isinstance(proxy, NotGiven)
             and (not isinstance(proxy, str) or urlsplit(proxy).scheme not in ("http", "https"))
         ):
+            shown = endpoint_label(proxy) if isinstance(proxy, str) else type(proxy).__name__
             raise ConfigError(
-                f"proxy must be an http:// or https:// proxy URL or None, got "
-                f"{endpoint_label(str(proxy))!r}"
+                f"proxy must be an http:// or https:// proxy URL or None, got {shown!r}"
             )
         if self.api_key is not None and self.insecure_key == "error":
             for url in self.replicas:
@@ -749,6 +816,8 @@ class EmbeddingConfig(_Replaceable):
         if is_loopback(url):
             return None
         proxy = self.proxy
+        if isinstance(proxy, ProxyURL):
+            return proxy.get_secret_value()
         if not isinstance(proxy, NotGiven):
             return proxy
         return environment_proxy(url) if self.trust_env else None
@@ -778,6 +847,14 @@ class EmbeddingConfig(_Replaceable):
         """The endpoint label for messages and metrics (no credentials); replicas are
         comma-separated."""
         return ",".join(endpoint_label(url) for url in self.replicas)
+
+    @property
+    def query_task(self) -> str | None:
+        """The instruction queries get (``query_instruction`` with ``"auto"`` resolved
+        for ``model``: see ``default_query_instruction``); ``None``: queries are raw."""
+        if self.query_instruction == "auto":
+            return default_query_instruction(self.model or "")
+        return self.query_instruction
 
     @property
     def timeouts(self) -> Timeouts:

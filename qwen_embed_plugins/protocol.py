@@ -14,11 +14,14 @@ Everything here is pure and shared by the sync and async clients.
 from __future__ import annotations
 
 import binascii
+import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+import re
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import numpy as np
 import numpy.typing as npt
@@ -26,7 +29,11 @@ import orjson
 
 from .errors import InputError, ResponseError
 
+_log = logging.getLogger("qwen_embed_plugins")
+
 __all__ = [
+    "DEFAULT_QUERY_TASK",
+    "QWEN3_EMBEDDING_DIMS",
     "BatchPlan",
     "FloatArray",
     "bad_rows",
@@ -34,11 +41,17 @@ __all__ = [
     "decode_embeddings",
     "decode_payload",
     "decode_rows",
+    "default_query_instruction",
     "encode_request",
     "estimate_tokens",
     "format_query",
+    "is_qwen3_embedding",
+    "known_model_dims",
     "normalize_rows",
     "plan_batches",
+    "screen_texts",
+    "size_errors",
+    "size_problem",
     "split_by_tokens",
     "truncation_suspects",
     "usage_prompt_tokens",
@@ -48,6 +61,74 @@ __all__ = [
 FloatArray = npt.NDArray[np.float32]
 
 _NUMBER_TYPES = frozenset({float, int})
+
+DEFAULT_QUERY_TASK: Final = (
+    "Given a web search query, retrieve relevant passages that answer the query"
+)
+"""Qwen3-Embedding's default retrieval task (source: the Qwen3-Embedding model card and
+its ``config_sentence_transformers.json`` query prompt)."""
+
+QWEN3_EMBEDDING_DIMS: Final[dict[str, int]] = {
+    "qwen3-embedding-0.6b": 1024,
+    "qwen3-embedding-4b": 2560,
+    "qwen3-embedding-8b": 4096,
+}
+"""Full vector size per Qwen3-Embedding model (source: the model cards). MRL allows any
+``dimensions`` from 32 up to this size."""
+
+
+_QWEN3_EMBEDDING = re.compile(r"qwen3[-_ ]?embedding", re.IGNORECASE)
+# the size tag right after the family name: "-0.6B", "_4b", ":8b", then the end or a
+# separator (":Q5_K_M", "-GGUF", "-q8_0"), never more digits ("-4b2")
+_QWEN3_SIZE = re.compile(r"qwen3[-_ ]?embedding[-_:]?(0\.6b|4b|8b)(?![0-9a-z])", re.IGNORECASE)
+
+
+def is_qwen3_embedding(model: str) -> bool:
+    """Whether the model name identifies a Qwen3-Embedding model: a hub name
+    (``Qwen/Qwen3-Embedding-0.6B``), a path as SGLang and vLLM report it
+    (``/models/Qwen3-Embedding-8B``), an Ollama tag (``qwen3-embedding:8b``,
+    ``dengcao/Qwen3-Embedding-4B:Q5_K_M``), a GGUF file name."""
+    return _QWEN3_EMBEDDING.search(model) is not None
+
+
+def known_model_dims(model: str) -> int | None:
+    """Full vector size of a Qwen3-Embedding model whose name states its size (hub name,
+    path, Ollama tag: see ``is_qwen3_embedding``), else ``None``."""
+    found = _QWEN3_SIZE.search(model)
+    if found is None:
+        return None
+    return QWEN3_EMBEDDING_DIMS[f"qwen3-embedding-{found.group(1).lower()}"]
+
+
+_instruction_logged: set[str] = set()
+_instruction_lock = threading.Lock()
+
+
+def default_query_instruction(model: str) -> str | None:
+    """The query instruction ``query_instruction="auto"`` gives ``model``:
+    ``DEFAULT_QUERY_TASK`` for a Qwen3-Embedding model (``is_qwen3_embedding``), ``None``
+    (raw queries) for any other. The choice is logged once per model per process (INFO)."""
+    task = DEFAULT_QUERY_TASK if is_qwen3_embedding(model) else None
+    if model not in _instruction_logged:
+        with _instruction_lock:
+            first = model not in _instruction_logged
+            _instruction_logged.add(model)
+        if first:
+            if task is None:
+                _log.info(
+                    "model %r is not a Qwen3-Embedding model by its name: queries are sent "
+                    "raw (set query_instruction to give them an instruction)",
+                    model,
+                )
+            else:
+                _log.info(
+                    "model %r is a Qwen3-Embedding model: queries are sent as "
+                    "'Instruct: {task}\\nQuery:{text}' with the default retrieval task "
+                    "(query_instruction=None sends them raw)",
+                    model,
+                )
+    return task
+
 
 try:  # SIMD base64: ~20x faster than binascii on a 1,024-dim vector (bench/profile_paths)
     from pybase64 import b64decode as _pybase64_decode
@@ -118,14 +199,34 @@ def validate_text(text: object, index: int | None, *, max_chars: int | None) -> 
 
 
 def validate_texts(texts: object, *, max_chars: int | None) -> list[str]:
-    """Check a batch of texts; return them as a list.
+    """Check a batch of texts; return them as a list (``[]`` for an empty batch).
 
     Accepts any sequence or iterable of ``str`` (not a single ``str``, not bytes, not a
-    mapping).
+    mapping, not a set).
 
     Raises:
-        InputError: the input is not a list of texts, is empty, or one text is invalid
-            (see ``validate_text``); ``.index`` names the first bad text.
+        InputError: the input is not a list of texts, or one text is invalid (see
+            ``validate_text``); ``.index`` names the first bad text.
+    """
+    items, rejected = screen_texts(texts, max_chars=max_chars)
+    if rejected:
+        raise next(iter(rejected.values()))
+    return items
+
+
+def screen_texts(
+    texts: object, *, max_chars: int | None
+) -> tuple[list[str], dict[int, InputError]]:
+    """Check a batch of texts without stopping at the first bad one.
+
+    Returns:
+        ``(items, rejected)``: every input as a list (``n`` items), and the index ->
+        ``InputError`` of each text that cannot be sent (see ``validate_text``), in
+        index order; empty when all are fine.
+
+    Raises:
+        InputError: the input as a whole is not a list of texts (a single ``str``,
+            bytes, a mapping, a set, not iterable).
     """
     if isinstance(texts, str | bytes | bytearray):
         raise InputError(
@@ -140,11 +241,13 @@ def validate_texts(texts: object, *, max_chars: int | None) -> list[str]:
             "arbitrary, so vectors could not be matched to texts; pass a list"
         )
     items = list(texts)
-    if not items:
-        raise InputError("expected at least one text, got an empty list")
+    rejected: dict[int, InputError] = {}
     for i, text in enumerate(items):
-        validate_text(text, i, max_chars=max_chars)
-    return items
+        try:
+            validate_text(text, i, max_chars=max_chars)
+        except InputError as exc:
+            rejected[i] = exc
+    return items, rejected
 
 
 @dataclass(frozen=True, slots=True)
@@ -411,6 +514,86 @@ def decode_rows(payload: object, input_indices: Sequence[int]) -> tuple[FloatArr
     if out is None:  # cannot happen: count >= 1 and every row filled (no duplicates)
         raise RuntimeError("internal error: out is None")
     return out, _squared_norms(out)
+
+
+def size_problem(
+    got: int,
+    *,
+    model: str,
+    native: int | None,
+    asked: int | None,
+    call_size: Callable[[int], int],
+) -> str | None:
+    """Why vectors of ``got`` dimensions (as decoded, before any MRL slicing) do not
+    belong in a call, or ``None`` when they do.
+
+    Every vector of a call has one size: a model whose size is known (``native``)
+    answers ``native`` or the ``asked`` MRL size; any other model answers what the
+    call's first answer had (``call_size(got)`` returns that size). With ``asked`` and an
+    unknown model, a larger answer is sliced to ``asked`` (a smaller one is refused
+    elsewhere), so the call's size is ``asked``.
+
+    A base64 payload decoded as float32 that is half the expected size is called out
+    (float16 values sent as base64: garbage, not a shorter vector).
+    """
+    if native is not None:
+        if got in (native, asked):
+            return None
+        expected = native if asked is None else asked
+        want = f"{model} vectors have {native} dimensions" + (
+            f" ({asked} with dimensions={asked})" if asked is not None else ""
+        )
+    elif asked is not None:
+        return None
+    else:
+        expected = call_size(got)
+        if got == expected:
+            return None
+        want = f"the call's other vectors have {expected} dimensions"
+    if got * 2 in (expected, native):
+        want += "; half that size: the server may send float16 values where float32 are due"
+    return want
+
+
+def size_errors(
+    rows: FloatArray,
+    indices: Sequence[int],
+    label: str,
+    model: str,
+    sent: int | None,
+    config: Any,
+    call: Any,
+) -> list[ResponseError]:
+    """The errors of a batch whose vectors (``rows``, ``n x got`` as decoded) have a size
+    that does not belong in the call (``size_problem``), one per input, naming the
+    replica (``label``) and the caller's index; ``[]`` when the size is right.
+
+    Args:
+        sent: the ``dimensions`` sent on the wire (servers that take only some sizes get
+            the next one up), or ``None``.
+        config: the call's ``EmbeddingConfig`` (``dimensions``).
+        call: the ``_run.Call`` (its ``agree_dim`` keeps the call's first size).
+    """
+    got = int(rows.shape[1])
+    if got == sent:
+        return []  # the size the request asked for (then sliced to ``dimensions``)
+    problem = size_problem(
+        got,
+        model=model,
+        native=known_model_dims(model),
+        asked=config.dimensions,
+        call_size=call.agree_dim,
+    )
+    if problem is None:
+        return []
+    return [
+        ResponseError(
+            f"embedding for input index {index} from {label} has {got} dimensions: {problem}",
+            index=index,
+            url=label,
+        )
+        for index in indices
+    ]
 
 
 def bad_rows(squared_norms: FloatArray) -> dict[int, str]:

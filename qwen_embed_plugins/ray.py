@@ -33,7 +33,9 @@ Importing this module sets ``RAY_USAGE_STATS_ENABLED=0`` unless the variable is 
 set, so a Ray instance started afterwards (by `embed_files`, or automatically by the
 first dataset) never reports usage statistics online.
 
-The API key is never pickled (see ``config.Secret``). An explicit ``api_key=`` travels to
+The API key and a proxy password are never pickled (see ``config.Secret``,
+``config.ProxyURL``; a proxy with a password must be in the workers' environment as
+``QWEN_EMBED_PROXY``). An explicit ``api_key=`` travels to
 the workers through Ray's object store (``ray.put``): what Ray pickles for the actors
 holds only its ``ObjectRef``, and each actor reads the key with ``ray.get`` (see
 ``_WorkerKey``); nothing logs it (Ray logs a ``runtime_env``, env vars included, when it
@@ -61,7 +63,7 @@ import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from .client import EmbeddingClient
-from .config import NOT_GIVEN, EmbeddingConfig, Limits, NotGiven, known_model_dims
+from .config import NOT_GIVEN, EmbeddingConfig, Limits, NotGiven, ProxyURL, known_model_dims
 from .errors import BadRequestError, ConfigError, InputError
 
 # Nothing may phone home: Ray's usage statistics are off unless the user set the variable
@@ -163,6 +165,13 @@ def _client_config(
     if "limits" not in settings and max_in_flight > Limits().max_connections:
         settings = {**settings, "limits": Limits(max_connections=max_in_flight)}
     config = EmbeddingConfig(base_url=base_url, max_concurrency=max_in_flight, **settings)
+    proxy = config.proxy
+    if isinstance(proxy, ProxyURL) and not proxy.in_environment():
+        raise ConfigError(
+            "embed_dataset: a proxy password cannot be shipped to Ray workers (it is never "
+            "pickled); set QWEN_EMBED_PROXY to the proxy URL in the workers' environment "
+            "instead (inherited by a local Ray instance, or pass runtime_env)"
+        )
     explicit = settings.get("api_key", NOT_GIVEN)
     key = config.api_key_value()
     if isinstance(explicit, NotGiven) or key is None:

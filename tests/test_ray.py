@@ -335,6 +335,9 @@ def test_output_column_shares_the_decoded_arrays_memory() -> None:
 def test_settings_are_checked_in_the_driver() -> None:
     ds = ray.data.from_items([{"text": "a"}])
     url = "http://127.0.0.1:9/v1"
+    with pytest.raises(ConfigError, match="QWEN_EMBED_PROXY") as info:
+        qray.embed_dataset(ds, base_url=url, proxy="http://u:pr0xy-pw-not-shipped@proxy:3128")
+    assert "pr0xy-pw-not-shipped" not in str(info.value)
     with pytest.raises(ConfigError, match="on_error"):
         qray.embed_dataset(ds, base_url=url, on_error="ignore")  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="request_batch_size"):

@@ -368,13 +368,12 @@ def test_any_input_gives_a_clear_error_or_a_correct_result(
     srv: EmbeddingServer, items: list[object]
 ) -> None:
     client = q.EmbeddingClient(base_url=srv.base_url, retry=q.RetryConfig(max_attempts=2))
-    valid = bool(items) and all(isinstance(t, str) and t.strip() for t in items)
+    valid = all(isinstance(t, str) and t.strip() for t in items)  # [] included: no request
     if valid:
         arr = client.embed_documents_array(items)  # type: ignore[arg-type]
         np.testing.assert_array_equal(arr, expected_embeddings(items))  # type: ignore[arg-type]
     else:
         with pytest.raises(q.InputError) as info:
             client.embed_documents(items)  # type: ignore[arg-type]
-        if items:
-            bad = next(i for i, t in enumerate(items) if not (isinstance(t, str) and t.strip()))
-            assert info.value.index == bad
+        bad = next(i for i, t in enumerate(items) if not (isinstance(t, str) and t.strip()))
+        assert info.value.index == bad

@@ -189,7 +189,7 @@ def embed(
         endpoint=cfg.endpoint,
         model=str(cfg.model),
         dimensions=dimensions,
-        query_instruction=cfg.query_instruction if query else None,
+        query_instruction=cfg.query_task if query else None,
         batch_size=batch_size,
         output_format="npy" if suffix == ".npy" else "jsonl",
     )

@@ -21,25 +21,29 @@ from typing import Annotated, Any, ClassVar, Final, Literal, NamedTuple, Self
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
+    InstanceOf,
     ModelWrapValidatorHandler,
     PlainSerializer,
     PlainValidator,
     PrivateAttr,
     SecretStr,
+    WithJsonSchema,
     model_validator,
 )
 
+from .._server_text import has_credentials, redact_url
 from ..client import AsyncEmbeddingClient, EmbeddingClient
 from ..config import (
     DEFAULT_MODEL,
-    DEFAULT_QUERY_TASK,
     ENV_API_KEY,
     NOT_GIVEN,
     EmbeddingConfig,
     EncodingFormat,
     Limits,
     NotGiven,
+    ProxyURL,
     RequestBody,
     RequestHeaders,
     RetryConfig,
@@ -59,16 +63,59 @@ __all__ = [
     "Extras",
     "FlatSettings",
     "HeadersField",
+    "ProxySetting",
     "Stock",
     "build_config",
     "coerce",
     "env_default",
     "extras_of",
+    "mask_inputs",
+    "mask_proxy",
     "resolve_names",
     "setting",
 ]
 
 _log = logging.getLogger("qwen_embed_plugins")
+
+
+def mask_proxy(value: Any) -> Any:
+    """A ``proxy`` value as an adapter holds it: a URL with credentials
+    (``user:password@``) becomes a ``ProxyURL`` (shown redacted, never pickled)."""
+    if isinstance(value, str) and has_credentials(value):
+        return ProxyURL(value)
+    return value
+
+
+def mask_inputs(data: Any) -> None:
+    """Hide the URL credentials of an adapter's constructor input, in place, before
+    validation: pydantic's ``ValidationError.errors()`` carries the input mapping, so a
+    proxy password (or a ``user:password@`` in ``base_url``, which is refused) must not
+    stay in it in clear."""
+    if not isinstance(data, dict):
+        return
+    if "proxy" in data:
+        data["proxy"] = mask_proxy(data["proxy"])
+    base = data.get("base_url")
+    if isinstance(base, str) and any(has_credentials(url) for url in base.split(",")):
+        data["base_url"] = ",".join(redact_url(url) for url in base.split(","))
+    elif isinstance(base, list | tuple) and any(
+        isinstance(url, str) and has_credentials(url) for url in base
+    ):
+        data["base_url"] = [redact_url(url) if isinstance(url, str) else url for url in base]
+
+
+def _shown_proxy(value: Any) -> Any:
+    return value.redacted if isinstance(value, ProxyURL) else value
+
+
+ProxySetting = Annotated[
+    InstanceOf[ProxyURL] | str | None,
+    BeforeValidator(mask_proxy),
+    PlainSerializer(_shown_proxy),  # model_dump / JSON / to_dict: the redacted URL
+    WithJsonSchema({"anyOf": [{"type": "string"}, {"type": "null"}]}),
+]
+"""The type of both adapters' ``proxy`` field: a URL, held as a ``ProxyURL`` when it
+has credentials; dumped redacted (``http://user:***@host:port``)."""
 
 _T = Timeouts()
 _L = Limits()
@@ -100,7 +147,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "base_url": None,
     "model": DEFAULT_MODEL,
     "dimensions": None,
-    "query_instruction": DEFAULT_QUERY_TASK,
+    "query_instruction": "auto",
     "batch_size": 32,
     "max_batch_tokens": None,
     "max_concurrency": 4,
@@ -308,6 +355,8 @@ def coerce(name: str, value: Any) -> Any:
         return request_headers(value)
     if name == "extra_body":
         return request_body(value)
+    if name == "proxy":
+        return mask_proxy(value)
     return value
 
 
@@ -567,8 +616,10 @@ class FlatSettings(BaseModel):
 
     query_instruction: str | None = setting("query_instruction")
     """Task put before queries as 'Instruct: {task}\\nQuery:{text}'; documents are
-    sent raw. None disables it (non-Qwen models). Default: 'Given a web search query,
-    retrieve relevant passages that answer the query'."""
+    sent raw. None: queries are sent raw too. 'auto' (default): 'Given a web search
+    query, retrieve relevant passages that answer the query' for a model whose name
+    identifies Qwen3-Embedding (hub names, server paths, Ollama tags such as
+    'qwen3-embedding:8b'), raw queries for any other model."""
 
     max_batch_tokens: int | None = setting("max_batch_tokens")
     """Most estimated tokens per request (None: the server's known cap, else learned
@@ -648,9 +699,12 @@ class FlatSettings(BaseModel):
     verify: bool | str = setting("verify")
     """TLS verification: True (CAs from certifi), False, or a CA bundle path."""
 
-    proxy: str | None = setting("proxy")
-    """HTTP proxy URL for the endpoint; None (default): from HTTP(S)_PROXY / ALL_PROXY /
-    NO_PROXY when trust_env. Loopback hosts are never proxied."""
+    proxy: ProxySetting = setting("proxy")
+    """HTTP proxy URL for the endpoint; credentials in it (http://user:password@host:port)
+    are never shown, dumped or pickled (the URL shows as http://user:***@host:port; an
+    unpickled copy reads QWEN_EMBED_PROXY or HTTP(S)_PROXY). None (default): from
+    QWEN_EMBED_PROXY, else HTTP(S)_PROXY / ALL_PROXY / NO_PROXY when trust_env. Loopback
+    hosts are never proxied."""
 
     trust_env: bool = setting("trust_env")
     """Read proxies from the environment (default True)."""

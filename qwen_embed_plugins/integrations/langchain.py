@@ -22,7 +22,7 @@ from pydantic import ConfigDict, Field, SecretStr, model_validator
 
 from ..config import ENV_API_KEY
 from ..protocol import validate_texts
-from ._common import DESCRIPTIONS, FlatSettings, Stock, resolve_names, setting
+from ._common import DESCRIPTIONS, FlatSettings, Stock, mask_inputs, resolve_names, setting
 
 __all__ = ["QwenPooledEmbeddings"]
 
@@ -241,7 +241,10 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
         for name in ("api_key", "openai_api_key"):
             if isinstance(data.get(name), str):
                 data[name] = SecretStr(data[name])
-        return resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
+        mask_inputs(data)  # URL credentials (proxy, base_url): pydantic keeps the input
+        data = resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
+        mask_inputs(data)  # and those given under a stock name (openai_proxy)
+        return data
 
     @model_validator(mode="after")
     def _validate_settings(self) -> Self:

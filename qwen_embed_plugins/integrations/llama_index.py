@@ -50,7 +50,7 @@ from ..client import AsyncEmbeddingClient, EmbeddingClient
 from ..config import DEFAULT_MODEL, env_setting
 from ..errors import QwenEmbedError
 from ..protocol import format_query, validate_text, validate_texts
-from ._common import DESCRIPTIONS, FlatSettings, Stock, env_default, resolve_names
+from ._common import DESCRIPTIONS, FlatSettings, Stock, env_default, mask_inputs, resolve_names
 
 __all__ = ["QwenPooledEmbedding"]
 
@@ -278,7 +278,9 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     def _from_environment(cls, data: Any) -> Any:
         if not isinstance(data, dict):
             return data
+        mask_inputs(data)  # URL credentials (proxy, base_url): pydantic keeps the input
         data = resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
+        mask_inputs(data)
         if "api_key" not in data:
             data["api_key"] = env_setting("api_key")
         if isinstance(data["api_key"], str):  # kept as a SecretStr: masked in repr
@@ -343,7 +345,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
 
     def _as_query(self, query: str) -> str:
         validate_text(query, None, max_chars=self.max_text_chars)
-        return format_query(query, self.query_instruction)
+        return format_query(query, self.config.query_task)
 
     def _get_query_embedding(self, query: str) -> Embedding:
         """One query, with the Qwen instruction (unless already added); ``dim`` floats."""

