@@ -27,7 +27,7 @@ from ._extras import (
     request_body,
     request_headers,
 )
-from ._server_text import has_credentials, redact_url
+from ._server_text import ProxyURL, has_credentials, redact_url
 from .errors import ConfigError, endpoint_label
 from .protocol import (
     DEFAULT_QUERY_TASK,
@@ -164,64 +164,6 @@ class Secret:
 
     def __deepcopy__(self, memo: dict[int, Any]) -> Secret:
         return self
-
-
-class ProxyURL:
-    """A proxy URL with credentials (``http://user:password@host:port``), held as a secret.
-
-    ``repr`` and ``str`` show it redacted (``http://user:***@host:port``). Pickling does
-    NOT carry the password: an unpickled ``ProxyURL`` takes the URL from the first of
-    ``QWEN_EMBED_PROXY``, ``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY`` (either case) of
-    the process it lands in that names the same proxy and user; without one it keeps
-    the redacted URL (the proxy then refuses it: 407). ``copy``/``deepcopy`` keep it.
-    """
-
-    __slots__ = ("_value", "redacted")
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-        self.redacted = redact_url(value)
-
-    def get_secret_value(self) -> str:
-        """The URL with its credentials. Call only where the proxy is dialled."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return f"ProxyURL({self.redacted!r})"
-
-    def __str__(self) -> str:
-        return self.redacted
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, ProxyURL) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(("ProxyURL", self._value))
-
-    def __reduce__(self) -> tuple[Any, tuple[str]]:
-        return (_proxy_from_env, (self.redacted,))
-
-    def in_environment(self) -> bool:
-        """Whether an unpickled copy gets this URL back here (see above)."""
-        return _proxy_from_env(self.redacted) == self
-
-    def __copy__(self) -> ProxyURL:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> ProxyURL:
-        return self
-
-
-_PROXY_VARIABLES: Final = ("QWEN_EMBED_PROXY", "HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY")
-
-
-def _proxy_from_env(redacted: str) -> ProxyURL:
-    for name in _PROXY_VARIABLES:
-        for variable in (name, name.lower()):
-            value = (os.environ.get(variable) or "").strip()
-            if value and redact_url(value) == redacted:
-                return ProxyURL(value)
-    return ProxyURL(redacted)
 
 
 def _secret_from_env() -> Secret | None:

@@ -87,14 +87,13 @@ def mask_proxy(value: Any) -> Any:
 
 
 def mask_inputs(data: Any) -> None:
-    """Hide the URL credentials of an adapter's constructor input, in place, before
-    validation: pydantic's ``ValidationError.errors()`` carries the input mapping, so a
-    proxy password (or a ``user:password@`` in ``base_url``, which is refused) must not
-    stay in it in clear."""
+    """Hide URL credentials (proxy, refused ``base_url`` ones) in an adapter's input, in
+    place: pydantic's ``ValidationError.errors()`` keeps the input."""
     if not isinstance(data, dict):
         return
-    if "proxy" in data:
-        data["proxy"] = mask_proxy(data["proxy"])
+    for name in ("proxy", "openai_proxy"):  # ours, LangChain's stock name
+        if name in data:
+            data[name] = mask_proxy(data[name])
     base = data.get("base_url")
     if isinstance(base, str) and any(has_credentials(url) for url in base.split(",")):
         data["base_url"] = ",".join(redact_url(url) for url in base.split(","))
@@ -117,9 +116,7 @@ ProxySetting = Annotated[
 """The type of both adapters' ``proxy`` field: a URL, held as a ``ProxyURL`` when it
 has credentials; dumped redacted (``http://user:***@host:port``)."""
 
-_T = Timeouts()
-_L = Limits()
-_R = RetryConfig()
+_T, _L, _R = Timeouts(), Limits(), RetryConfig()  # the core defaults
 
 DESCRIPTIONS: Final[dict[str, str]] = {
     "api_key": "Bearer token; None for servers without auth. Default: env QWEN_EMBED_API_KEY. "

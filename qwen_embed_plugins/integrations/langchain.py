@@ -242,9 +242,7 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
             if isinstance(data.get(name), str):
                 data[name] = SecretStr(data[name])
         mask_inputs(data)  # URL credentials (proxy, base_url): pydantic keeps the input
-        data = resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
-        mask_inputs(data)  # and those given under a stock name (openai_proxy)
-        return data
+        return resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
 
     @model_validator(mode="after")
     def _validate_settings(self) -> Self:

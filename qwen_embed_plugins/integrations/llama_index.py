@@ -280,7 +280,6 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
             return data
         mask_inputs(data)  # URL credentials (proxy, base_url): pydantic keeps the input
         data = resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
-        mask_inputs(data)
         if "api_key" not in data:
             data["api_key"] = env_setting("api_key")
         if isinstance(data["api_key"], str):  # kept as a SecretStr: masked in repr
