@@ -287,7 +287,7 @@ def _classes_in(blob: bytes) -> set[tuple[str, str]]:
 def test_pickles_hold_neither_the_key_nor_clients(
     adapter: type[Adapter], rec: RecordingServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    emb = adapter(config=_config(rec.base_url, dimensions=None))
+    emb = adapter(config=_config(rec.base_url, dimensions=None, model="Qwen/Qwen3-Embedding-0.6B"))
     _embed_all(emb, ["warm"])  # clients built, connections pooled
     blob = pickle.dumps(emb)
     assert SECRET.encode() not in blob
