@@ -36,9 +36,9 @@ from typing import Any
 from _common import command_line, environment, markdown_table, median, save
 
 from qwen_embed_plugins import AsyncEmbeddingClient, EmbeddingClient, close_all, stats
-from qwen_embed_plugins._bench.corpus import corpus
+from qwen_embed_plugins.cli._corpus import corpus
 from qwen_embed_plugins.metrics import ENV_METRICS, EndpointMetrics, NullMetrics, metrics_for
-from qwen_embed_plugins.testing import EmbeddingServer
+from qwen_embed_tooling.testing import EmbeddingServer
 
 MODES = ("on", "off", "on_again")
 PATHS = ("sync", "async")

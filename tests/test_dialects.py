@@ -29,7 +29,7 @@ from qwen_embed_plugins.errors import (
 )
 from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings
 from qwen_embed_plugins.integrations.llama_index import QwenPooledEmbedding
-from qwen_embed_plugins.testing import (
+from qwen_embed_tooling.testing import (
     DIALECTS,
     EmbeddingServer,
     expected_embedding,

@@ -16,7 +16,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import servers
-from qwen_embed_plugins.testing import HostileServer, expected_embeddings
+from qwen_embed_tooling.testing import HostileServer, expected_embeddings
 
 KEY = "sk-hostile-0123456789abcdef"
 ONCE = q.RetryConfig(max_attempts=1)

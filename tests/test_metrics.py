@@ -18,7 +18,7 @@ from qwen_embed_plugins.metrics import (
     metrics_for,
     prometheus_collector,
 )
-from qwen_embed_plugins.testing import EmbeddingServer
+from qwen_embed_tooling.testing import EmbeddingServer
 
 SECRET = "sk-prom-SECRET-123456"
 

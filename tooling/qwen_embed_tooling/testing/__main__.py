@@ -1,4 +1,4 @@
-"""``python -m qwen_embed_plugins.testing``: run an `EmbeddingServer` in the foreground."""
+"""``python -m qwen_embed_tooling.testing``: run an `EmbeddingServer` in the foreground."""
 
 import sys
 
