@@ -37,7 +37,6 @@ __all__ = [
     "RetryConfig",
     "Secret",
     "Timeouts",
-    "TransportKey",
     "env_setting",
     "environment_proxy",
     "insecure_key_target",
@@ -366,10 +365,6 @@ class PoolKey:
     def label(self) -> str:
         """The replica as shown in stats, logs and metrics (no credentials)."""
         return endpoint_label(self.base_url)
-
-
-TransportKey = PoolKey
-"""Former name of ``PoolKey``."""
 
 
 def _normalise_one_url(value: object) -> str:

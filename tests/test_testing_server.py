@@ -768,7 +768,8 @@ def test_package_imports_no_core_module_and_no_server_library() -> None:
         "new = sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
         "('uvicorn', 'hypercorn', 'trustme', 'httpx', 'httpx2', 'h2', 'starlette'))\n"
         "assert not new, new\n"
-        "core = sorted(m for m in set(sys.modules) - before if m.startswith('qwen_embed_plugins.'))\n"
+        "core = sorted(m for m in set(sys.modules) - before"
+        " if m.startswith('qwen_embed_plugins.'))\n"
         "assert not core, core\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
