@@ -96,7 +96,7 @@ def server(**kwargs: Any) -> Iterator[EmbeddingServer]:
 
 
 def relay_class() -> Any:
-    """The library's RTT relay, wherever it lives (it may move to ``_bench``)."""
+    """The RTT relay of the tooling (``qwen_embed_tooling.bench.relay``)."""
     for name in ("qwen_embed_tooling.bench.relay",):
         with contextlib.suppress(ImportError):
             module = __import__(name, fromlist=["Relay"])
