@@ -238,6 +238,6 @@ def _request_id(prefix: str = "") -> str:
 
 def _install_hint(package: str) -> str:
     return (
-        f"EmbeddingServer needs {package}; install the testing extra: "
-        'pip install "qwen-embed-plugins[testing]"'
+        f"EmbeddingServer needs {package}, a dependency of qwen-embed-tooling: "
+        "pip install qwen-embed-tooling (from a source checkout: pip install -e ./tooling)"
     )
