@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from qwen_embed_plugins import ConfigError, EmbeddingConfig, InputError
-from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, ray_crash
+from qwen_embed_tooling import ray_crash
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding
 
 if os.environ.get("CI"):
     import ray  # CI installs the [ray] extra: a missing Ray must fail there, not skip

@@ -9,6 +9,8 @@ wheel holds the library only. Packages:
   ``LoopbackProxy``; ``python -m qwen_embed_tooling.testing`` runs one in the foreground.
 - ``qwen_embed_tooling.bench``: ``run_bench`` (the modes of ``qwen-embed bench`` side by
   side), ``local_target`` and the RTT relay (``bench.relay``).
+- ``qwen_embed_tooling.ray_crash``: a Ray actor crashing once in the middle of a job
+  (Ray's ``worker_process_setup_hook``), for tests of ``qwen_embed_plugins.ray``.
 - ``qwen_embed_tooling.cli``: the ``qwen-embed bench`` and ``qwen-embed serve`` commands,
   registered in the entry-point group ``qwen_embed.commands`` that the library's
   ``qwen-embed`` reads.
