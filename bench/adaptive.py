@@ -18,7 +18,7 @@ Measured per run:
   slot of the adaptive gate is not part of it);
 - overload answers: 429 + 503 answers the server sent (its counters).
 
-Server models (``qwen_embed_plugins.testing``), one batch = 32 texts of ~40 tokens:
+Server models (``qwen_embed_tooling.testing``), one batch = 32 texts of ~40 tokens:
 
 - ``gpu``: ``GPULike(slots=8, base=4 ms, per_token=20 us, queue_limit=16)``: ~30 ms a
   batch, 8 at once, 503 past 16 waiting;
@@ -49,7 +49,7 @@ from _common import command_line, environment, markdown_table, median, save
 from _harness import percentile
 
 from qwen_embed_plugins import EmbeddingClient, Limits, adaptive, close_all, transport
-from qwen_embed_plugins.testing import (
+from qwen_embed_tooling.testing import (
     EmbeddingServer,
     GPULike,
     RateLimited,

@@ -7,7 +7,7 @@ slot for ``min_rtt``), and a client that mirrors the library's call engine (one 
 call, a window of batches, 429 -> Retry-After, 503 -> full-jitter backoff). Used to tune
 the algorithm before the real loopback benchmark (bench/adaptive.py).
 
-Server models (parameters as in ``qwen_embed_plugins.testing`` GPULike / RateLimited /
+Server models (parameters as in ``qwen_embed_tooling.testing`` GPULike / RateLimited /
 SlowStart):
 
 - gpu: ``slots`` batches at once, each ``base + per_token * tokens`` seconds (x noise),

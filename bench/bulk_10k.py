@@ -117,8 +117,8 @@ def worker_main(worker: str, base_url: str, model: str, n: int) -> None:
     """Runs in the subprocess: embed, check, print one JSON line."""
     import numpy as np
 
-    from qwen_embed_plugins._bench.corpus import corpus
-    from qwen_embed_plugins.testing import expected_embedding
+    from qwen_embed_plugins.cli._corpus import corpus
+    from qwen_embed_tooling.testing import expected_embedding
 
     texts = corpus(n, unique=True)
     # import everything the worker needs before the clock starts
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         return None
     repeats = args.repeats or (1 if args.quick else 3)
     workers = tuple(args.only) if args.only else WORKERS
-    from qwen_embed_plugins.testing import EmbeddingServer
+    from qwen_embed_tooling.testing import EmbeddingServer
 
     env = environment()
     runs: dict[str, list[dict[str, Any]]] = {w: [] for w in workers}
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         srv = stack.enter_context(EmbeddingServer(process=True))
         base_url = srv.base_url
         if args.rtt_ms > 0:
-            from qwen_embed_plugins._bench.relay import Relay
+            from qwen_embed_tooling.bench.relay import Relay
 
             relay = stack.enter_context(
                 Relay(("127.0.0.1", srv.port), rtt=args.rtt_ms / 1000.0, process=True)

@@ -28,7 +28,7 @@ Rows (``--only ROW``, repeatable):
     and ``embed_documents``. Each variant in a fresh subprocess (its own peak RSS,
     ``ru_maxrss``): texts/s, CPU per text, peak RSS, TCP connections the server accepted.
 
-How: the server is ``qwen_embed_plugins.testing.EmbeddingServer(process=True)`` (uvicorn,
+How: the server is ``qwen_embed_tooling.testing.EmbeddingServer(process=True)`` (uvicorn,
 SGLang dialect, 1,024-dim base64 vectors) in its own process; client CPU is
 ``getrusage(RUSAGE_SELF)`` user+sys of the client process around the measured loop only
 (after warm-up); every variant runs once per round, in an order rotated each round;
@@ -62,7 +62,7 @@ import _harness as h  # noqa: E402
 import _peers as p  # noqa: E402
 
 from qwen_embed_plugins import DEFAULT_QUERY_TASK, format_query  # noqa: E402
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding  # noqa: E402
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding  # noqa: E402
 
 ROWS = ("single_sync", "single_async", "https_rtt", "batch_sync", "bulk")
 RESULTS = HERE / "results"
@@ -96,12 +96,12 @@ def server(**kwargs: Any) -> Iterator[EmbeddingServer]:
 
 
 def relay_class() -> Any:
-    """The library's RTT relay, wherever it lives (it may move to ``_bench``)."""
-    for name in ("qwen_embed_plugins._bench.relay",):
+    """The RTT relay of the tooling (``qwen_embed_tooling.bench.relay``)."""
+    for name in ("qwen_embed_tooling.bench.relay",):
         with contextlib.suppress(ImportError):
             module = __import__(name, fromlist=["Relay"])
             return module.Relay
-    raise ImportError("no RTT relay found (qwen_embed_plugins._bench.relay)")
+    raise ImportError("no RTT relay found (qwen_embed_tooling.bench.relay)")
 
 
 def check(name: str, result: Any, text: str) -> None:

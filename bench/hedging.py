@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins.testing import EmbeddingServer, HeavyTail
+from qwen_embed_tooling.testing import EmbeddingServer, HeavyTail
 
 WARMUP = 100
 

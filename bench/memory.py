@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(json.dumps(worker(args.worker, args.url, args.texts)))
         return {}
 
-    from qwen_embed_plugins.testing import EmbeddingServer
+    from qwen_embed_tooling.testing import EmbeddingServer
 
     with EmbeddingServer(process=True) as srv, tempfile.TemporaryDirectory() as tmp:
         reference = run_worker("reference", srv.base_url, args.texts)

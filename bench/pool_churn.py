@@ -38,8 +38,8 @@ from typing import Any
 from _common import command_line, environment, markdown_table, save
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins._bench.corpus import corpus
 from qwen_embed_plugins._http import httpx
+from qwen_embed_plugins.cli._corpus import corpus
 
 
 def _burn(stop_at: float) -> None:  # pragma: no cover - a CPU load for the benchmark
@@ -137,7 +137,7 @@ def main() -> None:
         if args.base_url:
             result = run(args.base_url, args.model, args.rounds, args.threads, args.texts)
         else:
-            from qwen_embed_plugins.testing import EmbeddingServer
+            from qwen_embed_tooling.testing import EmbeddingServer
 
             with EmbeddingServer(process=True, latency=0.02) as srv:
                 result = run(srv.base_url, args.model, args.rounds, args.threads, args.texts)

@@ -219,7 +219,7 @@ def build_ray_llm(ids: list[int], urls: list[str], actors: int, args: Any, model
 def run(
     mode: str, rows: int, servers: list[Any], actors: int, replicas: int, args: Any
 ) -> dict[str, Any]:
-    from qwen_embed_plugins.testing import expected_embedding
+    from qwen_embed_tooling.testing import expected_embedding
 
     used = servers[:replicas]
     urls = [s.base_url for s in used]
@@ -288,7 +288,7 @@ def cpu_per_row(rows: int, repeats: int, batch_size: int) -> dict[str, Any]:
 
     from qwen_embed_plugins import EmbeddingClient
     from qwen_embed_plugins.ray import _vectors_column
-    from qwen_embed_plugins.testing import EmbeddingServer
+    from qwen_embed_tooling.testing import EmbeddingServer
 
     texts = texts_for(range(rows))
     runs = []
@@ -346,7 +346,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     import ray
 
-    from qwen_embed_plugins.testing import EmbeddingServer
+    from qwen_embed_tooling.testing import EmbeddingServer
 
     env = environment()
     env["ray"] = ray.__version__

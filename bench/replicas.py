@@ -125,7 +125,7 @@ def _run_scenario(
     rounds: int,
     handler: _BatchLatencies,
 ) -> dict[str, Any]:
-    from qwen_embed_plugins.testing import expected_embeddings
+    from qwen_embed_tooling.testing import expected_embeddings
 
     urls = [s.base_url for s in servers]
     run = _variants(urls, batch, concurrency, per_replica)
@@ -267,9 +267,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n = args.texts or (4000 if args.quick else 20_000)
     rounds = args.rounds or (1 if args.quick else 5)
 
-    from qwen_embed_plugins.bench import corpus
-
-    from qwen_embed_plugins.testing import EmbeddingServer
+    from qwen_embed_plugins.cli._corpus import corpus
+    from qwen_embed_tooling.testing import EmbeddingServer
 
     texts = corpus(n, unique=True)
     handler = _BatchLatencies()

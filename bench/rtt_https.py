@@ -4,10 +4,10 @@ The measurement that started the project: a new ``openai.OpenAI`` per request (4
 2.1 req/s, 200 TCP connections for 200 requests) vs one pooled client (136 ms,
 7.3 req/s, <= 20 connections). Here the loopback server runs in a child process with
 HTTPS (a trustme test CA) behind a relay that holds every chunk for RTT/2 in each
-direction and charges one RTT for the TCP handshake (``qwen_embed_plugins._bench.relay``),
+direction and charges one RTT for the TCP handshake (``qwen_embed_tooling.bench.relay``),
 so TCP + TLS set-up costs what it costs remotely.
 
-It runs ``qwen_embed_plugins._bench.run.run_bench`` (what ``qwen-embed bench`` runs) at
+It runs ``qwen_embed_tooling.bench.run.run_bench`` (what ``qwen-embed bench`` runs) at
 concurrency 1 (one request at a time, as in the seed) and at ``--concurrency``, plus
 the naive client with certifi's public roots + the test CA (what ``openai.OpenAI()``
 builds by default). Medians of ``--repeats`` runs.
@@ -22,8 +22,8 @@ from typing import Any
 
 from _common import command_line, environment, markdown_table, median, save
 
-from qwen_embed_plugins._bench.results import MODES
-from qwen_embed_plugins._bench.run import local_target, run_bench
+from qwen_embed_tooling.bench.results import MODES
+from qwen_embed_tooling.bench.run import local_target, run_bench
 
 FIELDS = (
     "p50_ms",

@@ -23,13 +23,12 @@ from .errors import QwenEmbedError
 from .transport import Reply, Request
 
 if TYPE_CHECKING:
-    from .balance import Replica
+    from .balance import HedgeBudget, Replica
     from .protocol import FloatArray
 
 __all__ = [
     "Abandoned",
     "Call",
-    "HedgeBudget",
     "Part",
     "Send",
     "Sleep",
@@ -293,33 +292,6 @@ async def arun_windowed(count: int, job: Callable[[int], Any], limit: int, call:
 
 
 # --------------------------------------------------------------------------- hedging
-
-
-class HedgeBudget:
-    """Caps hedged requests at ``ratio`` of the queries seen (default 5%): a hedge is
-    allowed while ``hedges + 1 <= ratio * queries``. Thread-safe."""
-
-    def __init__(self, ratio: float = 0.05) -> None:
-        self.ratio = ratio
-        self.queries = 0
-        self.hedges = 0
-        self.wins = 0
-        self._lock = threading.Lock()
-
-    def seen(self) -> None:
-        with self._lock:
-            self.queries += 1
-
-    def allow(self) -> bool:
-        with self._lock:
-            if self.hedges + 1 <= self.ratio * self.queries:
-                self.hedges += 1
-                return True
-            return False
-
-    def won(self) -> None:
-        with self._lock:
-            self.wins += 1
 
 
 def hedged(first: Callable[[threading.Event], Any], delay: float, budget: HedgeBudget) -> Any:

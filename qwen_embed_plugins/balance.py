@@ -32,7 +32,7 @@ from .errors import CircuitOpenError, QwenEmbedError
 from .metrics import EndpointMetrics
 from .retry import is_health_failure
 
-__all__ = ["Endpoint", "Replica", "ReplicaState", "endpoint_for", "replica_for"]
+__all__ = ["Endpoint", "HedgeBudget", "Replica", "ReplicaState", "endpoint_for", "replica_for"]
 
 _EWMA_ALPHA = 0.2
 _LATENCY_WINDOW = 512
@@ -199,6 +199,33 @@ def replica_for(key: PoolKey) -> Replica:
         return found
 
 
+class HedgeBudget:
+    """Caps hedged requests at ``ratio`` of the queries seen (default 5%): a hedge is
+    allowed while ``hedges + 1 <= ratio * queries``. Thread-safe."""
+
+    def __init__(self, ratio: float = 0.05) -> None:
+        self.ratio = ratio
+        self.queries = 0
+        self.hedges = 0
+        self.wins = 0
+        self._lock = threading.Lock()
+
+    def seen(self) -> None:
+        with self._lock:
+            self.queries += 1
+
+    def allow(self) -> bool:
+        with self._lock:
+            if self.hedges + 1 <= self.ratio * self.queries:
+                self.hedges += 1
+                return True
+            return False
+
+    def won(self) -> None:
+        with self._lock:
+            self.wins += 1
+
+
 class Endpoint:
     """The replicas of one config, and the choice among them."""
 
@@ -219,8 +246,6 @@ class Endpoint:
         self.threshold = threshold
         self._turn = itertools.count()
         self.opened = 0
-        from ._run import HedgeBudget
-
         self.hedges = HedgeBudget()
 
     def check_open(self) -> None:

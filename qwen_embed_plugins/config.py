@@ -57,7 +57,6 @@ __all__ = [
     "RetryConfig",
     "Secret",
     "Timeouts",
-    "TransportKey",
     "default_query_instruction",
     "env_setting",
     "environment_proxy",
@@ -387,10 +386,6 @@ class PoolKey:
     def label(self) -> str:
         """The replica as shown in stats, logs and metrics (no credentials)."""
         return endpoint_label(self.base_url)
-
-
-TransportKey = PoolKey
-"""Former name of ``PoolKey``."""
 
 
 def _normalise_one_url(value: object) -> str:

@@ -3,11 +3,6 @@
 One ``EndpointMetrics`` per endpoint label (scheme://host:port/path, never
 credentials), shared by every client, adapter and pool entry of that endpoint in the
 process. Updates are lock-guarded and cost well under a microsecond each.
-
-Switch: with ``QWEN_EMBED_METRICS=off`` (or ``0``, ``false``, ``no``) in the environment
-when an endpoint is first used, that endpoint gets a ``NullMetrics``, which records
-nothing. It exists to measure what recording costs (``bench/metrics_overhead.py``); with
-it, ``stats()``, ``pool_stats()`` and Prometheus report zeros for that endpoint.
 """
 
 from __future__ import annotations
@@ -19,21 +14,13 @@ from collections import Counter
 from typing import Any
 
 __all__ = [
-    "ENV_METRICS",
     "LATENCY_BUCKETS",
     "EndpointMetrics",
-    "NullMetrics",
     "metrics_for",
     "register_group",
     "reset_metrics",
     "stats",
 ]
-
-ENV_METRICS = "QWEN_EMBED_METRICS"
-"""Environment variable: ``off``/``0``/``false``/``no`` gives endpoints first used while it
-is set a ``NullMetrics`` (records nothing). Anything else, or unset: record."""
-
-_OFF = frozenset({"off", "0", "false", "no"})
 
 LATENCY_BUCKETS: tuple[float, ...] = (
     0.001,
@@ -168,47 +155,19 @@ class EndpointMetrics:
             }
 
 
-class NullMetrics(EndpointMetrics):
-    """An ``EndpointMetrics`` that records nothing: every update is a no-op, so its
-    ``snapshot()`` stays at zero. What an endpoint gets while ``QWEN_EMBED_METRICS=off``;
-    ``bench/metrics_overhead.py`` compares it with ``EndpointMetrics`` to measure what
-    recording costs per request."""
-
-    def connection_opened(self) -> None:
-        pass
-
-    def request_started(self) -> None:
-        pass
-
-    def request_finished(self, outcome: str, seconds: float, texts: int) -> None:
-        pass
-
-    def retry(self, reason: str, *, stale: bool = False) -> None:
-        pass
-
-    def fallback(self, kind: str) -> None:
-        pass
-
-
 _registry_lock = threading.Lock()
 _registry: dict[str, EndpointMetrics] = {}
 
 
 def metrics_for(label: str) -> EndpointMetrics:
-    """The process-wide ``EndpointMetrics`` of an endpoint label.
-
-    Made on first use: a ``NullMetrics`` when ``QWEN_EMBED_METRICS`` is ``off`` then
-    (see ``ENV_METRICS``), an ``EndpointMetrics`` otherwise; the choice sticks for the
-    life of the process.
-    """
+    """The process-wide ``EndpointMetrics`` of an endpoint label (made on first use)."""
     found = _registry.get(label)
     if found is not None:
         return found
     with _registry_lock:
         found = _registry.get(label)
         if found is None:
-            off = os.environ.get(ENV_METRICS, "").strip().lower() in _OFF
-            found = _registry[label] = (NullMetrics if off else EndpointMetrics)(label)
+            found = _registry[label] = EndpointMetrics(label)
         return found
 
 

@@ -93,12 +93,6 @@ DEFAULT_ERROR_COLUMN: Final = "embedding_error"
 """Name of the error column added with ``on_error="skip"`` (a string, null when the row
 was embedded)."""
 
-# Test hook (used by tests/test_ray.py to kill an actor mid-job deterministically): when
-# this variable names a file in an actor's environment, the first actor that has already
-# finished a batch and manages to delete that file exits at once (os._exit), as a crashed
-# or preempted worker would. Unset in normal use.
-_EXIT_FILE_ENV: Final = "QWEN_EMBED_RAY_TEST_EXIT_FILE"
-
 _FORMATS: Final = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
 
 
@@ -286,16 +280,6 @@ class _EmbedBatch:
         self._error = error_column
         self._skip = on_error == "skip"
         self._dim: int | None = config.dimensions
-        self._calls = 0
-        self._exit_file = os.environ.get(_EXIT_FILE_ENV)
-
-    def _crash_if_asked(self) -> None:
-        if self._exit_file and self._calls > 0:
-            try:
-                os.unlink(self._exit_file)  # exactly one process succeeds
-            except FileNotFoundError:
-                return
-            os._exit(1)
 
     def _known_dim(self) -> int:
         """The vector size, for a batch with no embedded row (empty or all failed)."""
@@ -306,8 +290,6 @@ class _EmbedBatch:
         return self._dim
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        self._crash_if_asked()
-        self._calls += 1
         if self._column not in batch.column_names:
             raise InputError(
                 f"column {self._column!r} is not in the dataset; columns: {batch.column_names}"

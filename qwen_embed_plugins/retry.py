@@ -1,5 +1,6 @@
 """The one retry layer: pure policy (what to retry, how long to wait, what counts as ill
-health), the circuit breaker, and thin sync/async drivers.
+health). The engine (``_engine``) drives it with ``RetryState``; the breaker that hears
+the health signals is ``balance``'s (per replica).
 
 The openai SDK's own retries are always off (``max_retries=0``). Failures fall in four
 kinds (``classify``):
@@ -20,34 +21,30 @@ kinds (``classify``):
 - ``"fatal"``: everything else (400, 401, 403, 404, 413, 422, a context-length error,
   a malformed 200, a local ``PoolTimeout``, a TLS certificate failure): not retried.
 
-Only endpoint ill health feeds the circuit breaker (``is_health_failure``): connect
+Only endpoint ill health feeds the circuit breaker (``balance``) (``is_health_failure``): connect
 errors and timeouts, read timeouts with no response, 502/503/504. Never 4xx, 429 (back
 off instead), a local ``PoolTimeout``, a refused stream, or a 500 (one input's fault as
 often as the server's; bisection tells which).
 
-Sleep, clock and random source are injectable, so the maths is tested without waiting.
+Clock and random source are parameters, so the maths is tested without waiting.
 """
 
 from __future__ import annotations
 
-import asyncio
 import email.utils
 import random
-import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Literal
 
 from .config import RetryConfig
 from .errors import (
-    CircuitOpenError,
     ConnectError,
     ConnectTimeout,
     HTTPStatusError,
     NetworkError,
     PoolTimeout,
-    QwenEmbedError,
     ReadTimeout,
     TimeoutException,
     TransportError,
@@ -56,12 +53,9 @@ from .errors import (
 __all__ = [
     "OUTAGE_STATUS",
     "RETRYABLE_STATUS",
-    "CircuitBreaker",
     "FailureKind",
     "RetryState",
-    "acall_with_retry",
     "backoff_delay",
-    "call_with_retry",
     "classify",
     "is_health_failure",
     "parse_retry_after",
@@ -75,8 +69,6 @@ MAX_REFUSED_RESENDS = 16
 """Refused HTTP/2 streams resent at once per request before they count as failures."""
 
 FailureKind = Literal["outage", "transient", "refused", "fatal"]
-
-T = TypeVar("T")
 
 
 def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -> float | None:
@@ -256,221 +248,3 @@ class RetryState:
         if left is not None and delay >= left:
             return None
         return delay
-
-
-class CircuitBreaker:
-    """A per-endpoint (per-replica) circuit breaker that listens to health only.
-
-    Closed: calls pass. After ``threshold`` consecutive health failures
-    (``is_health_failure``) it opens: new calls fail at once with ``CircuitOpenError``
-    for ``cooldown`` seconds (calls already under way keep retrying within their
-    deadline). Then one probe is let through (half-open): a success closes the breaker,
-    a health failure opens it for another cooldown. Any answer that shows the server
-    alive (a 2xx, a 4xx, a 429, a 500) resets the count. ``threshold=0`` disables it.
-    Thread-safe; clock injectable.
-    """
-
-    def __init__(
-        self,
-        *,
-        threshold: int,
-        cooldown: float,
-        label: str,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.threshold = threshold
-        self.cooldown = cooldown
-        self.label = label
-        self._clock = clock
-        self._lock = threading.Lock()
-        self._failures = 0
-        self._opened_at: float | None = None
-        self._probing = False
-        self.last_error: QwenEmbedError | None = None
-        self.opened = 0
-        """How many times the breaker opened (for stats and tests)."""
-
-    def after_fork(self) -> None:
-        """In a forked child: a new lock (the parent's may have been held at fork time)."""
-        self._lock = threading.Lock()
-
-    @property
-    def state(self) -> str:
-        """``"closed"``, ``"open"`` or ``"half-open"``."""
-        with self._lock:
-            return self._state()
-
-    def _state(self) -> str:
-        if self._opened_at is None:
-            return "closed"
-        if self._clock() - self._opened_at >= self.cooldown:
-            return "half-open"
-        return "open"
-
-    def available(self) -> bool:
-        """Whether a request may be sent now without waiting (closed, or a probe is due)."""
-        if self.threshold <= 0:
-            return True
-        with self._lock:
-            state = self._state()
-            return state == "closed" or (state == "half-open" and not self._probing)
-
-    def open_error(self) -> CircuitOpenError:
-        """The ``CircuitOpenError`` for this breaker now (with the last failure)."""
-        with self._lock:
-            waited = 0.0 if self._opened_at is None else self._clock() - self._opened_at
-            retry_in = max(0.0, self.cooldown - waited)
-            last = self.last_error
-        said = f"; last failure: {last}" if last is not None else ""
-        return CircuitOpenError(
-            f"circuit open for {self.label} after {self.threshold} consecutive health "
-            f"failures; failing fast, next probe in {retry_in:.1f} s{said}",
-            url=self.label,
-            retry_in=retry_in,
-            last_error=last,
-        )
-
-    def before_call(self) -> None:
-        """At the start of a call: raise ``CircuitOpenError`` while the breaker is open;
-        when the cooldown is over, let this call be the probe."""
-        if self.threshold <= 0:
-            return
-        with self._lock:
-            state = self._state()
-            if state == "closed":
-                return
-            if state == "half-open" and not self._probing:
-                self._probing = True
-                return
-        error = self.open_error()
-        raise error from error.last_error
-
-    before_request = before_call
-
-    def record_success(self) -> None:
-        """The server answered (a 2xx, or any status that shows it alive)."""
-        if self._failures == 0 and self._opened_at is None and not self._probing:
-            return  # the common case: no lock
-        with self._lock:
-            self._failures = 0
-            self._opened_at = None
-            self._probing = False
-
-    def record(self, exc: BaseException) -> None:
-        """Record a failed attempt: a health failure counts, anything else shows the
-        server alive (resets the count)."""
-        if is_health_failure(exc):
-            self.record_failure(exc if isinstance(exc, QwenEmbedError) else None)
-        elif isinstance(exc, HTTPStatusError):
-            self.record_success()
-
-    def record_failure(self, exc: QwenEmbedError | None = None) -> None:
-        """A health failure (connection refused, timeout, 502/503/504)."""
-        if self.threshold <= 0:
-            return
-        with self._lock:
-            if exc is not None:
-                self.last_error = exc
-            self._failures += 1
-            if self._probing or self._failures >= self.threshold:
-                if self._opened_at is None or self._probing:
-                    self.opened += 1
-                self._opened_at = self._clock()
-            self._probing = False
-
-
-# --------------------------------------------------------------------------- drivers
-
-
-def call_with_retry(
-    attempt: Callable[[], T],
-    *,
-    policy: RetryConfig,
-    breaker: CircuitBreaker | None = None,
-    on_retry: Callable[[BaseException, float], None] | None = None,
-    fresh_connection: Callable[[], bool] = lambda: True,
-    sleep: Callable[[float], None] = time.sleep,
-    clock: Callable[[], float] = time.monotonic,
-    rng: random.Random | None = None,
-    deadline: float | None = None,
-) -> T:
-    """Run ``attempt()`` until it succeeds or the policy gives up (sync driver).
-
-    Args:
-        attempt: one request; raises a ``QwenEmbedError`` on failure.
-        policy: the ``RetryConfig``.
-        breaker: the endpoint's circuit breaker: checked once at the start (an open
-            breaker fails the call at once) and told every outcome.
-        on_retry: called with ``(error, delay_seconds)`` before each wait.
-        fresh_connection: after a failure, whether that attempt opened a new connection.
-        sleep, clock, rng: injectable for tests.
-        deadline: seconds for the whole call (default ``policy.deadline``).
-
-    Raises:
-        The last attempt's error, or ``CircuitOpenError``.
-    """
-    state = RetryState(policy=policy, started=clock(), deadline=deadline)
-    if breaker is not None:
-        breaker.before_call()
-    while True:
-        try:
-            result = attempt()
-        except QwenEmbedError as exc:
-            delay = _after_failure(exc, state, breaker, on_retry, fresh_connection(), clock(), rng)
-            if delay is None:
-                raise
-            if delay > 0:
-                sleep(delay)
-            continue
-        if breaker is not None:
-            breaker.record_success()
-        return result
-
-
-async def acall_with_retry(
-    attempt: Callable[[], Awaitable[T]],
-    *,
-    policy: RetryConfig,
-    breaker: CircuitBreaker | None = None,
-    on_retry: Callable[[BaseException, float], None] | None = None,
-    fresh_connection: Callable[[], bool] = lambda: True,
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    clock: Callable[[], float] = time.monotonic,
-    rng: random.Random | None = None,
-    deadline: float | None = None,
-) -> T:
-    """The async twin of ``call_with_retry``; differs only in awaiting."""
-    state = RetryState(policy=policy, started=clock(), deadline=deadline)
-    if breaker is not None:
-        breaker.before_call()
-    while True:
-        try:
-            result = await attempt()
-        except QwenEmbedError as exc:
-            delay = _after_failure(exc, state, breaker, on_retry, fresh_connection(), clock(), rng)
-            if delay is None:
-                raise
-            if delay > 0:
-                await sleep(delay)
-            continue
-        if breaker is not None:
-            breaker.record_success()
-        return result
-
-
-def _after_failure(
-    exc: QwenEmbedError,
-    state: RetryState,
-    breaker: CircuitBreaker | None,
-    on_retry: Callable[[BaseException, float], None] | None,
-    fresh_connection: bool,
-    now: float,
-    rng: random.Random | None,
-) -> float | None:
-    """Shared by both drivers: tell the breaker, decide the wait (``None``: give up)."""
-    if breaker is not None:
-        breaker.record(exc)
-    delay = state.next_delay(exc, now=now, fresh_connection=fresh_connection, rng=rng)
-    if delay is not None and on_retry is not None:
-        on_retry(exc, delay)
-    return delay

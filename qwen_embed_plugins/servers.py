@@ -19,10 +19,8 @@ The client knows the profile of each server (replica) once per process, unless
    for a probe. Ollama's answers are the generic OpenAI shape: it is served with the
    generic profile, which behaves the same for it.
 
-Tools may spend one bounded request: `probe_models` (``GET /models``, a total time
-budget and a size cap) reads ``owned_by`` and the shape of a 404 (`identify_models`), and
-`identify_info` reads the servers' own info endpoints (TEI ``/info``, SGLang
-``/server_info``, Ollama ``/api/version``, llama.cpp ``/props``, ``/health``).
+A tool may spend one bounded request, ``GET /models`` (``qwen-embed check``'s probe), and
+read ``owned_by`` and the shape of a 404 with `identify_models`.
 
 Sources of each fact are given next to the profile (server source file or docs).
 """
@@ -47,11 +45,9 @@ __all__ = [
     "DimensionsMode",
     "ServerProfile",
     "get_profile",
-    "identify_info",
     "identify_models",
     "identify_response",
     "identify_url",
-    "probe_models",
     "refine_error",
     "wire_dimensions",
 ]
@@ -439,39 +435,6 @@ def identify_models(
     return Detection(GENERIC, f"GET /models: HTTP {status}")
 
 
-def identify_info(path: str, status: int, body: bytes | str | None) -> Detection | None:
-    """Read one of the servers' own info endpoints, or ``None`` when unrecognised.
-
-    ``path``: ``/info`` (TEI: ``model_id``, ``max_client_batch_size``), ``/server_info``
-    (SGLang: ``model_path``, ``is_embedding``), ``/api/version`` (Ollama:
-    ``{"version"}``), ``/props`` (llama.cpp: ``default_generation_settings`` /
-    ``build_info``), ``/health`` (llama.cpp ``{"status": "ok"}``, Infinity
-    ``{"unix": ...}``).
-    """
-    data = _json(body)
-    if status != 200 or not isinstance(data, Mapping):
-        return None
-    name = path.rstrip("/").rsplit("/", 1)[-1]
-    if name == "info" and "max_client_batch_size" in data:
-        limit = data.get("max_client_batch_size")
-        profile = PROFILES["tei"]
-        if isinstance(limit, int) and limit > 0 and limit != profile.batch_limit:
-            profile = _replace(profile, batch_limit=limit)
-        return Detection(profile, f"GET /info: TEI max_client_batch_size={limit}")
-    if name in ("server_info", "get_server_info") and "model_path" in data:
-        return Detection(PROFILES["sglang"], "GET /server_info: SGLang server args")
-    if name == "version" and set(data) == {"version"}:
-        return Detection(PROFILES["ollama"], "GET /api/version: Ollama")
-    if name == "props" and ("default_generation_settings" in data or "build_info" in data):
-        return Detection(PROFILES["llamacpp"], "GET /props: llama.cpp")
-    if name == "health":
-        if data.get("status") == "ok":
-            return Detection(PROFILES["llamacpp"], "GET /health: llama.cpp")
-        if "unix" in data:
-            return Detection(PROFILES["infinity"], "GET /health: Infinity")
-    return None
-
-
 def identify_response(headers: Mapping[str, str] | None, payload: Any = None) -> Detection | None:
     """A detection from an embedding answer (free: no extra request), or ``None``.
 
@@ -503,12 +466,6 @@ def identify_response(headers: Mapping[str, str] | None, payload: Any = None) ->
     return None
 
 
-def _replace(profile: ServerProfile, **changes: Any) -> ServerProfile:
-    import dataclasses
-
-    return dataclasses.replace(profile, **changes)
-
-
 _OVERLOAD_WORDS: Final = re.compile(r"overload|busy|queue is full|capacity", re.I)
 
 
@@ -530,71 +487,3 @@ def refine_error(profile: ServerProfile, error: HTTPStatusError) -> HTTPStatusEr
         )
         return refined
     return error
-
-
-# --------------------------------------------------------------------------- probe
-
-PROBE_BUDGET: Final = 5.0
-"""Seconds a detection probe may take in all (connect, send, every byte of the answer)."""
-PROBE_MAX_BYTES: Final = 1 << 20
-"""The largest ``/models`` answer a probe reads, in bytes."""
-
-
-def probe_models(config: Any, *, budget: float = PROBE_BUDGET, url: str | None = None) -> Detection:
-    """Identify a server with ONE bounded ``GET {base_url}/models`` (for tools such as
-    ``qwen-embed check``; the embedding path never probes: it reads the first answer).
-
-    The probe goes through the endpoint's shared pool, takes at most ``budget`` seconds
-    in all (a trickling answer cannot hold it longer) and reads at most
-    ``PROBE_MAX_BYTES`` (an endless or inflating body is cut). Never raises: any failure
-    gives the generic profile, with the reason in ``Detection.source``.
-
-    Args:
-        config: the endpoint's ``EmbeddingConfig``.
-        budget: seconds for the whole probe (default 5).
-        url: which replica to probe (default the first).
-    """
-    from . import pool
-    from .errors import ErrorContext, QwenEmbedError
-    from .transport import Request
-
-    base = url or config.replicas[0]
-    known = identify_url(base)
-    if known is not None:
-        return known
-    t = config.timeouts
-    timeouts = t.replace(
-        connect=min(t.connect or budget, budget),
-        read=min(t.read or budget, budget),
-        write=min(t.write or budget, budget),
-        pool=min(t.pool or budget, budget),
-        total=budget,
-    )
-    headers = {"Accept": "application/json"}
-    key = config.api_key_value()
-    if key is not None:
-        headers["Authorization"] = f"Bearer {key}"
-    request = Request(
-        "GET",
-        f"{base}/models",
-        b"",
-        headers,
-        timeouts,
-        budget,
-        PROBE_MAX_BYTES,
-        ErrorContext(
-            url=base,
-            secret=config.api_key,
-            connect=timeouts.connect,
-            read=timeouts.read,
-            pool=timeouts.pool,
-            total=budget,
-        ),
-    )
-    try:
-        reply = pool.sync_transport(config.pool_key_for(base)).send(request)
-    except QwenEmbedError as exc:
-        return Detection(GENERIC, f"GET /models failed: {type(exc).__name__}: {exc}")
-    except Exception as exc:  # never fail over detection
-        return Detection(GENERIC, f"GET /models failed: {type(exc).__name__}")
-    return identify_models(reply.status, reply.headers, reply.body, base_url=base)

@@ -45,7 +45,6 @@ from .errors import (
     NetworkError,
     QwenEmbedError,
     ResponseError,
-    from_aiohttp,
     from_httpx,
     pool_timeout_error,
     total_timeout_error,
@@ -650,12 +649,3 @@ def h2_state_error(exc: BaseException, ctx: ErrorContext) -> NetworkError | None
     return NetworkError(
         f"the HTTP/2 connection to {ctx.url} failed: {text[:200]}", url=ctx.url, refused=refused
     )
-
-
-def translate(exc: BaseException, ctx: ErrorContext) -> QwenEmbedError:
-    """The library error for any exception an exchange can raise."""
-    if isinstance(exc, QwenEmbedError):
-        return exc
-    if type(exc).__module__.startswith("aiohttp"):
-        return from_aiohttp(exc, ctx)
-    return from_httpx(exc, ctx)

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The project's test command (see README). On a fresh machine it
 #   1. builds two virtualenvs from pyproject.toml -- openai 3.x (on httpx2) and openai 2.x
-#      (on httpx) -- with the `test` extra (the first also gets `docs` and `lint`);
+#      (on httpx) -- with the `test` extra (the first also gets `docs` and `lint`) and the
+#      tooling distribution next to the library (tooling/: test servers, bench machinery);
 #   2. lints: `ruff check`, `ruff format --check` (ruff pinned in the `lint` extra) and
-#      `mypy --strict` on the package (as configured in pyproject.toml);
+#      `mypy --strict` on the library and the tooling (as configured in pyproject.toml);
 #   3. sets up and starts the real Infinity embedding server (scripts/realserver.py: its own
 #      venv in ~/.cache/qwen-embed-plugins, real MiniLM weights + a tiny Qwen3-layout model),
 #      unless one is already running on its port (then it is used and left running);
@@ -51,7 +52,9 @@ install_venv() { # install_venv VENV MAJOR EXTRAS
   if [ ! -x "$1/bin/python" ]; then
     "$PY" -m venv "$1" || return
   fi
-  "$1/bin/python" -m pip install -q --disable-pip-version-check -e ".[$3]" "openai>=$2,<$(($2 + 1))"
+  # the tooling (tooling/, qwen-embed-tooling) with its dependencies, in the same resolve
+  "$1/bin/python" -m pip install -q --disable-pip-version-check -e ".[$3]" -e ./tooling \
+    "openai>=$2,<$(($2 + 1))"
 }
 
 # ------------------------------------------------------------------- 1. virtualenvs
@@ -75,9 +78,9 @@ first_ready=0
 if [ "$first_ready" = 1 ]; then
   step "ruff check" "$FIRST_VENV/bin/ruff" check .
   step "ruff format --check" "$FIRST_VENV/bin/ruff" format --check .
-  step "mypy --strict qwen_embed_plugins" "$FIRST_VENV/bin/mypy"
+  step "mypy --strict (library, tooling)" "$FIRST_VENV/bin/mypy"
 else
-  for what in "ruff check" "ruff format --check" "mypy --strict qwen_embed_plugins"; do
+  for what in "ruff check" "ruff format --check" "mypy --strict (library, tooling)"; do
     skip "$what" "$FIRST_VENV was not installed"
   done
 fi

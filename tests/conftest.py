@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 if TYPE_CHECKING:
-    from qwen_embed_plugins.testing import EmbeddingServer
+    from qwen_embed_tooling.testing import EmbeddingServer
 
 SERVER_FIXTURES = frozenset({"embedding_server", "server", "srv", "realserver"})
 """Fixtures that start a server: a ``unit`` test may not use them."""
@@ -123,7 +123,7 @@ def _fresh_replica_health() -> None:
 def embedding_server() -> Iterator[EmbeddingServer]:
     """A started default `EmbeddingServer` (SGLang dialect, HTTP/1.1 on uvicorn, 1024-dim
     vectors, 5 s keep-alive) on a free 127.0.0.1 port, closed after the test."""
-    from qwen_embed_plugins.testing import EmbeddingServer
+    from qwen_embed_tooling.testing import EmbeddingServer
 
     with EmbeddingServer() as server:
         forget_learned(server.base_url)
@@ -133,7 +133,7 @@ def embedding_server() -> Iterator[EmbeddingServer]:
 @pytest.fixture(scope="module")
 def server() -> Iterator[EmbeddingServer]:
     """A default `EmbeddingServer` shared by the tests of one module (saves start-ups)."""
-    from qwen_embed_plugins.testing import EmbeddingServer
+    from qwen_embed_tooling.testing import EmbeddingServer
 
     with EmbeddingServer() as shared:
         forget_learned(shared.base_url)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import orjson
 
-from qwen_embed_plugins.testing import expected_embeddings
+from qwen_embed_tooling.testing import expected_embeddings
 
 
 class Received:

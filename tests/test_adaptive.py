@@ -569,7 +569,7 @@ def test_a_forked_child_starts_with_no_gates() -> None:
 @pytest.fixture
 def crowded_server() -> Any:
     """2 slots of ~20 ms, 503 past 2 waiting: more than 4 requests in flight overload it."""
-    from qwen_embed_plugins.testing import EmbeddingServer, GPULike
+    from qwen_embed_tooling.testing import EmbeddingServer, GPULike
 
     model = GPULike(slots=2, base=0.02, per_token=0.0, queue_limit=2)
     with EmbeddingServer(server_model=model) as server:

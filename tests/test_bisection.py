@@ -11,7 +11,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import balance
-from qwen_embed_plugins.testing import (
+from qwen_embed_tooling.testing import (
     EOS_TOKEN,
     NO_EOS_SUFFIX,
     TOKEN_CAP_MESSAGE_UNSTATED,

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from qwen_embed_plugins import DEFAULT_QUERY_TASK, format_query
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding, expected_embeddings
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, expected_embeddings
 
 if os.environ.get("CI"):  # CI installs the test extra: a missing package must fail there
     import langchain_classic  # noqa: F401

@@ -26,7 +26,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import protocol
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding, expected_embeddings
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, expected_embeddings
 
 QWEN = "Qwen/Qwen3-Embedding-0.6B"
 MINILM = "sentence-transformers/all-MiniLM-L6-v2"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import socket
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -21,12 +22,13 @@ import pytest
 from click.testing import CliRunner, Result
 
 from qwen_embed_plugins import DEFAULT_QUERY_TASK, format_query, reset_metrics
-from qwen_embed_plugins._bench.corpus import corpus
-from qwen_embed_plugins._bench.relay import Relay
-from qwen_embed_plugins._bench.results import MODES
 from qwen_embed_plugins.cli import INSTALL_HINT, get_command, main
+from qwen_embed_plugins.cli._app import TOOLING_HINT
+from qwen_embed_plugins.cli._corpus import corpus
 from qwen_embed_plugins.cli._inputs import iter_texts
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
+from qwen_embed_tooling.bench.relay import Relay
+from qwen_embed_tooling.bench.results import MODES
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding
 
 
 def run(*args: str) -> Result:
@@ -75,6 +77,55 @@ def test_main_runs_the_group(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for name in ("bench", "check", "embed", "serve"):
         assert name in out
+
+
+def test_bench_and_serve_are_the_tooling_commands_found_by_entry_point() -> None:
+    from qwen_embed_tooling.cli import bench, serve
+
+    group = get_command()
+    assert group.commands["bench"] is bench
+    assert group.commands["serve"] is serve
+
+
+# A child interpreter without the tooling: "absent" as if no distribution registered the
+# entry-point group; "broken" as if it were registered but its modules could not load.
+_WITHOUT_TOOLING = """
+import sys
+import importlib.metadata as md
+if {how!r} == "absent":
+    every = md.entry_points
+    md.entry_points = lambda **kw: md.EntryPoints(
+        p for p in every(**kw) if p.group != "qwen_embed.commands"
+    )
+else:
+    sys.modules["qwen_embed_tooling"] = None
+from qwen_embed_plugins.cli import main
+main({args!r})
+"""
+
+
+@pytest.mark.parametrize("how", ["absent", "broken"])
+@pytest.mark.parametrize("command", ["bench", "serve"])
+def test_a_tooling_command_without_the_tooling_says_how_to_install_it(
+    command: str, how: str
+) -> None:
+    code = _WITHOUT_TOOLING.format(how=how, args=[command, "--port", "0"])
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert f"qwen-embed {command} comes with the tooling package" in proc.stderr
+    assert TOOLING_HINT in proc.stderr
+    assert "Traceback" not in proc.stderr
+    listing = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_TOOLING.format(how=how, args=["--help"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert f"{command} " in listing.stdout  # still listed, with its install note
+    assert "needs qwen-embed-tooling" in listing.stdout
 
 
 # --------------------------------------------------------------------------- bench

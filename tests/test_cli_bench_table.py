@@ -12,10 +12,11 @@ import pytest
 from cli_support import run
 from rich.console import Console
 
-from qwen_embed_plugins._bench.results import MODE_SHORT_LABELS, MODES, BenchResult, ModeResult
-from qwen_embed_plugins._bench.run import Target, run_bench
-from qwen_embed_plugins.cli._output import bench_renderables, fmt, fmt_int
-from qwen_embed_plugins.testing import EmbeddingServer
+from qwen_embed_plugins.cli._output import fmt
+from qwen_embed_tooling.bench.results import MODE_SHORT_LABELS, MODES, BenchResult, ModeResult
+from qwen_embed_tooling.bench.run import Target, run_bench
+from qwen_embed_tooling.cli._output import bench_renderables, fmt_int
+from qwen_embed_tooling.testing import EmbeddingServer
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import orjson
 import pytest
 from cli_support import run
 
-from qwen_embed_plugins.testing import EmbeddingServer
+from qwen_embed_tooling.testing import EmbeddingServer
 
 
 def check(base_url: str, *args: str) -> dict[str, Any]:
@@ -128,8 +128,8 @@ def test_table_names_the_detected_server() -> None:
 def test_check_reports_silent_truncation_and_a_missing_eos() -> None:
     """issue 13: `qwen-embed check` says when the server truncates long inputs (from its
     usage) and, on llama.cpp, when it does not append <|endoftext|>."""
-    from qwen_embed_plugins._bench.check import check_server
-    from qwen_embed_plugins.testing import EmbeddingServer
+    from qwen_embed_plugins.cli._check import check_server
+    from qwen_embed_tooling.testing import EmbeddingServer
 
     with EmbeddingServer() as srv:
         srv.truncate_inputs(2048)

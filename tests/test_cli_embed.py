@@ -15,7 +15,7 @@ import pytest
 from cli_support import journal_batches, numbered_texts, received_batches, run, wait_until
 
 from qwen_embed_plugins.cli import embed as embed_command
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding
 
 
 @pytest.fixture(scope="module")
@@ -365,7 +365,7 @@ def test_peak_rss_is_flat_from_10k_to_100k_texts(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from qwen_embed_plugins._bench.corpus import corpus
+    from qwen_embed_plugins.cli._corpus import corpus
 
     peak: dict[int, int] = {}
     with EmbeddingServer(process=True) as srv:

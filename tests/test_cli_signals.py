@@ -25,7 +25,7 @@ from cli_support import (
     wait_until,
 )
 
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding
 
 _STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143, signal.SIGHUP: 129}
 _WORDS = {

@@ -15,7 +15,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import _sdk, pool
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding
 
 TEXTS_1000 = [f"passage number {i}: the quick brown fox {i * 7919 % 1000}" for i in range(1000)]
 

@@ -29,7 +29,7 @@ from qwen_embed_plugins.errors import (
 )
 from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings
 from qwen_embed_plugins.integrations.llama_index import QwenPooledEmbedding
-from qwen_embed_plugins.testing import (
+from qwen_embed_tooling.testing import (
     DIALECTS,
     EmbeddingServer,
     expected_embedding,
@@ -340,15 +340,15 @@ def test_response_model_may_be_a_path() -> None:
         close(client.embed_documents(["p"]), expected_embeddings(["p"]))
 
 
-def test_probe_failure_gives_the_generic_profile() -> None:
-    dead = q.EmbeddingConfig(base_url="http://127.0.0.1:9/v1")
-    found = servers.probe_models(dead, budget=1.0)
-    assert found.profile is servers.PROFILES["openai"]
-    assert "ConnectError" in found.source
+def test_the_models_probe_reads_owned_by(srv: EmbeddingServer) -> None:
+    from qwen_embed_plugins._http import httpx
+    from qwen_embed_plugins.cli._probe import get_models_response
 
-
-def test_probe_reads_owned_by(srv: EmbeddingServer) -> None:
-    found = servers.probe_models(q.EmbeddingConfig(base_url=srv.base_url))
+    with httpx.Client() as http:
+        answer = get_models_response(http, srv.base_url, None)
+    found = servers.identify_models(
+        answer.status_code, answer.headers, answer.content, base_url=srv.base_url
+    )
     expected = {"ollama": "ollama", "tei": "tei"}.get(srv.dialect, srv.dialect)
     if srv.dialect not in ("dashscope", "siliconflow"):  # on loopback: no URL to go by
         assert found.profile.name == expected, found.source
@@ -391,23 +391,7 @@ def test_identify_models(
 
 
 @pytest.mark.unit
-def test_identify_info_url_and_response() -> None:
-    tei = servers.identify_info("/info", 200, b'{"model_id":"m","max_client_batch_size":64}')
-    assert tei is not None
-    assert tei.profile.name == "tei"
-    assert tei.profile.batch_limit == 64
-    sg = servers.identify_info("/server_info", 200, b'{"model_path":"Qwen/x","is_embedding":true}')
-    assert sg is not None
-    assert sg.profile.name == "sglang"
-    ol = servers.identify_info("/api/version", 200, b'{"version":"0.12.6"}')
-    assert ol is not None
-    assert ol.profile.name == "ollama"
-    lc = servers.identify_info("/props", 200, b'{"build_info":"b1"}')
-    assert lc is not None
-    assert lc.profile.name == "llamacpp"
-    assert servers.identify_info("/health", 200, b'{"status":"ok"}').profile.name == "llamacpp"  # type: ignore[union-attr]
-    assert servers.identify_info("/health", 200, b'{"unix":1.0}').profile.name == "infinity"  # type: ignore[union-attr]
-    assert servers.identify_info("/info", 404, b"") is None
+def test_identify_url() -> None:
     ds = servers.identify_url("https://dashscope-intl.aliyuncs.com/compatible-mode/v1")
     assert ds is not None
     assert ds.profile.name == "dashscope"

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from qwen_embed_plugins import close_all
-from qwen_embed_plugins.testing import EmbeddingServer
+from qwen_embed_tooling.testing import EmbeddingServer
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]

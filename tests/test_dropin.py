@@ -24,7 +24,7 @@ import qwen_embed_plugins as q
 from qwen_embed_plugins import AsyncEmbeddingClient, ConfigError, EmbeddingClient, EmbeddingConfig
 from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings
 from qwen_embed_plugins.integrations.llama_index import QwenPooledEmbedding
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding
 
 GATEWAY_SECRET = "gw-secret-7f3a9c0e11"
 TOKEN_SECRET = "tok-secret-55aa0b1c"

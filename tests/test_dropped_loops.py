@@ -24,7 +24,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import pool
-from qwen_embed_plugins.testing import EmbeddingServer
+from qwen_embed_tooling.testing import EmbeddingServer
 
 LOOPS = 30
 WAIT_GUARD_S = 120.0  # a hang guard, as conftest's ``wait_until``: never a speed limit

@@ -11,7 +11,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import balance, pool
-from qwen_embed_plugins.testing import EmbeddingServer, LoopbackProxy, expected_embeddings
+from qwen_embed_tooling.testing import EmbeddingServer, LoopbackProxy, expected_embeddings
 
 QUERIES = [f"query number {i}" for i in range(600)]
 ALIAS = "embed.internal"

@@ -15,8 +15,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import servers
-from qwen_embed_plugins.testing import HostileServer, expected_embeddings
+from qwen_embed_tooling.testing import HostileServer, expected_embeddings
 
 KEY = "sk-hostile-0123456789abcdef"
 ONCE = q.RetryConfig(max_attempts=1)
@@ -65,16 +64,19 @@ def test_the_cap_is_a_setting(hostile: HostileServer) -> None:
         small.embed_documents(["a", "b", "c"])  # 3 x 1024 floats: over 4 KiB
 
 
-def test_the_detection_probe_is_bounded_in_size_and_time(hostile: HostileServer) -> None:
+def test_the_models_probe_is_bounded_in_size_and_time(hostile: HostileServer) -> None:
+    """The one ``GET /models`` probe (``qwen-embed check``'s)."""
+    from qwen_embed_plugins._http import httpx
+    from qwen_embed_plugins.cli._probe import bounded_get, get_models_response
+
     hostile.set("endless_chunked", on="models")
     before = peak_rss()
-    found = servers.probe_models(q.EmbeddingConfig(base_url=hostile.base_url), budget=3.0)
-    assert found.profile is servers.GENERIC
-    assert "ResponseError" in found.source
+    with httpx.Client() as http, pytest.raises(httpx.HTTPError, match="larger than"):
+        get_models_response(http, hostile.base_url, None)
     assert peak_rss() - before < 64 * MIB
     hostile.set("trickle", on="models", interval=0.2)
-    found = servers.probe_models(q.EmbeddingConfig(base_url=hostile.base_url), budget=1.0)
-    assert "ReadTimeout" in found.source  # cut by the budget, not by the read timeout
+    with httpx.Client() as http, pytest.raises(httpx.ReadTimeout, match=r"longer than 1\.0 s"):
+        bounded_get(http, f"{hostile.base_url}/models", {}, budget=1.0)  # not the read timeout
 
 
 # --------------------------------------------------------------------------- time

@@ -29,7 +29,7 @@ from pydantic import SecretStr, ValidationError
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding, expected_embeddings
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, expected_embeddings
 
 DOCS_MD = Path(__file__).resolve().parent.parent / "docs" / "langchain.md"
 SECRET = "sk-test-0123456789abcdef"

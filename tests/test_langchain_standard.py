@@ -15,7 +15,7 @@ from langchain_tests.integration_tests import EmbeddingsIntegrationTests
 from langchain_tests.unit_tests import EmbeddingsUnitTests
 
 from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings
-from qwen_embed_plugins.testing import EmbeddingServer
+from qwen_embed_tooling.testing import EmbeddingServer
 
 # Constructing an instance opens nothing, so the unit suite needs no server: nothing
 # listens on this port and nothing ever connects to it.

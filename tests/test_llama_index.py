@@ -46,7 +46,7 @@ from qwen_embed_plugins import (
     pool_stats,
 )
 from qwen_embed_plugins.integrations.llama_index import QwenPooledEmbedding
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding, expected_embeddings
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, expected_embeddings
 
 API_KEY_ENV = "QWEN_EMBED_API_KEY"
 SECRET = "k-test-secret-4711"

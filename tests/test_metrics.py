@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import re
 
@@ -12,13 +11,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins.metrics import (
-    ENV_METRICS,
-    EndpointMetrics,
-    NullMetrics,
-    metrics_for,
     prometheus_collector,
 )
-from qwen_embed_plugins.testing import EmbeddingServer
+from qwen_embed_tooling.testing import EmbeddingServer
 
 SECRET = "sk-prom-SECRET-123456"
 
@@ -129,34 +124,3 @@ def test_a_smooth_request_logs_nothing_above_debug(caplog: pytest.LogCaptureFixt
     with EmbeddingServer() as srv:
         q.EmbeddingClient(base_url=srv.base_url).embed_query("quiet")
     assert not [r for r in caplog.records if r.name == "qwen_embed_plugins"]
-
-
-def _fresh_server(stack: contextlib.ExitStack) -> EmbeddingServer:
-    """A started server whose endpoint label this process has not used yet (a port of an
-    earlier server may come back, with its endpoint's metrics object)."""
-    for _ in range(10):
-        srv = stack.enter_context(EmbeddingServer())
-        if q.EmbeddingConfig(base_url=srv.base_url).endpoint not in q.stats():
-            return srv
-    raise AssertionError("no fresh port in 10 tries")
-
-
-def test_null_metrics_switch_records_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    with contextlib.ExitStack() as stack:
-        on_srv, off_srv = _fresh_server(stack), _fresh_server(stack)
-        on = q.EmbeddingClient(base_url=on_srv.base_url)
-        monkeypatch.setenv(ENV_METRICS, "off")
-        off = q.EmbeddingClient(base_url=off_srv.base_url)  # the endpoint's first use
-        monkeypatch.delenv(ENV_METRICS)
-        q.reset_metrics()
-        for client in (on, off):
-            client.embed_documents(["one", "two", "three"])
-        snaps = q.stats()
-        assert type(metrics_for(off.config.endpoint)) is NullMetrics
-        assert type(metrics_for(on.config.endpoint)) is EndpointMetrics
-        assert snaps[on.config.endpoint]["requests"] == on_srv.requests == 1
-        assert snaps[on.config.endpoint]["texts"] == 3
-        assert off_srv.requests == 1
-        assert snaps[off.config.endpoint]["requests"] == 0
-        assert snaps[off.config.endpoint]["texts"] == 0
-        assert snaps[off.config.endpoint]["connections_opened"] == 0

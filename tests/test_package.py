@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -116,7 +117,7 @@ def test_only_http_module_imports_the_http_library() -> None:
 
 # Runtime groups: what the package's modules may import. The tool extras (test, docs,
 # lint) are for developing the package and are not imported by it.
-_RUNTIME_GROUPS = ("langchain", "llama-index", "cli", "prometheus", "testing", "ray")
+_RUNTIME_GROUPS = ("langchain", "llama-index", "cli", "prometheus", "ray")
 # Imported but rightly not declared by this project:
 _NOT_DECLARED = {
     "httpx2": "the HTTP library of openai 3.x, which requires it; _http.py imports it only "
@@ -150,13 +151,14 @@ def _declared() -> dict[str, set[str]]:
     return groups
 
 
-def _imported_top_level_modules() -> dict[str, set[str]]:
+def _imported_top_level_modules(
+    root: pathlib.Path | None = None, own: str = "qwen_embed_plugins"
+) -> dict[str, set[str]]:
     """Third-party top-level module -> files of the package importing it (``import``,
     ``from ... import`` and ``importlib.import_module("...")`` with a literal name)."""
     import ast
-    import pathlib
 
-    root = pathlib.Path(q.__file__).parent
+    root = root or pathlib.Path(q.__file__).parent
     found: dict[str, set[str]] = {}
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -177,7 +179,7 @@ def _imported_top_level_modules() -> dict[str, set[str]]:
                 continue
             for name in names:
                 top = name.split(".")[0]
-                if top not in sys.stdlib_module_names and top != "qwen_embed_plugins":
+                if top not in sys.stdlib_module_names and top != own:
                     found.setdefault(top, set()).add(str(path.relative_to(root)))
     return found
 
@@ -206,3 +208,35 @@ def test_declared_dependencies_match_the_imports() -> None:
     assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
     unused = all_declared - used - set(_NOT_IMPORTED)
     assert not unused, f"declared but never imported by the package: {sorted(unused)}"
+
+
+def test_the_tooling_declares_what_it_imports() -> None:
+    """tooling/pyproject.toml (qwen-embed-tooling) declares every third-party
+    distribution its package imports (the library's ``cli`` extra brings click and rich),
+    and imports every one it declares."""
+    import tomllib
+    from importlib.metadata import packages_distributions
+
+    import qwen_embed_tooling
+
+    root = pathlib.Path(__file__).resolve().parents[1]
+    tooling = tomllib.loads((root / "tooling" / "pyproject.toml").read_text(encoding="utf-8"))
+    declared = {_requirement_name(spec) for spec in tooling["project"]["dependencies"]}
+    assert "qwen-embed-plugins" in declared
+    via_library = _declared()["cli"]
+    providers = packages_distributions()
+    imported = _imported_top_level_modules(
+        pathlib.Path(qwen_embed_tooling.__file__).parent, "qwen_embed_tooling"
+    )
+    undeclared, used = {}, set()
+    for module, files in sorted(imported.items()):
+        dists = {_requirement_name(d) for d in providers.get(module, [])}
+        if module == "qwen_embed_plugins":
+            dists = {"qwen-embed-plugins"}
+        assert dists, f"{module} (imported by {sorted(files)}) is not installed"
+        if dists & (declared | via_library):
+            used |= dists & declared
+        else:
+            undeclared[module] = (sorted(dists), sorted(files))
+    assert not undeclared, f"imported but not declared in tooling/pyproject.toml: {undeclared}"
+    assert declared - used == set(), f"declared but never imported: {sorted(declared - used)}"

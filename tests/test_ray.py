@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from qwen_embed_plugins import ConfigError, EmbeddingConfig, InputError
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
+from qwen_embed_tooling import ray_crash
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding
 
 if os.environ.get("CI"):
     import ray  # CI installs the [ray] extra: a missing Ray must fail there, not skip
@@ -43,11 +44,17 @@ ROWS = 5000
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_local() -> Iterator[None]:
-    """A local Ray instance for this module: 2 CPUs, no dashboard, nothing online."""
+    """A local Ray instance for this module: 2 CPUs, no dashboard, nothing online; its
+    workers can be made to crash once (``ray_crash``, armed per job)."""
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     if ray.is_initialized():  # pragma: no cover - a previous module left one running
         ray.shutdown()
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"worker_process_setup_hook": ray_crash.SETUP_HOOK},
+    )
     # Ray Data's progress bars would fill the pytest log; the jobs are what is tested.
     ray.data.DataContext.get_current().enable_progress_bars = False
     yield
@@ -142,7 +149,7 @@ def test_actor_killed_mid_job_is_retried_exact_no_duplicates(tmp_path: Path) -> 
             base_url=server.base_url,
             concurrency=2,
             batch_size=250,
-            runtime_env={"env_vars": {qray._EXIT_FILE_ENV: str(exit_file)}},
+            runtime_env=ray_crash.runtime_env(exit_file),
         )
         table = _collect(out)
         # The file is deleted only by the actor that then exits: the crash happened after

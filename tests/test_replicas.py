@@ -24,9 +24,10 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import balance, pool, testing
+from qwen_embed_plugins import balance, pool
 from qwen_embed_plugins.metrics import prometheus_collector
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embeddings
+from qwen_embed_tooling import testing
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
 FAST = q.RetryConfig(backoff_initial=0.01, backoff_max=0.1, deadline=120.0)
 

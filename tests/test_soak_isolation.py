@@ -15,7 +15,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import balance
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embeddings
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
 """Rules, outage windows, crashes, waits, server models and llama.cpp's tokenizer of
-`qwen_embed_plugins.testing.EmbeddingServer`, checked with plain httpx clients (never the
+`qwen_embed_tooling.testing.EmbeddingServer`, checked with plain httpx clients (never the
 project's own client): these tests pin down what the server does on cue."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import httpx
 import numpy as np
 import pytest
 
-from qwen_embed_plugins.testing import (
+from qwen_embed_tooling.testing import (
     EOS_TOKEN,
     EOS_TOKEN_ID,
     NAN_ERROR_BODY,

@@ -23,7 +23,7 @@ from hyperframe.frame import (
     RstStreamFrame,
 )
 
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embeddings
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
 REFUSED_STREAM = 7
 DIM = 8  # small answers: no flow-control window updates needed by the raw client

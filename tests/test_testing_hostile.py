@@ -1,4 +1,4 @@
-"""`qwen_embed_plugins.testing.HostileServer`, checked with raw sockets and http.client:
+"""`qwen_embed_tooling.testing.HostileServer`, checked with raw sockets and http.client:
 each hostile behaviour really happens on the wire, bounded, and stops cleanly."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from qwen_embed_plugins.testing import HOSTILE_KINDS, HostileServer, expected_embeddings
+from qwen_embed_tooling.testing import HOSTILE_KINDS, HostileServer, expected_embeddings
 
 DIM = 16
 KEY = "Bearer sk-test-0123456789abcdef"

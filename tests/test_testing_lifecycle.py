@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from qwen_embed_plugins.testing import EmbeddingServer, HostileServer, _app
+from qwen_embed_tooling.testing import EmbeddingServer, HostileServer, _app
 
 NOISE = ("Traceback", "CancelledError", "Exception in callback")
 

@@ -1,4 +1,4 @@
-"""`qwen_embed_plugins.testing.LoopbackProxy`, checked with plain httpx and sockets."""
+"""`qwen_embed_tooling.testing.LoopbackProxy`, checked with plain httpx and sockets."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-from qwen_embed_plugins.testing import EmbeddingServer, LoopbackProxy, expected_embeddings
+from qwen_embed_tooling.testing import EmbeddingServer, LoopbackProxy, expected_embeddings
 
 ALIAS = "embeddings.internal.test"  # reserved TLD: only the proxy can reach it
 

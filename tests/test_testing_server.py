@@ -1,4 +1,4 @@
-"""`qwen_embed_plugins.testing.EmbeddingServer`, checked with plain httpx clients.
+"""`qwen_embed_tooling.testing.EmbeddingServer`, checked with plain httpx clients.
 
 Nothing here uses the project's own client: these tests pin down what the server puts
 on the wire, so the client tests can rely on it.
@@ -26,7 +26,7 @@ import httpx
 import numpy as np
 import pytest
 
-from qwen_embed_plugins.testing import (
+from qwen_embed_tooling.testing import (
     FAULT_KINDS,
     QUEUE_FULL_MESSAGE,
     EmbeddingServer,
@@ -743,12 +743,14 @@ def test_constructor_validates_settings() -> None:
 
 
 def test_package_imports_no_core_module_and_no_server_library() -> None:
-    """The test server stands apart from the core: no module of the package imports
-    another part of qwen_embed_plugins, and importing it loads no server library (those
-    come with the ``testing`` extra and load when a server starts)."""
+    """The test server stands apart from the library: no module of the package imports
+    qwen_embed_plugins, and importing it loads no server library (those are the tooling's
+    dependencies and load when a server starts)."""
     import ast
 
-    root = Path(__file__).resolve().parent.parent / "qwen_embed_plugins" / "testing"
+    import qwen_embed_tooling.testing
+
+    root = Path(qwen_embed_tooling.testing.__file__).parent
     for path in sorted(root.glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom):
@@ -760,14 +762,14 @@ def test_package_imports_no_core_module_and_no_server_library() -> None:
     code = (
         "import sys\n"
         "import qwen_embed_plugins\n"
-        "assert 'qwen_embed_plugins.testing' not in sys.modules\n"
+        "assert 'qwen_embed_tooling.testing' not in sys.modules\n"
         "before = set(sys.modules)\n"
-        "import qwen_embed_plugins.testing\n"
+        "import qwen_embed_tooling.testing\n"
         "new = sorted(m for m in set(sys.modules) - before if m.split('.')[0] in "
         "('uvicorn', 'hypercorn', 'trustme', 'httpx', 'httpx2', 'h2', 'starlette'))\n"
         "assert not new, new\n"
-        "core = sorted(m for m in set(sys.modules) - before if m.startswith('qwen_embed_plugins.')"
-        " and not m.startswith('qwen_embed_plugins.testing'))\n"
+        "core = sorted(m for m in set(sys.modules) - before"
+        " if m.startswith('qwen_embed_plugins.'))\n"
         "assert not core, core\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
@@ -775,7 +777,7 @@ def test_package_imports_no_core_module_and_no_server_library() -> None:
 
 def test_command_line_runs_in_the_foreground_until_sigterm() -> None:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "qwen_embed_plugins.testing", "--port", "0", "--latency", "0.01"],
+        [sys.executable, "-m", "qwen_embed_tooling.testing", "--port", "0", "--latency", "0.01"],
         stdout=subprocess.PIPE,
         text=True,
     )

@@ -427,106 +427,69 @@ def test_what_is_retried() -> None:
     assert retry.retry_reason(q.ConnectTimeout("x")) == "connecttimeout"
 
 
-def test_driver_with_fake_clock_and_sleep() -> None:
-    now = [0.0]
-    slept: list[float] = []
+def _waits(
+    errors: list[Exception], policy: RetryConfig, *, attempt_seconds: float = 0.0, seed: int = 1
+) -> tuple[list[float], float, bool]:
+    """``RetryState`` as the engine uses it, on a fake clock: each attempt fails with the
+    next error (the last one repeats) and takes ``attempt_seconds``. Returns the waits
+    asked for, the time spent, and whether it gave up (``next_delay`` returned None)."""
+    state = retry.RetryState(policy=policy, started=0.0)
+    rng = random.Random(seed)
+    now, waits = 0.0, []
+    for n in range(1000):
+        now += attempt_seconds
+        delay = state.next_delay(
+            errors[min(n, len(errors) - 1)], now=now, fresh_connection=True, rng=rng
+        )
+        if delay is None:
+            return waits, now, True
+        waits.append(delay)
+        now += delay
+    return waits, now, False
 
-    def sleep(s: float) -> None:
-        slept.append(s)
-        now[0] += s
 
-    outcomes: list[Exception | str] = [
+def test_retry_waits_backoff_and_retry_after_capped() -> None:
+    policy = RetryConfig(max_attempts=4, retry_after_max=30.0, deadline=None)
+    errors = [
         _server_error(503),
         _server_error(429, retry_after=2.5),
         _server_error(429, retry_after=999.0),
-        "ok",
+        _server_error(400),
     ]
-
-    def attempt() -> str:
-        item = outcomes.pop(0)
-        if isinstance(item, Exception):
-            raise item
-        return item
-
-    seen: list[float] = []
-    result = retry.call_with_retry(
-        attempt,
-        policy=RetryConfig(max_attempts=4, retry_after_max=30.0, deadline=None),
-        sleep=sleep,
-        clock=lambda: now[0],
-        rng=random.Random(1),
-        on_retry=lambda exc, d: seen.append(d),
-    )
-    assert result == "ok"
-    assert len(slept) == 3
-    assert 0 <= slept[0] <= 0.25
-    assert slept[1] == 2.5  # Retry-After honoured
-    assert slept[2] == 30.0  # capped at retry_after_max
-    assert seen == slept
+    waits, _, gave_up = _waits(errors, policy)
+    assert gave_up
+    assert len(waits) == 3
+    assert 0 <= waits[0] <= 0.25
+    assert waits[1] == 2.5  # Retry-After honoured
+    assert waits[2] == 30.0  # capped at retry_after_max
 
 
-def test_driver_gives_up_and_never_retries_400() -> None:
-    calls = [0]
-
-    def bad() -> None:
-        calls[0] += 1
-        raise _server_error(400)
-
-    with pytest.raises(q.BadRequestError):
-        retry.call_with_retry(bad, policy=RetryConfig(), sleep=lambda s: None)
-    assert calls[0] == 1
-
-    def broken() -> None:
-        calls[0] += 1
-        raise _server_error(500)
-
-    calls[0] = 0
-    with pytest.raises(q.ServerError):
-        retry.call_with_retry(broken, policy=RetryConfig(max_attempts=3), sleep=lambda s: None)
-    assert calls[0] == 3  # not an outage: max_attempts applies
+def test_retry_gives_up_at_once_on_400_and_after_max_attempts_on_500() -> None:
+    assert _waits([_server_error(400)], RetryConfig()) == ([], 0.0, True)
+    waits, _, gave_up = _waits([_server_error(500)], RetryConfig(max_attempts=3))
+    assert gave_up
+    assert len(waits) == 2  # 3 attempts: not an outage, max_attempts applies
 
 
 def test_outage_is_retried_until_the_deadline_not_max_attempts() -> None:
-    now = [0.0]
-    calls = [0]
-
-    def sleep(s: float) -> None:
-        now[0] += s
-
-    def busy() -> None:
-        calls[0] += 1
-        raise _server_error(503)
-
     policy = RetryConfig(max_attempts=3, deadline=60.0, backoff_initial=1.0, backoff_max=4.0)
-    with pytest.raises(q.OverloadedError):
-        retry.call_with_retry(busy, policy=policy, sleep=sleep, clock=lambda: now[0])
-    assert calls[0] > 3  # an outage: the deadline applies, not max_attempts
-    assert now[0] <= 60.0
-    calls[0] = 0
-    with pytest.raises(q.OverloadedError):  # max_attempts=1: retries off, outages included
-        retry.call_with_retry(busy, policy=RetryConfig(max_attempts=1), sleep=sleep)
-    assert calls[0] == 1
+    waits, spent, gave_up = _waits([_server_error(503)], policy)
+    assert gave_up
+    assert len(waits) + 1 > 3  # an outage: the deadline applies, not max_attempts
+    assert spent <= 60.0
+    # max_attempts=1: retries off, outages included
+    assert _waits([_server_error(503)], RetryConfig(max_attempts=1)) == ([], 0.0, True)
 
 
 def test_deadline_stops_retries() -> None:
-    now = [0.0]
-
-    def sleep(s: float) -> None:
-        now[0] += s
-
-    def busy() -> None:
-        now[0] += 4.0
-        raise _server_error(503, retry_after=5.0)
-
-    with pytest.raises(q.OverloadedError):
-        retry.call_with_retry(
-            busy,
-            policy=RetryConfig(max_attempts=50, deadline=20.0),
-            sleep=sleep,
-            clock=lambda: now[0],
-        )
+    policy = RetryConfig(max_attempts=50, deadline=20.0)
+    waits, spent, gave_up = _waits(
+        [_server_error(503, retry_after=5.0)], policy, attempt_seconds=4.0
+    )
+    assert gave_up
+    assert waits
     # no wait crosses the deadline; only the last attempt itself (4 s) may run past it
-    assert 20.0 < now[0] <= 20.0 + 4.0
+    assert 20.0 < spent <= 20.0 + 4.0
 
 
 def test_stale_connection_resent_at_once_only_once() -> None:
@@ -541,31 +504,6 @@ def test_stale_connection_resent_at_once_only_once() -> None:
     other = retry.RetryState(policy=RetryConfig(backoff_initial=1.0), started=0.0)
     other.attempts = 1
     assert other.next_delay(err, now=0.0, fresh_connection=True, rng=random.Random(5)) != 0.0
-
-
-def test_circuit_breaker_opens_fails_fast_and_recovers() -> None:
-    now = [0.0]
-    breaker = retry.CircuitBreaker(
-        threshold=3, cooldown=10.0, label="http://h/v1", clock=lambda: now[0]
-    )
-    for _ in range(3):
-        breaker.before_request()
-        breaker.record_failure()
-    assert breaker.state == "open"
-    with pytest.raises(q.CircuitOpenError, match="circuit open"):
-        breaker.before_request()
-    now[0] = 10.5
-    assert breaker.state == "half-open"
-    breaker.before_request()  # the probe
-    with pytest.raises(q.CircuitOpenError):
-        breaker.before_request()  # only one probe at a time
-    breaker.record_failure()
-    assert breaker.state == "open"
-    now[0] = 21.0
-    breaker.before_request()
-    breaker.record_success()
-    assert breaker.state == "closed"
-    breaker.before_request()
 
 
 # ----------------------------------------------------------------------------- the suite

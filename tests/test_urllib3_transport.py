@@ -36,8 +36,8 @@ from qwen_embed_plugins._http import httpx
 from qwen_embed_plugins.config import PoolKey
 from qwen_embed_plugins.errors import ErrorContext, endpoint_label
 from qwen_embed_plugins.metrics import EndpointMetrics
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding, expected_embeddings
 from qwen_embed_plugins.transport import Reply, Request, Retired, SyncTransport
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, expected_embeddings
 
 LOOPBACK = "127.0.0.1"
 IO_TIMEOUT = 30.0  # seconds: a bound on every raw socket operation (never reached)

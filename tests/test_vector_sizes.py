@@ -22,7 +22,7 @@ import pytest
 from conftest import forget_learned
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding, expected_embeddings
+from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, expected_embeddings
 
 QWEN = "Qwen/Qwen3-Embedding-0.6B"  # 1024 dimensions
 OTHER = "acme/house-embedder"  # a model whose size the client does not know

@@ -1,4 +1,10 @@
-"""The ``qwen-embed`` click group: the commands, and how signals end them."""
+"""The ``qwen-embed`` click group: the commands, and how signals end them.
+
+``check`` and ``embed`` are the library's own. Other distributions add commands through
+the entry-point group ``qwen_embed.commands`` (``name = "module:click_command"``): the
+tooling (``qwen-embed-tooling``) adds ``bench`` and ``serve``. When it is not installed,
+those two names still exist and say how to install it (status 1).
+"""
 
 from __future__ import annotations
 
@@ -8,12 +14,20 @@ from typing import Any
 import click
 
 from ._signals import Terminated, describe, exit_status, terminating_raises
-from .bench import bench
 from .check import check
 from .embed import embed
-from .serve import serve
 
-__all__ = ["QwenEmbedGroup", "cli"]
+__all__ = ["COMMANDS_GROUP", "TOOLING_COMMANDS", "TOOLING_HINT", "QwenEmbedGroup", "cli"]
+
+COMMANDS_GROUP = "qwen_embed.commands"
+"""The entry-point group other distributions add ``qwen-embed`` commands through."""
+TOOLING_HINT = "pip install qwen-embed-tooling  (from a source checkout: pip install -e ./tooling)"
+"""The command printed when a command of the tooling is asked for and missing."""
+TOOLING_COMMANDS = {
+    "bench": "Naive vs pooled vs async vs HTTP/2 vs batched (needs qwen-embed-tooling).",
+    "serve": "Run the loopback test server (needs qwen-embed-tooling).",
+}
+"""The commands ``qwen-embed-tooling`` brings, with the help shown while it is missing."""
 
 
 class QwenEmbedGroup(click.Group):
@@ -62,5 +76,46 @@ def cli() -> None:
     """
 
 
-for _command in (bench, check, embed, serve):
-    cli.add_command(_command)
+def _missing(name: str, short_help: str, reason: str) -> click.Command:
+    """A stand-in for tooling command ``name``: says how to install it, exits 1."""
+
+    def run() -> None:
+        click.echo(
+            f"qwen-embed {name} comes with the tooling package ({reason}):\n    {TOOLING_HINT}",
+            err=True,
+        )
+        raise SystemExit(1)
+
+    return click.Command(
+        name,
+        callback=run,
+        short_help=short_help,
+        help=f"{short_help}\n\nInstall it with: {TOOLING_HINT}",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+
+
+def _add_commands(group: click.Group) -> None:
+    """The library's commands, those of the ``qwen_embed.commands`` entry points, and
+    stand-ins for the tooling's commands that no entry point provides."""
+    from importlib.metadata import entry_points
+
+    for command in (check, embed):
+        group.add_command(command)
+    for point in entry_points(group=COMMANDS_GROUP):
+        if point.name in group.commands:  # the library's own commands are never replaced
+            continue
+        try:
+            loaded = point.load()
+        except ImportError as exc:  # installed, but broken (a dependency missing)
+            if point.name in TOOLING_COMMANDS:
+                group.add_command(_missing(point.name, TOOLING_COMMANDS[point.name], str(exc)))
+            continue
+        if isinstance(loaded, click.Command):
+            group.add_command(loaded, point.name)
+    for name, short_help in TOOLING_COMMANDS.items():
+        if name not in group.commands:
+            group.add_command(_missing(name, short_help, "qwen-embed-tooling is not installed"))
+
+
+_add_commands(cli)

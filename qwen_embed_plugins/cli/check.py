@@ -41,7 +41,7 @@ def check(
     a base URL missing its /v1 is diagnosed as such. Exit status 1 when a probe failed.
     """
     from .. import QwenEmbedError
-    from .._bench.check import check_server
+    from ._check import check_server
     from ._options import verify_setting
     from ._output import check_table, console, fail, report
 

@@ -181,7 +181,7 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
         [0.02098247967660427, 0.0037386503536254168, 0.03225111961364746]
         ```
 
-    (Sample output from the loopback ``qwen_embed_plugins.testing.EmbeddingServer``,
+    (Sample output from the loopback ``qwen_embed_tooling.testing.EmbeddingServer``,
     whose vectors are deterministic stand-ins, not a model's.)
 
     Queries are sent as ``Instruct: {query_instruction}\\nQuery:{text}``, documents raw,

@@ -1,4 +1,4 @@
-"""Command line: ``python -m qwen_embed_plugins.testing`` (foreground server) and the
+"""Command line: ``python -m qwen_embed_tooling.testing`` (foreground server) and the
 child-process control loop (``--control``)."""
 
 from __future__ import annotations
@@ -84,12 +84,12 @@ def _control_loop() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run an `EmbeddingServer` in the foreground until Ctrl-C or SIGTERM.
 
-    ``python -m qwen_embed_plugins.testing --port 30000 [--tls] [--http2] [--latency S]``;
+    ``python -m qwen_embed_tooling.testing --port 30000 [--tls] [--http2] [--latency S]``;
     ``--help`` lists every option. Prints the base URL (and the CA file with ``--tls``).
     Returns the process exit code.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m qwen_embed_plugins.testing",
+        prog="python -m qwen_embed_tooling.testing",
         description="A loopback OpenAI-compatible embedding server (SGLang dialect) "
         "with deterministic vectors, for tests, demos and benchmarks.",
     )

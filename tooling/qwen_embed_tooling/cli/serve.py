@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ._options import shown, sized
+from qwen_embed_plugins.cli._options import shown, sized
 
 __all__ = ["serve"]
 
@@ -54,18 +54,16 @@ def serve(
 ) -> None:
     """Run the loopback test server in the foreground (for demos).
 
-    Deterministic vectors (not a real model), SGLang's dialect, on 127.0.0.1. Needs
-    the 'testing' extra. Stops after --duration (status 0) or on Ctrl-C (status 130).
+    Deterministic vectors (not a real model), SGLang's dialect, on 127.0.0.1. Stops
+    after --duration (status 0) or on Ctrl-C (status 130).
     """
     import threading
 
-    from ._output import console, fail
+    from qwen_embed_plugins.cli._output import console, fail
 
-    hint = "needs the 'testing' extra: pip install 'qwen-embed-plugins[testing]'"
-    try:
-        from ..testing import DEFAULT_MODEL, EmbeddingServer
-    except ImportError as exc:  # pragma: no cover - the testing module imports stdlib only
-        fail(f"the server {hint} ({exc})")
+    from ..testing import DEFAULT_MODEL, EmbeddingServer
+
+    hint = "needs the tooling's dependencies: pip install qwen-embed-tooling"
     try:
         server = EmbeddingServer(
             port=port,

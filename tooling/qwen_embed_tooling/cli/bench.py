@@ -6,13 +6,22 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .._bench.results import MODES
-from ._options import MODELS_DEFAULT, output_options, server_options, shown, sized
+from qwen_embed_plugins.cli._options import (
+    MODELS_DEFAULT,
+    output_options,
+    server_options,
+    shown,
+    sized,
+)
+
+from ..bench.results import MODES
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = ["bench"]
+
+SERVER_DEPS_HINT = "pip install qwen-embed-tooling (its dependencies), or pass --base-url"
 
 
 @click.command()
@@ -83,25 +92,19 @@ def bench(
     ends with a one-line conclusion: the pooled client's req/s against the naive one's.
 
     Without --base-url it starts a local server on 127.0.0.1 (HTTPS, a throw-away
-    test CA, an emulated 40 ms round trip; needs the 'testing' extra).
+    test CA, an emulated 40 ms round trip).
     """
     import contextlib
     import dataclasses
 
-    from .. import QwenEmbedError
-    from .._bench.results import BENCH_SCHEMA
-    from .._bench.run import Target, local_target, run_bench
-    from ._inputs import load_texts
-    from ._options import verify_setting
-    from ._output import (
-        RichBenchProgress,
-        bench_renderables,
-        console,
-        fail,
-        print_json,
-        progress_bar,
-        report,
-    )
+    from qwen_embed_plugins import QwenEmbedError
+    from qwen_embed_plugins.cli._inputs import load_texts
+    from qwen_embed_plugins.cli._options import verify_setting
+    from qwen_embed_plugins.cli._output import console, fail, print_json, progress_bar, report
+
+    from ..bench.results import BENCH_SCHEMA
+    from ..bench.run import Target, local_target, run_bench
+    from ._output import RichBenchProgress, bench_renderables
 
     if base_url and (rtt_ms is not None or no_tls):
         raise click.UsageError(
@@ -129,10 +132,7 @@ def bench(
             try:
                 local = stack.enter_context(local_target(rtt_ms=rtt, tls=not no_tls))
             except ImportError as exc:
-                fail(
-                    f"the built-in server needs the 'testing' extra ({exc}): "
-                    "pip install 'qwen-embed-plugins[testing]', or pass --base-url"
-                )
+                fail(f"the built-in server cannot start ({exc}): {SERVER_DEPS_HINT}")
             target = dataclasses.replace(local, api_key=api_key, model=model)
         if not as_json:
             err.print(f"measuring {target.base_url} ...", soft_wrap=True, markup=False)

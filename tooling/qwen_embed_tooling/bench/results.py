@@ -1,4 +1,4 @@
-"""Mode names and result objects of ``qwen-embed bench`` and ``qwen-embed check``.
+"""Mode names and result objects of ``qwen-embed bench``.
 
 Standard library only: the CLI imports this module to build its ``--help`` (the mode
 choices) without loading numpy, the HTTP library or the client.
@@ -14,23 +14,17 @@ from typing import Any, Final, Literal
 
 __all__ = [
     "BENCH_SCHEMA",
-    "CHECK_SCHEMA",
     "MODES",
     "MODE_LABELS",
     "MODE_SHORT_LABELS",
     "BenchResult",
-    "CheckFinding",
-    "CheckReport",
     "ModeName",
     "ModeResult",
-    "ServerIdentity",
 ]
 
 BENCH_SCHEMA: Final = "qwen-embed-bench/1"
 """``schema`` field of ``BenchResult.to_dict()``; bumped if a field changes meaning
 (fields may be added without a bump)."""
-CHECK_SCHEMA: Final = "qwen-embed-check/1"
-"""``schema`` field of ``CheckReport.to_dict()`` (fields may be added without a bump)."""
 
 ModeName = Literal[
     "naive", "pooled_threads", "pooled_async", "pooled_async_http2", "pooled_batched"
@@ -191,88 +185,3 @@ class BenchResult:
 
 def _rate(value: float) -> str:
     return f"{value:,.0f}" if value >= 10 else f"{value:.1f}"
-
-
-@dataclass(frozen=True)
-class CheckFinding:
-    """One probe's outcome.
-
-    Attributes:
-        name: ``health``, ``models``, ``embedding``, ``base64``, ``dimensions``,
-            ``batch_limit``, ``http2``, ``keepalive``, ``latency``, ``truncation``,
-            ``eos`` (llama.cpp).
-        status: ``"ok"``, ``"warn"`` (works, but needs a setting), ``"fail"`` or
-            ``"info"``.
-        summary: one line for people.
-        value: the measured value (JSON-ready), e.g. the dimension or timeout seconds.
-        advice: what to do about it, or ``None``.
-    """
-
-    name: str
-    status: Literal["ok", "warn", "fail", "info"]
-    summary: str
-    value: Any = None
-    advice: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-ready dict."""
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class ServerIdentity:
-    """Which server software answers, as the client detected it.
-
-    Attributes:
-        name: the ``server=`` name (``sglang``, ``vllm``, ``tei``, ``infinity``,
-            ``ollama``, ``llamacpp``, ``dashscope``, ``siliconflow``; ``openai``: not
-            recognised).
-        title: human name, e.g. ``"Text Embeddings Inference"``.
-        source: the evidence, e.g. ``"GET /models: owned_by 'vllm'"``.
-    """
-
-    name: str
-    title: str
-    source: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """The fields as a JSON-ready dict."""
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class CheckReport:
-    """``check_server``'s findings (``to_dict()`` is the ``--json`` shape)."""
-
-    base_url: str
-    model: str | None
-    findings: list[CheckFinding]
-    server: ServerIdentity | None = None
-
-    @property
-    def ok(self) -> bool:
-        """No finding failed."""
-        return all(f.status != "fail" for f in self.findings)
-
-    def finding(self, name: str) -> CheckFinding:
-        """The finding called ``name``.
-
-        Raises:
-            KeyError: no such finding.
-        """
-        for f in self.findings:
-            if f.name == name:
-                return f
-        raise KeyError(name)
-
-    def to_dict(self) -> dict[str, Any]:
-        """``schema``, ``base_url``, ``model``, ``server`` (``None`` when not
-        identified), ``ok`` and ``findings`` (a list of dicts)."""
-        return {
-            "schema": CHECK_SCHEMA,
-            "base_url": self.base_url,
-            "model": self.model,
-            "server": None if self.server is None else self.server.to_dict(),
-            "ok": self.ok,
-            "findings": [f.to_dict() for f in self.findings],
-        }

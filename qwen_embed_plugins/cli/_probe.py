@@ -1,4 +1,10 @@
-"""Raw HTTP probes shared by ``check_server`` and ``run_bench``.
+"""Raw HTTP probes of ``check_server`` (and of the tooling's ``run_bench``).
+
+``bounded_get`` is the library's one ``GET /models`` probe: at most ``PROBE_MAX_BYTES``
+read (as received), ``PROBE_BUDGET`` seconds in all between the bytes of the body, and
+each connect, read, write and pool wait within that budget (httpx timeouts). A response
+head that trickles byte by byte is bounded only by the per-read timeout: to be moved
+onto the library's transport (one deadline on every path) with the transport rewrite.
 
 These talk to a server below the client on purpose (one plain request, its status and
 body as sent), so they use the HTTP library directly (``_http``, the one module that
@@ -130,7 +136,8 @@ def bounded_get(
 
     deadline = time.monotonic() + budget
     request_headers = {**request_headers, "Accept-Encoding": "identity"}
-    with http.stream("GET", url, headers=request_headers) as resp:
+    timeout = httpx.Timeout(budget)  # each connect, read, write, pool wait within the budget
+    with http.stream("GET", url, headers=request_headers, timeout=timeout) as resp:
         chunks: list[bytes] = []
         size = 0
         for chunk in resp.iter_raw():

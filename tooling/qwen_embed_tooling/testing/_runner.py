@@ -273,7 +273,7 @@ _EXCEPTIONS: Final[dict[str, type[Exception]]] = {
 
 
 class _ChildProcess:
-    """A ``python -m qwen_embed_plugins.testing --control`` child, driven over its pipes.
+    """A ``python -m qwen_embed_tooling.testing --control`` child, driven over its pipes.
 
     One JSON line per command on the child's stdin, one JSON line per answer on its
     stdout (the child moves everything else it prints to stderr).

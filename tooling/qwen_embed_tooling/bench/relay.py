@@ -20,7 +20,7 @@ Use::
         url = f"https://localhost:{relay.port}/v1"   # 40 ms round trip to the server
 
 ``process=True`` runs the relay in a child process (``python -m
-qwen_embed_plugins._bench.relay``) so that it never waits for the client's GIL: with
+qwen_embed_tooling.bench.relay``) so that it never waits for the client's GIL: with
 the relay in a thread of the measured process, a client thread holding the GIL for a few
 milliseconds would delay the relay's timers and blur the emulated latency. The child
 ignores Ctrl-C (its parent stops it) and exits when its parent goes away (its stdin,
@@ -206,7 +206,7 @@ class Relay:
         cmd = [
             sys.executable,
             "-m",
-            "qwen_embed_plugins._bench.relay",
+            "qwen_embed_tooling.bench.relay",
             "--upstream",
             f"{self.upstream[0]}:{self.upstream[1]}",
             "--rtt-ms",
@@ -289,7 +289,7 @@ class Relay:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m qwen_embed_plugins._bench.relay")
+    parser = argparse.ArgumentParser(prog="python -m qwen_embed_tooling.bench.relay")
     parser.add_argument("--upstream", required=True, help="host:port of the server")
     parser.add_argument("--rtt-ms", type=float, default=40.0)
     parser.add_argument("--host", default="127.0.0.1")

@@ -46,7 +46,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import numpy as np
 
-from .. import (
+from qwen_embed_plugins import (
     DEFAULT_MODEL,
     DEFAULT_QUERY_TASK,
     AsyncEmbeddingClient,
@@ -57,8 +57,9 @@ from .. import (
     format_query,
     pool_stats,
 )
-from .corpus import corpus
-from .probe import discover_models, probe_http2
+from qwen_embed_plugins.cli._corpus import corpus
+from qwen_embed_plugins.cli._probe import discover_models, probe_http2
+
 from .results import MODE_LABELS, MODES, BenchResult, ModeResult
 
 __all__ = ["BenchProgress", "Target", "local_target", "run_bench"]
@@ -132,7 +133,7 @@ def local_target(
         a ``Target`` whose ``base_url`` goes through the relay.
 
     Raises:
-        ImportError: the ``testing`` extra (uvicorn, hypercorn, trustme) is missing.
+        ImportError: a server library of the tooling (uvicorn, hypercorn, trustme) is missing.
     """
     from ..testing import EmbeddingServer
     from .relay import Relay
@@ -487,7 +488,7 @@ def run_bench(
 
     import openai  # the naive mode's client; imported only when a benchmark runs
 
-    from .._http import HTTP_LIBRARY
+    from qwen_embed_plugins._http import HTTP_LIBRARY
 
     naive_counter = _Counter()
 

@@ -6,7 +6,7 @@ answers ``POST /v1/embeddings`` the way SGLang does. Its vectors are determinist
 vectors derived from the text, so a test can assert exact values with
 `expected_embedding` / `expected_embeddings`::
 
-    from qwen_embed_plugins.testing import EmbeddingServer, expected_embeddings
+    from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
     with EmbeddingServer() as server:              # random free port on 127.0.0.1
         client = make_client(base_url=server.base_url)
@@ -41,7 +41,7 @@ What it offers (all traffic stays on 127.0.0.1; the host cannot be changed):
   / `EmbeddingServer.start` and `EmbeddingServer.restart` on the same port.
 * ``process=True`` runs the server in a child process (so a benchmark client does not
   share the GIL with it); counters and faults then travel over a pipe.
-* ``python -m qwen_embed_plugins.testing --port 30000 [--tls] [--http2] [--latency S]``
+* ``python -m qwen_embed_tooling.testing --port 30000 [--tls] [--http2] [--latency S]``
   runs it in the foreground; counters are also served at ``GET /_testing/stats``.
 
 Fault kinds (`Fault.make` / `EmbeddingServer.inject` parameters in brackets):
@@ -96,8 +96,8 @@ framing and JSON on purpose (`HOSTILE_KINDS`).
 
 This package imports only the standard library, numpy and orjson at import time; the
 server libraries (uvicorn, hypercorn, trustme; h2 for the raw HTTP/2 server) are imported
-when a server starts and come with the ``testing`` extra:
-``pip install "qwen-embed-plugins[testing]"``.
+when a server starts and are dependencies of this distribution, ``qwen-embed-tooling``
+(from a source checkout: ``pip install -e ./tooling``).
 """
 
 from __future__ import annotations

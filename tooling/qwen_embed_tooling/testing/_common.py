@@ -41,7 +41,7 @@ _ADMIN_PREFIX: Final = "/_testing/"
 _BACKLOG: Final = 2048
 _GRACEFUL_SHUTDOWN: Final = 3.0  # seconds a stopping server waits for requests in flight
 _DISCONNECT_WAIT: Final = 5.0  # seconds the app waits for a dropped connection to go away
-_MODULE: Final = "qwen_embed_plugins.testing"
+_MODULE: Final = "qwen_embed_tooling.testing"
 _Vector = npt.NDArray[np.float32]
 _Scope = MutableMapping[str, Any]
 _Message = MutableMapping[str, Any]
@@ -238,6 +238,6 @@ def _request_id(prefix: str = "") -> str:
 
 def _install_hint(package: str) -> str:
     return (
-        f"EmbeddingServer needs {package}; install the testing extra: "
-        'pip install "qwen-embed-plugins[testing]"'
+        f"EmbeddingServer needs {package}, a dependency of qwen-embed-tooling: "
+        "pip install qwen-embed-tooling (from a source checkout: pip install -e ./tooling)"
     )

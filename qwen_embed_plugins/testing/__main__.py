@@ -1,7 +1,0 @@
-"""``python -m qwen_embed_plugins.testing``: run an `EmbeddingServer` in the foreground."""
-
-import sys
-
-from ._cli import main
-
-sys.exit(main())
