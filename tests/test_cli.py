@@ -20,11 +20,11 @@ import orjson
 import pytest
 from click.testing import CliRunner, Result
 
-from qwen_embed_plugins import DEFAULT_QUERY_TASK, format_query, reset_metrics
+from qwen_embed_plugins import DEFAULT_QUERY_TASK, _install_command, format_query, reset_metrics
 from qwen_embed_plugins._bench.corpus import corpus
 from qwen_embed_plugins._bench.relay import Relay
 from qwen_embed_plugins._bench.results import MODES
-from qwen_embed_plugins.cli import INSTALL_HINT, get_command, main
+from qwen_embed_plugins.cli import get_command, main
 from qwen_embed_plugins.cli._inputs import iter_texts
 from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
 
@@ -64,7 +64,8 @@ def test_missing_extra_prints_install_line(
         main(["--help"])
     assert info.value.code == 1
     err = capsys.readouterr().err
-    assert INSTALL_HINT in err
+    assert _install_command("cli") in err
+    assert "[cli]" in err
     assert "click" in err
 
 

@@ -280,6 +280,11 @@ def check_server(
         if float_vec is None:
             return report(probe)
         dim = int(float_vec.size)
+        # The keep-alive probe mostly waits (up to max_idle s) on its own idle
+        # connection: it runs beside the other probes, not after them.
+        keepalive = _Background(
+            "keepalive", _keepalive_finding, base_url, verify, api_key, max_idle
+        )
 
         say("base64")
         findings.append(_base64_finding(probe, float_vec))
@@ -291,7 +296,7 @@ def check_server(
     say("http2")
     findings.append(_http2_finding(base_url, verify, api_key))
     say("keepalive")
-    findings.append(_keepalive_finding(base_url, verify, api_key, max_idle))
+    findings.append(keepalive.result())
     say("latency")
     cfg = EmbeddingConfig(base_url=base_url, api_key=api_key, verify=verify, model=probe.model)
     from ..metrics import stats
@@ -301,6 +306,30 @@ def check_server(
     say("truncation")
     findings.extend(_client_findings(cfg, before))
     return report(probe)
+
+
+class _Background:
+    """The probe ``fn(*args)`` (finding ``name``) on a daemon thread, with its own
+    sockets; `result` waits for its finding."""
+
+    def __init__(self, name: str, fn: Callable[..., CheckFinding], *args: Any) -> None:
+        import threading
+
+        self._name = name
+        self._out: list[CheckFinding] = []
+
+        def run() -> None:
+            try:
+                self._out.append(fn(*args))
+            except Exception as exc:  # a probe never raises: its failure is a finding
+                self._out.append(CheckFinding(name, "warn", f"{name} probe failed: {exc}"))
+
+        self._thread = threading.Thread(target=run, name=f"qwen-embed-check-{name}", daemon=True)
+        self._thread.start()
+
+    def result(self) -> CheckFinding:
+        self._thread.join()
+        return self._out[0]
 
 
 _LONG_TEXT = "The quick brown fox jumps over the lazy dog near the river bank. " * 400
@@ -493,51 +522,63 @@ def _dimensions_finding(probe: _Probe, dim: int) -> CheckFinding:
 
 
 def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
+    """The most texts per request the server takes, up to ``bound``.
+
+    The bound is tried first (one request when the server takes it or states its
+    limit), then smaller sizes down to one it takes. The texts are a few words each:
+    the probe counts texts, and a real model embeds long ones slowly (MiniLM on a CPU:
+    ~20 s for the old ascending series of 200-character passages).
+    """
     from .._http import httpx
 
-    sizes = [s for s in (8, 32, 64, 128, 256, 512, 1024, 2048) if s <= bound] or [bound]
-    passages = corpus(max(sizes))
+    sizes = [s for s in (8, 32, 64, 128, 256, 512, 1024, 2048) if s < bound] + [bound]
+    texts = [" ".join(p.split()[:6]) for p in corpus(bound)]
     setting = _BATCH_SETTING.get(probe.server_name or "", "")
-    largest_ok = 1
-    for size in sizes:
+    refused: tuple[int, str] | None = None  # the smallest size refused, and why
+    for size in reversed(sizes):
         try:
-            resp = probe.post([p[:200] for p in passages[:size]])
+            resp = probe.post(texts[:size])
         except httpx.HTTPError as exc:
+            refused = (size, f"failed: {exc}")
+            continue
+        if resp.status_code < 400:
+            break
+        err = status_error(resp.status_code, resp.content, url=probe.url, secret=probe.api_key)
+        limit = err.limit if isinstance(err, BatchTooLargeError) else None
+        if limit is not None:
             return CheckFinding(
                 "batch_limit",
-                "warn",
-                f"batch of {size} texts failed: {exc}",
-                largest_ok,
-                f"use batch_size <= {largest_ok}",
+                "warn" if limit < 32 else "ok",
+                f"the server accepts at most {limit} texts per request",
+                limit,
+                f"set batch_size={limit} (the client also learns it from the error)" + setting
+                if limit < 32
+                else "batch_size=32 (the default) fits",
             )
-        if resp.status_code >= 400:
-            err = status_error(resp.status_code, resp.content, url=probe.url, secret=probe.api_key)
-            limit = err.limit if isinstance(err, BatchTooLargeError) else None
-            if limit is not None:
-                return CheckFinding(
-                    "batch_limit",
-                    "warn" if limit < 32 else "ok",
-                    f"the server accepts at most {limit} texts per request",
-                    limit,
-                    f"set batch_size={limit} (the client also learns it from the error)" + setting
-                    if limit < 32
-                    else "batch_size=32 (the default) fits",
-                )
-            return CheckFinding(
-                "batch_limit",
-                "warn",
-                f"{size} texts refused ({resp.status_code}: {err.message[:120]}); "
-                f"{largest_ok} accepted",
-                largest_ok,
-                f"use batch_size <= {largest_ok}",
-            )
-        largest_ok = size
+        refused = (size, f"refused ({resp.status_code}: {err.message[:120]})")
+    else:  # even the smallest size failed
+        assert refused is not None  # noqa: S101 - every size was tried and refused
+        return CheckFinding(
+            "batch_limit",
+            "warn",
+            f"batch of {refused[0]} texts {refused[1]}",
+            None,
+            f"see the server's log: not even {refused[0]} short texts were embedded",
+        )
+    if refused is None:
+        return CheckFinding(
+            "batch_limit",
+            "ok",
+            f"{size} texts per request accepted (probe bound)",
+            size,
+            "batch_size=32 (the default) fits",
+        )
     return CheckFinding(
         "batch_limit",
-        "ok",
-        f"{largest_ok} texts per request accepted (probe bound)",
-        largest_ok,
-        "batch_size=32 (the default) fits",
+        "warn",
+        f"batch of {refused[0]} texts {refused[1]}; {size} accepted",
+        size,
+        f"use batch_size <= {size}",
     )
 
 

@@ -129,9 +129,11 @@ def bench(
             try:
                 local = stack.enter_context(local_target(rtt_ms=rtt, tls=not no_tls))
             except ImportError as exc:
+                from .. import _install_command
+
                 fail(
                     f"the built-in server needs the 'testing' extra ({exc}): "
-                    "pip install 'qwen-embed-plugins[testing]', or pass --base-url"
+                    f"{_install_command('testing')}, or pass --base-url"
                 )
             target = dataclasses.replace(local, api_key=api_key, model=model)
         if not as_json:

@@ -96,8 +96,8 @@ framing and JSON on purpose (`HOSTILE_KINDS`).
 
 This package imports only the standard library, numpy and orjson at import time; the
 server libraries (uvicorn, hypercorn, trustme; h2 for the raw HTTP/2 server) are imported
-when a server starts and come with the ``testing`` extra:
-``pip install "qwen-embed-plugins[testing]"``.
+when a server starts and come with the ``testing`` extra (from a checkout:
+``pip install -e ".[testing]"``).
 """
 
 from __future__ import annotations

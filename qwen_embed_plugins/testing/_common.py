@@ -200,6 +200,7 @@ class _Settings:
     h2_only: bool = False
     server_model: tuple[dict[str, Any], ...] = ()
     tls_hostnames: tuple[str, ...] = ()
+    model_names: tuple[str, ...] = ()  # names answered besides `model`; () accepts any
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,8 @@ def _request_id(prefix: str = "") -> str:
 
 
 def _install_hint(package: str) -> str:
-    return (
-        f"EmbeddingServer needs {package}; install the testing extra: "
-        'pip install "qwen-embed-plugins[testing]"'
+    from .. import _install_command
+
+    return f"EmbeddingServer needs {package}; install the testing extra: " + _install_command(
+        "testing"
     )
