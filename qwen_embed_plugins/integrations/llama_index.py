@@ -202,20 +202,22 @@ class QwenPooledEmbedding(BaseEmbedding):
 
     Setup:
         ``pip install -e ".[llama-index]"`` in a checkout (no PyPI release yet); a
-        server speaking
-        ``POST {base_url}/embeddings`` (SGLang, vLLM, Infinity, TEI, ...).
+        server speaking ``POST {base_url}/embeddings`` (SGLang, vLLM, Infinity, TEI,
+        ...).
 
-    Instantiate::
+    Instantiate it once for every index, retriever and pipeline of the process:
 
-        from llama_index.core import Settings
-        from qwen_embed_plugins import QwenPooledEmbedding
+    ```python
+    from llama_index.core import Settings
+    from qwen_embed_plugins import QwenPooledEmbedding
 
-        Settings.embed_model = QwenPooledEmbedding(
-            base_url="http://gpu-box:30000/v1",   # or env QWEN_EMBED_BASE_URL
-            model_name="Qwen/Qwen3-Embedding-0.6B",
-            embed_batch_size=32,                  # texts per request
-            max_concurrency=4,                    # requests in flight per batch call
-        )
+    Settings.embed_model = QwenPooledEmbedding(
+        base_url="http://gpu-box:30000/v1",   # or env QWEN_EMBED_BASE_URL
+        model_name="Qwen/Qwen3-Embedding-0.6B",
+        embed_batch_size=32,                  # texts per request
+        max_concurrency=4,                    # requests in flight per batch call
+    )
+    ```
 
     Embed:
         ``get_query_embedding(q)`` -> ``dim`` floats, sent as

@@ -238,8 +238,9 @@ def _request_id(prefix: str = "") -> str:
 
 
 def _install_hint(package: str) -> str:
-    from .. import _install_command
-
-    return f"EmbeddingServer needs {package}; install the testing extra: " + _install_command(
-        "testing"
+    # static: this package imports nothing of the core (qwen_embed_plugins._install_command)
+    return (
+        f"EmbeddingServer needs {package}; install the testing extra (no release on PyPI: "
+        'in a checkout, pip install -e ".[testing]"; elsewhere, pip install '
+        '"qwen-embed-plugins[testing] @ file:///path/to/qwen-embed-plugins")'
     )
