@@ -66,6 +66,8 @@ def serve(
 
     Deterministic vectors (not a real model), SGLang's dialect, on 127.0.0.1. Needs
     the 'testing' extra. Stops after --duration (status 0) or on Ctrl-C (status 130).
+    A real model instead: `python3 scripts/realserver.py start` in a checkout serves
+    all-MiniLM-L6-v2 through Infinity (see README, "A real model for prototyping").
     """
     import errno
     import threading
