@@ -148,7 +148,13 @@ def test_snippet_inventory() -> None:
         assert ROOT / name in files, f"no python block found in {name}"
     assert len(ALL) - len(RUNNABLE) <= MAX_NOT_RUN, [s.id for s in ALL if s.not_run]
     for doc in REAL_MODEL_OUTPUT:
-        assert _EXPECTED.search(doc.read_text(encoding="utf-8")), f"{doc.name} prints nothing"
+        text = doc.read_text(encoding="utf-8")
+        assert _EXPECTED.search(text), f"{doc.name} prints nothing"
+    for snippet in ALL:  # a print split over lines (ruff format) would go unchecked
+        if snippet.path in REAL_MODEL_OUTPUT:
+            calls = re.findall(r"^\s*print\(", snippet.code, re.M)
+            checked = _EXPECTED.findall(snippet.code)
+            assert len(calls) == len(checked), f"{snippet.id}: a print( without its output"
     for doc, test in SNIPPETS_TESTED_ELSEWHERE.items():
         assert _snippets(doc), f"{doc.name} has no python block"
         runner = test.read_text(encoding="utf-8")

@@ -168,7 +168,7 @@ def _render(chromium: str, url: str, screenshot: Path, profile: str) -> str:
         "--hide-scrollbars",
         f"--user-data-dir={profile}",
         "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",  # nothing leaves
-        "--window-size=1280,1600",
+        "--window-size=1280,3000",
     ]
     shot = subprocess.run(
         [*common, f"--screenshot={screenshot}", url],
@@ -178,6 +178,8 @@ def _render(chromium: str, url: str, screenshot: Path, profile: str) -> str:
         check=False,
     )
     assert screenshot.is_file(), f"no screenshot of {url}: {shot.stderr[-2000:]}"
+    # a blank 1280 x 3000 page compresses to ~10 KB; every rendered page here is > 150 KB
+    assert screenshot.stat().st_size > 50_000, f"{screenshot} looks blank ({url})"
     dom = subprocess.run(
         [*common, "--dump-dom", url], capture_output=True, text=True, timeout=GUARD, check=False
     )
