@@ -250,7 +250,7 @@ def test_check_table_matryoshka_and_https() -> None:
     assert found["dimensions"]["status"] == "ok"
     assert found["http2"]["value"] is True
     assert found["keepalive"]["value"] is None  # 5 s > the 1 s we waited
-    assert found["batch_limit"]["value"] == 512  # no limit up to the probe bound
+    assert found["batch_limit"]["value"] == 128  # no limit up to the probe bound
 
 
 def test_check_unreachable_fails() -> None:

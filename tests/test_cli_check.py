@@ -149,20 +149,20 @@ def test_check_reports_silent_truncation_and_a_missing_eos() -> None:
 # passages, then an idle wait for the keep-alive probe after every other probe.)
 
 
-def test_the_batch_probe_sends_one_batch_of_short_texts_when_the_server_takes_it() -> None:
+def test_the_batch_probe_sends_two_batches_of_short_texts_when_the_server_takes_them() -> None:
     with EmbeddingServer(received_limit=100) as srv:
         data = check(srv.base_url, "--batch-probe-max", "256")
         batches = [inputs for inputs in srv.received if len(inputs) > 1]
     assert findings(data)["batch_limit"]["value"] == 256
-    assert [len(b) for b in batches] == [256, 2]  # the probe's one batch; the truncation probe
-    assert max(len(text.split()) for text in batches[0]) <= 6
+    assert [len(b) for b in batches] == [32, 256, 2]  # the batch probe's; the truncation one
+    assert max(len(text.split()) for batch in batches[:2] for text in batch) <= 6
 
 
 def test_the_batch_probe_steps_down_to_a_size_the_server_takes() -> None:
     # a limit the server does not state: batches over 128 texts are dropped
     with EmbeddingServer(received_limit=100) as srv:
         srv.add_rule("drop_over", max_texts=128, action="close")
-        data = check(srv.base_url)
+        data = check(srv.base_url, "--batch-probe-max", "512")
     batch = findings(data)["batch_limit"]
     assert batch["value"] == 128
     assert batch["summary"].startswith("batch of 256 texts failed: ")

@@ -143,11 +143,22 @@ class _Probe:
     def server_name(self) -> str | None:
         return None if self.server is None or self.server.name == "openai" else self.server.name
 
-    def post(self, texts: list[str], fmt: str = "float", dimensions: int | None = None) -> Any:
+    def post(
+        self,
+        texts: list[str],
+        fmt: str = "float",
+        dimensions: int | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """POST ``texts`` to the embeddings URL (``timeout``: seconds instead of the
+        probe client's)."""
         body: dict[str, Any] = {"model": self.model, "input": texts, "encoding_format": fmt}
         if dimensions is not None:
             body["dimensions"] = dimensions
-        return self.http.post(self.url, content=orjson.dumps(body), headers=headers(self.api_key))
+        extra = {} if timeout is None else {"timeout": timeout}
+        return self.http.post(
+            self.url, content=orjson.dumps(body), headers=headers(self.api_key), **extra
+        )
 
     def message(self, resp: Any) -> str:
         err = status_error(
@@ -177,7 +188,7 @@ def check_server(
     verify: bool | str = True,
     model: str | None = None,
     max_idle: float = 6.5,
-    batch_probe_max: int = 512,
+    batch_probe_max: int = 128,
     samples: int = 10,
     step: Callable[[str], None] | None = None,
 ) -> CheckReport:
@@ -521,43 +532,78 @@ def _dimensions_finding(probe: _Probe, dim: int) -> CheckFinding:
     )
 
 
+_BATCH_PROBE_TIMEOUT: Final = 120.0
+"""Seconds the batch probe waits for an answer: a large batch on a CPU server is slow,
+and slowness is not a limit."""
+
+
 def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
     """The most texts per request the server takes, up to ``bound``.
 
-    The bound is tried first (one request when the server takes it or states its
-    limit), then smaller sizes down to one it takes. The texts are a few words each:
-    the probe counts texts, and a real model embeds long ones slowly (MiniLM on a CPU:
-    ~20 s for the old ascending series of 200-character passages).
+    32 texts first (the default batch size; it also warms a server started without a
+    warm-up), then ``bound``: two requests when the server takes both or states its
+    limit. Only after a refusal that states no limit are the sizes in between tried,
+    largest first. The texts are a few words each: the probe counts texts, and a real
+    model embeds long ones slowly (MiniLM on a CPU: ~20 s for the former ascending
+    series of 1,000 passages of 200 characters).
     """
     from .._http import httpx
 
     sizes = [s for s in (8, 32, 64, 128, 256, 512, 1024, 2048) if s < bound] + [bound]
     texts = [" ".join(p.split()[:6]) for p in corpus(bound)]
     setting = _BATCH_SETTING.get(probe.server_name or "", "")
-    refused: tuple[int, str] | None = None  # the smallest size refused, and why
-    for size in reversed(sizes):
+
+    def attempt(size: int) -> CheckFinding | str | None:
+        """``None``: taken; a finding: the server stated its limit; else why not."""
         try:
-            resp = probe.post(texts[:size])
+            resp = probe.post(texts[:size], timeout=_BATCH_PROBE_TIMEOUT)
         except httpx.HTTPError as exc:
-            refused = (size, f"failed: {exc}")
-            continue
+            return f"failed: {exc}"
         if resp.status_code < 400:
-            break
+            return None
         err = status_error(resp.status_code, resp.content, url=probe.url, secret=probe.api_key)
         limit = err.limit if isinstance(err, BatchTooLargeError) else None
-        if limit is not None:
-            return CheckFinding(
-                "batch_limit",
-                "warn" if limit < 32 else "ok",
-                f"the server accepts at most {limit} texts per request",
-                limit,
-                f"set batch_size={limit} (the client also learns it from the error)" + setting
-                if limit < 32
-                else "batch_size=32 (the default) fits",
-            )
-        refused = (size, f"refused ({resp.status_code}: {err.message[:120]})")
-    else:  # even the smallest size failed
-        assert refused is not None  # noqa: S101 - every size was tried and refused
+        if limit is None:
+            return f"refused ({resp.status_code}: {err.message[:120]})"
+        return CheckFinding(
+            "batch_limit",
+            "warn" if limit < 32 else "ok",
+            f"the server accepts at most {limit} texts per request",
+            limit,
+            f"set batch_size={limit} (the client also learns it from the error)" + setting
+            if limit < 32
+            else "batch_size=32 (the default) fits",
+        )
+
+    largest_ok = 0
+    refused: tuple[int, str] | None = None  # the smallest size refused, and why
+    first = min(32, bound)
+    for size in [first, bound] if bound > first else [first]:
+        outcome = attempt(size)
+        if isinstance(outcome, CheckFinding):
+            return outcome
+        if outcome is None:
+            largest_ok = size
+            continue
+        refused = (size, outcome)
+        for smaller in reversed([s for s in sizes if largest_ok < s < size]):
+            outcome = attempt(smaller)
+            if isinstance(outcome, CheckFinding):
+                return outcome
+            if outcome is None:
+                largest_ok = smaller
+                break
+            refused = (smaller, outcome)
+        break
+    if refused is None:
+        return CheckFinding(
+            "batch_limit",
+            "ok",
+            f"{largest_ok} texts per request accepted (probe bound)",
+            largest_ok,
+            "batch_size=32 (the default) fits",
+        )
+    if not largest_ok:
         return CheckFinding(
             "batch_limit",
             "warn",
@@ -565,20 +611,12 @@ def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
             None,
             f"see the server's log: not even {refused[0]} short texts were embedded",
         )
-    if refused is None:
-        return CheckFinding(
-            "batch_limit",
-            "ok",
-            f"{size} texts per request accepted (probe bound)",
-            size,
-            "batch_size=32 (the default) fits",
-        )
     return CheckFinding(
         "batch_limit",
         "warn",
-        f"batch of {refused[0]} texts {refused[1]}; {size} accepted",
-        size,
-        f"use batch_size <= {size}",
+        f"batch of {refused[0]} texts {refused[1]}; {largest_ok} accepted",
+        largest_ok,
+        f"use batch_size <= {largest_ok}",
     )
 
 

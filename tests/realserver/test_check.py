@@ -21,7 +21,7 @@ def test_check_against_infinity_minilm(realserver: Any, figures: dict[str, Any])
     found = {f.name: f for f in report.findings}
     assert report.ok, [(f.name, f.status, f.summary) for f in report.findings]
     assert found["embedding"].value == {"dim": 384, "norm": 1.0}
-    assert found["batch_limit"].value == 512  # Infinity takes 2,048: the probe's bound
+    assert found["batch_limit"].value == 128  # Infinity takes 2,048: the probe's bound
     idle = found["keepalive"].value
     assert isinstance(idle, float)
     assert 4.5 <= idle <= 6.0  # Infinity's (uvicorn's) 5 s
