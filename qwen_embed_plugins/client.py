@@ -381,10 +381,12 @@ def _finish_array(
 class EmbeddingClient(_ClientBase):
     """Embed texts through an endpoint's process-wide shared pool (blocking API).
 
-    Build it from an ``EmbeddingConfig`` or the same keyword arguments::
+    Build it from an ``EmbeddingConfig`` or the same keyword arguments:
 
-        client = EmbeddingClient(base_url="http://gpu-box:30000/v1")
-        vectors = client.embed_documents(["first text", "second text"])  # 2 x 1024
+    ```python
+    client = EmbeddingClient(base_url="http://gpu-box:30000/v1")
+    vectors = client.embed_documents(["first text", "second text"])  # 2 x 1024
+    ```
 
     Constructing a client opens nothing. Every client with equal transport settings
     shares one pool; concurrent batches run on a shared thread pool, at most

@@ -1,32 +1,34 @@
 """Exceptions raised by qwen-embed-plugins, and the one place they are translated.
 
-The tree::
+The tree:
 
-    QwenEmbedError
-    ├── ConfigError                 (also ValueError) a setting is out of range
-    ├── InputError                  (also ValueError) a text is invalid; ``.index``
-    ├── CircuitOpenError            the endpoint failed repeatedly; failing fast
-    ├── ResponseError               the server answered 2xx but the body is unusable;
-    │                               ``.index`` names the input when one is at fault
-    ├── TransportError              no usable HTTP response
-    │   ├── ConnectError            TCP / TLS connection could not be made
-    │   ├── NetworkError            the connection broke while sending or reading
-    │   │   └── RemoteProtocolError the server closed without a (complete) response
-    │   └── TimeoutException        (also builtins.TimeoutError)
-    │       ├── ConnectTimeout
-    │       ├── ReadTimeout
-    │       ├── WriteTimeout
-    │       └── PoolTimeout         no pooled connection became free in time
-    └── HTTPStatusError             an HTTP error status; ``.status``, ``.message``,
-        │                           ``.request_id``, ``.url``, ``.retry_after``
-        ├── BadRequestError         400 / 413 / 422
-        │   ├── ContextLengthError  a text is longer than the model's context
-        │   └── BatchTooLargeError  too many texts in one request; ``.limit``
-        ├── AuthenticationError     401 / 403
-        ├── NotFoundError           404 (wrong path or model name)
-        ├── RateLimitError          429
-        └── ServerError             5xx: the server failed
-            └── OverloadedError     503 (SGLang "request queue is full", Ollama busy)
+```text
+QwenEmbedError
+├── ConfigError                 (also ValueError) a setting is out of range
+├── InputError                  (also ValueError) a text is invalid; ``.index``
+├── CircuitOpenError            the endpoint failed repeatedly; failing fast
+├── ResponseError               the server answered 2xx but the body is unusable;
+│                               ``.index`` names the input when one is at fault
+├── TransportError              no usable HTTP response
+│   ├── ConnectError            TCP / TLS connection could not be made
+│   ├── NetworkError            the connection broke while sending or reading
+│   │   └── RemoteProtocolError the server closed without a (complete) response
+│   └── TimeoutException        (also builtins.TimeoutError)
+│       ├── ConnectTimeout
+│       ├── ReadTimeout
+│       ├── WriteTimeout
+│       └── PoolTimeout         no pooled connection became free in time
+└── HTTPStatusError             an HTTP error status; ``.status``, ``.message``,
+    │                           ``.request_id``, ``.url``, ``.retry_after``
+    ├── BadRequestError         400 / 413 / 422
+    │   ├── ContextLengthError  a text is longer than the model's context
+    │   └── BatchTooLargeError  too many texts in one request; ``.limit``
+    ├── AuthenticationError     401 / 403
+    ├── NotFoundError           404 (wrong path or model name)
+    ├── RateLimitError          429
+    └── ServerError             5xx: the server failed
+        └── OverloadedError     503 (SGLang "request queue is full", Ollama busy)
+```
 
 Error bodies are parsed in every shape the supported servers use: flat SGLang
 (``{"object": "error", "message": ...}``), nested OpenAI / vLLM / DashScope

@@ -257,8 +257,8 @@ def prometheus_collector() -> Any:
     ``reason`` / ``kind`` where counted by them.
 
     Raises:
-        ImportError: ``prometheus_client`` is missing
-            (``pip install 'qwen-embed-plugins[prometheus]'``).
+        ImportError: ``prometheus_client`` is missing (the ``prometheus`` extra; the
+            message names the pip command).
     """
     try:
         from prometheus_client.core import (
@@ -268,9 +268,10 @@ def prometheus_collector() -> Any:
         )
         from prometheus_client.registry import Collector
     except ImportError as exc:  # pragma: no cover - exercised without the extra
+        from . import _install_command
+
         raise ImportError(
-            "Prometheus export needs prometheus-client: "
-            "pip install 'qwen-embed-plugins[prometheus]'"
+            f"Prometheus export needs prometheus-client: {_install_command('prometheus')}"
         ) from exc
 
     def histogram(name: str, doc: str, snaps: dict[str, dict[str, Any]], key: str) -> Any:

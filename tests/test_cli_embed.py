@@ -213,14 +213,17 @@ def test_a_second_job_on_the_same_output_is_refused(
 # --------------------------------------------------------------------------- safety
 
 
-@pytest.mark.parametrize("how", ["same path", "symlink", "hardlink", "symlinked dir"])
+@pytest.mark.parametrize(
+    "how", ["same path", "same path, a text file", "symlink", "hardlink", "symlinked dir"]
+)
 def test_output_that_is_the_input_is_refused(
     server: EmbeddingServer, tmp_path: Path, how: str
 ) -> None:
-    src = tmp_path / "in.jsonl"
+    # `embed in.txt in.txt` is told that OUTPUT is INPUT (not that .txt is no output suffix)
+    src = tmp_path / ("in.txt" if how.endswith("text file") else "in.jsonl")
     src.write_text('{"text": "keep me"}\n')
     original = src.read_bytes()
-    if how == "same path":
+    if how.startswith("same path"):
         out = src
     elif how == "symlink":
         out = tmp_path / "out.jsonl"
@@ -259,6 +262,9 @@ def test_a_server_nobody_listens_on_ends_the_run_naming_the_url(tmp_path: Path) 
     assert result.exit_code == 1
     assert f"cannot connect to {base_url}: " in result.stderr
     assert "Connection refused" in result.stderr
+    # OUTPUT never existed: nothing was "left as it was"
+    assert f"; nothing written to {out}" in result.stderr
+    assert "left as it was" not in result.stderr
     assert not out.exists()
     assert files(tmp_path) == ["in.txt"]
 

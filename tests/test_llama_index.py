@@ -466,6 +466,34 @@ def test_ingestion_pipeline_with_two_workers(monkeypatch: pytest.MonkeyPatch) ->
     )
 
 
+def test_ingestion_pipeline_rerun_with_a_docstore_embeds_only_what_changed(
+    srv: EmbeddingServer,
+) -> None:
+    """A re-run whose docstore holds every document hands the embed model an empty
+    list: stock embeddings return [] (ours raised InputError), sync and async."""
+    from llama_index.core.storage.docstore import SimpleDocumentStore
+    from llama_index.core.vector_stores import SimpleVectorStore
+
+    model = QwenPooledEmbedding(base_url=srv.base_url)
+    docs = [Document(text=text, id_=str(i)) for i, text in enumerate(TOPICS[:3])]
+    pipeline = IngestionPipeline(
+        transformations=[model], docstore=SimpleDocumentStore(), vector_store=SimpleVectorStore()
+    )
+    assert len(pipeline.run(documents=docs)) == 3
+    srv.reset_counters()
+    assert pipeline.run(documents=docs) == []
+    assert asyncio.run(pipeline.arun(documents=docs)) == []
+    assert srv.requests == 0
+    assert model.get_text_embedding_batch([]) == []
+    assert asyncio.run(model.aget_text_embedding_batch([])) == []
+    docs[2] = Document(text="A haiku has three lines.", id_="2")
+    (changed,) = pipeline.run(documents=docs)
+    assert srv.received == [["A haiku has three lines."]]
+    np.testing.assert_array_equal(
+        as_array(changed.embedding), expected_embedding("A haiku has three lines.")
+    )
+
+
 # --------------------------------------------------------------------------- async, pool
 
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 
@@ -69,7 +71,9 @@ def test_missing_extra_names_the_install_line() -> None:
             try:
                 getattr(qwen_embed_plugins, attr)
             except ImportError as exc:
-                assert f"pip install 'qwen-embed-plugins[{extra}]'" in str(exc), str(exc)
+                command = qwen_embed_plugins._install_command(extra)
+                assert str(exc).endswith(command), str(exc)
+                assert f"[{extra}]" in command, command
             else:
                 raise SystemExit(f'{attr} imported without its framework')
         print('ok')
@@ -240,3 +244,68 @@ def test_the_tooling_declares_what_it_imports() -> None:
             undeclared[module] = (sorted(dists), sorted(files))
     assert not undeclared, f"imported but not declared in tooling/pyproject.toml: {undeclared}"
     assert declared - used == set(), f"declared but never imported: {sorted(declared - used)}"
+
+
+# ------------------------------------------------ install lines (no release on PyPI)
+
+
+class _Recorded:
+    """A distribution whose ``direct_url.json`` (PEP 610) is ``text``."""
+
+    def __init__(self, text: str | None) -> None:
+        self.text = text
+
+    def read_text(self, name: str) -> str | None:
+        assert name == "direct_url.json"
+        return self.text
+
+
+@pytest.mark.parametrize(
+    ("recorded", "command"),
+    [
+        (
+            '{"url": "file:///src/qwen%20embed", "dir_info": {"editable": true}}',
+            'pip install -e "/src/qwen embed[cli]"',
+        ),
+        (
+            '{"url": "file:///src/qwen-embed-plugins", "dir_info": {}}',
+            'pip install "qwen-embed-plugins[cli] @ file:///src/qwen-embed-plugins"',
+        ),
+        (
+            '{"url": "https://git.example.org/qep.git", '
+            '"vcs_info": {"vcs": "git", "commit_id": "abc"}}',
+            'pip install "qwen-embed-plugins[cli] @ git+https://git.example.org/qep.git"',
+        ),
+        (
+            None,  # installed from a wheel or an index: nothing recorded
+            'pip install "qwen-embed-plugins[cli] @ file:///path/to/qwen-embed-plugins" '
+            "(a checkout of this repository; there is no release on PyPI yet)",
+        ),
+    ],
+    ids=["editable checkout", "checkout", "git", "unknown"],
+)
+def test_install_lines_name_where_this_copy_came_from(
+    monkeypatch: pytest.MonkeyPatch, recorded: str | None, command: str
+) -> None:
+    """The missing-extra messages print a command that works today: never the bare
+    `pip install 'qwen-embed-plugins[cli]'`, which fails (no release on PyPI)."""
+    import importlib.metadata
+
+    import qwen_embed_plugins
+
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: _Recorded(recorded))
+    assert qwen_embed_plugins._install_command("cli") == command
+
+
+def test_no_printed_install_line_needs_a_release() -> None:
+    """Every install line in the code, the docs and README installs from a checkout."""
+    root = Path(__file__).resolve().parent.parent
+    bare = re.compile(r"pip install ['\"]qwen-embed-plugins\[[a-z,-]+\]['\"]")
+    files = [root / "README.md", *root.glob("docs/*.md"), *root.glob("qwen_embed_plugins/**/*.py")]
+    offenders = [
+        f"{path.relative_to(root)}:{text[: m.start()].count(chr(10)) + 1}"
+        for path in files
+        for text in [path.read_text(encoding="utf-8")]
+        for m in bare.finditer(text)
+    ]
+    assert not offenders, offenders

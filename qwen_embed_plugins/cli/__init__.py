@@ -28,10 +28,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import click
 
-__all__ = ["INSTALL_HINT", "get_command", "main"]
-
-INSTALL_HINT = "pip install 'qwen-embed-plugins[cli]'"
-"""The command printed when the ``cli`` extra (click, rich) is missing."""
+__all__ = ["get_command", "main"]
 
 _SIGNAL_EXITS = frozenset({129, 130, 143})
 
@@ -85,9 +82,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         missing = _missing_extra()
         if missing is not None:
+            from .. import _install_command
+
             sys.stderr.write(
                 f"qwen-embed needs the 'cli' extra ({missing} is not installed):\n"
-                f"    {INSTALL_HINT}\n"
+                f"    {_install_command('cli')}\n"
             )
             raise SystemExit(1)
         get_command().main(args=list(argv) if argv is not None else None, prog_name="qwen-embed")

@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 
+from .. import _install_command
 from ._signals import Terminated, describe, exit_status, terminating_raises
 from .check import check
 from .embed import embed
@@ -21,7 +22,7 @@ __all__ = ["COMMANDS_GROUP", "TOOLING_COMMANDS", "TOOLING_HINT", "QwenEmbedGroup
 
 COMMANDS_GROUP = "qwen_embed.commands"
 """The entry-point group other distributions add ``qwen-embed`` commands through."""
-TOOLING_HINT = "pip install qwen-embed-tooling  (from a source checkout: pip install -e ./tooling)"
+TOOLING_HINT = _install_command("tooling")
 """The command printed when a command of the tooling is asked for and missing."""
 TOOLING_COMMANDS = {
     "bench": "Naive vs pooled vs async vs HTTP/2 vs batched (needs qwen-embed-tooling).",

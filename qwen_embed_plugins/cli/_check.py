@@ -239,11 +239,22 @@ class _Probe:
     def server_name(self) -> str | None:
         return None if self.server is None or self.server.name == "openai" else self.server.name
 
-    def post(self, texts: list[str], fmt: str = "float", dimensions: int | None = None) -> Any:
+    def post(
+        self,
+        texts: list[str],
+        fmt: str = "float",
+        dimensions: int | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """POST ``texts`` to the embeddings URL (``timeout``: seconds instead of the
+        probe client's)."""
         body: dict[str, Any] = {"model": self.model, "input": texts, "encoding_format": fmt}
         if dimensions is not None:
             body["dimensions"] = dimensions
-        return self.http.post(self.url, content=orjson.dumps(body), headers=headers(self.api_key))
+        extra = {} if timeout is None else {"timeout": timeout}
+        return self.http.post(
+            self.url, content=orjson.dumps(body), headers=headers(self.api_key), **extra
+        )
 
     def message(self, resp: Any) -> str:
         err = status_error(
@@ -273,7 +284,7 @@ def check_server(
     verify: bool | str = True,
     model: str | None = None,
     max_idle: float = 6.5,
-    batch_probe_max: int = 512,
+    batch_probe_max: int = 128,
     samples: int = 10,
     step: Callable[[str], None] | None = None,
 ) -> CheckReport:
@@ -376,6 +387,11 @@ def check_server(
         if float_vec is None:
             return report(probe)
         dim = int(float_vec.size)
+        # The keep-alive probe mostly waits (up to max_idle s) on its own idle
+        # connection: it runs beside the other probes, not after them.
+        keepalive = _Background(
+            "keepalive", _keepalive_finding, base_url, verify, api_key, max_idle
+        )
 
         say("base64")
         findings.append(_base64_finding(probe, float_vec))
@@ -387,7 +403,7 @@ def check_server(
     say("http2")
     findings.append(_http2_finding(base_url, verify, api_key))
     say("keepalive")
-    findings.append(_keepalive_finding(base_url, verify, api_key, max_idle))
+    findings.append(keepalive.result())
     say("latency")
     cfg = EmbeddingConfig(base_url=base_url, api_key=api_key, verify=verify, model=probe.model)
     from ..metrics import stats
@@ -397,6 +413,30 @@ def check_server(
     say("truncation")
     findings.extend(_client_findings(cfg, before))
     return report(probe)
+
+
+class _Background:
+    """The probe ``fn(*args)`` (finding ``name``) on a daemon thread, with its own
+    sockets; `result` waits for its finding."""
+
+    def __init__(self, name: str, fn: Callable[..., CheckFinding], *args: Any) -> None:
+        import threading
+
+        self._name = name
+        self._out: list[CheckFinding] = []
+
+        def run() -> None:
+            try:
+                self._out.append(fn(*args))
+            except Exception as exc:  # a probe never raises: its failure is a finding
+                self._out.append(CheckFinding(name, "warn", f"{name} probe failed: {exc}"))
+
+        self._thread = threading.Thread(target=run, name=f"qwen-embed-check-{name}", daemon=True)
+        self._thread.start()
+
+    def result(self) -> CheckFinding:
+        self._thread.join()
+        return self._out[0]
 
 
 _LONG_TEXT = "The quick brown fox jumps over the lazy dog near the river bank. " * 400
@@ -588,52 +628,91 @@ def _dimensions_finding(probe: _Probe, dim: int) -> CheckFinding:
     )
 
 
+_BATCH_PROBE_TIMEOUT: Final = 120.0
+"""Seconds the batch probe waits for an answer: a large batch on a CPU server is slow,
+and slowness is not a limit."""
+
+
 def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
+    """The most texts per request the server takes, up to ``bound``.
+
+    32 texts first (the default batch size; it also warms a server started without a
+    warm-up), then ``bound``: two requests when the server takes both or states its
+    limit. Only after a refusal that states no limit are the sizes in between tried,
+    largest first. The texts are a few words each: the probe counts texts, and a real
+    model embeds long ones slowly (MiniLM on a CPU: ~20 s for the former ascending
+    series of 1,000 passages of 200 characters).
+    """
     from .._http import httpx
 
-    sizes = [s for s in (8, 32, 64, 128, 256, 512, 1024, 2048) if s <= bound] or [bound]
-    passages = corpus(max(sizes))
+    sizes = [s for s in (8, 32, 64, 128, 256, 512, 1024, 2048) if s < bound] + [bound]
+    texts = [" ".join(p.split()[:6]) for p in corpus(bound)]
     setting = _BATCH_SETTING.get(probe.server_name or "", "")
-    largest_ok = 1
-    for size in sizes:
+
+    def attempt(size: int) -> CheckFinding | str | None:
+        """``None``: taken; a finding: the server stated its limit; else why not."""
         try:
-            resp = probe.post([p[:200] for p in passages[:size]])
+            resp = probe.post(texts[:size], timeout=_BATCH_PROBE_TIMEOUT)
         except httpx.HTTPError as exc:
-            return CheckFinding(
-                "batch_limit",
-                "warn",
-                f"batch of {size} texts failed: {exc}",
-                largest_ok,
-                f"use batch_size <= {largest_ok}",
-            )
-        if resp.status_code >= 400:
-            err = status_error(resp.status_code, resp.content, url=probe.url, secret=probe.api_key)
-            limit = err.limit if isinstance(err, BatchTooLargeError) else None
-            if limit is not None:
-                return CheckFinding(
-                    "batch_limit",
-                    "warn" if limit < 32 else "ok",
-                    f"the server accepts at most {limit} texts per request",
-                    limit,
-                    f"set batch_size={limit} (the client also learns it from the error)" + setting
-                    if limit < 32
-                    else "batch_size=32 (the default) fits",
-                )
-            return CheckFinding(
-                "batch_limit",
-                "warn",
-                f"{size} texts refused ({resp.status_code}: {err.message[:120]}); "
-                f"{largest_ok} accepted",
-                largest_ok,
-                f"use batch_size <= {largest_ok}",
-            )
-        largest_ok = size
+            return f"failed: {exc}"
+        if resp.status_code < 400:
+            return None
+        err = status_error(resp.status_code, resp.content, url=probe.url, secret=probe.api_key)
+        limit = err.limit if isinstance(err, BatchTooLargeError) else None
+        if limit is None:
+            return f"refused ({resp.status_code}: {err.message[:120]})"
+        return CheckFinding(
+            "batch_limit",
+            "warn" if limit < 32 else "ok",
+            f"the server accepts at most {limit} texts per request",
+            limit,
+            f"set batch_size={limit} (the client also learns it from the error)" + setting
+            if limit < 32
+            else "batch_size=32 (the default) fits",
+        )
+
+    largest_ok = 0
+    refused: tuple[int, str] | None = None  # the smallest size refused, and why
+    first = min(32, bound)
+    for size in [first, bound] if bound > first else [first]:
+        outcome = attempt(size)
+        if isinstance(outcome, CheckFinding):
+            return outcome
+        if outcome is None:
+            largest_ok = size
+            continue
+        refused = (size, outcome)
+        for smaller in reversed([s for s in sizes if largest_ok < s < size]):
+            outcome = attempt(smaller)
+            if isinstance(outcome, CheckFinding):
+                return outcome
+            if outcome is None:
+                largest_ok = smaller
+                break
+            refused = (smaller, outcome)
+        break
+    if refused is None:
+        return CheckFinding(
+            "batch_limit",
+            "ok",
+            f"{largest_ok} texts per request accepted (probe bound)",
+            largest_ok,
+            "batch_size=32 (the default) fits",
+        )
+    if not largest_ok:
+        return CheckFinding(
+            "batch_limit",
+            "warn",
+            f"batch of {refused[0]} texts {refused[1]}",
+            None,
+            f"see the server's log: not even {refused[0]} short texts were embedded",
+        )
     return CheckFinding(
         "batch_limit",
-        "ok",
-        f"{largest_ok} texts per request accepted (probe bound)",
+        "warn",
+        f"batch of {refused[0]} texts {refused[1]}; {largest_ok} accepted",
         largest_ok,
-        "batch_size=32 (the default) fits",
+        f"use batch_size <= {largest_ok}",
     )
 
 

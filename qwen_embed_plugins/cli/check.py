@@ -18,7 +18,11 @@ __all__ = ["check"]
     help="Longest idle wait of the keep-alive probe (s).",
 )
 @sized(
-    "--batch-probe-max", upper=2048, default=512, help="Largest batch the batch-limit probe sends."
+    "--batch-probe-max",
+    upper=2048,
+    default=128,
+    help="Largest batch the batch-limit probe sends (texts; a CPU server may take ~40 ms "
+    "per text).",
 )
 @output_options()
 def check(

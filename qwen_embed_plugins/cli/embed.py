@@ -159,14 +159,14 @@ def embed(
     from ._options import verify_setting
     from ._output import console, fail
 
-    suffix = Path(output_path).suffix.lower()
-    if suffix not in _OUTPUT_SUFFIXES:
-        raise click.UsageError("OUTPUT must end in .npy, .jsonl or .ndjson")
     paths = StatePaths(output_path)
-    try:
+    try:  # first: `embed in.txt in.txt` is told that OUTPUT is INPUT, not about suffixes
         check_paths(input_path, paths)
     except UsageProblem as exc:
         fail(str(exc), 2)
+    suffix = Path(output_path).suffix.lower()
+    if suffix not in _OUTPUT_SUFFIXES:
+        raise click.UsageError("OUTPUT must end in .npy, .jsonl or .ndjson")
     from .. import EmbeddingClient, EmbeddingConfig
 
     try:
@@ -229,7 +229,9 @@ def _run_on_ray(input_path: str, output_path: str, **opts: Any) -> None:
     try:
         from ..ray import embed_files
     except ImportError as exc:
-        fail(f"--ray needs Ray Data: pip install 'qwen-embed-plugins[ray]' ({exc})", 2)
+        from .. import _install_command
+
+        fail(f"--ray needs Ray Data: {_install_command('ray')} ({exc})", 2)
     if opts["api_key"]:
         # Ray actors read the key from their environment (it is never pickled); local
         # actors inherit this process's.
@@ -379,8 +381,11 @@ def _run(
 
 
 def _kept(states: list[Any], paths: StatePaths, resume: bool) -> str:
-    """What the failed run left: nothing (OUTPUT as it was), or the resumable part."""
+    """What the failed run left: nothing (OUTPUT as it was, or still absent), or the
+    resumable part."""
     if not resume or not states:
+        if not paths.output.exists():
+            return f"; nothing written to {paths.output}"
         return f"; {paths.output} left as it was"
     state = states[0]
     return (

@@ -6,7 +6,7 @@ The adapter adds nothing but the LangChain surface: its fields map one-to-one on
 API key, timeouts, limits, HTTP/2, TLS verification) shares one connection pool per
 process (sync) and per event loop (async).
 
-Needs the ``langchain`` extra: ``pip install 'qwen-embed-plugins[langchain]'``.
+Needs the ``langchain`` extra (from a checkout: ``pip install -e ".[langchain]"``).
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from ._common import DESCRIPTIONS, FlatSettings, Stock, mask_inputs, resolve_nam
 __all__ = ["QwenPooledEmbeddings"]
 
 
-_TQDM_MISSING = (
-    "show_progress=True needs tqdm: pip install 'qwen-embed-plugins[langchain]' "
-    "(or pip install tqdm)"
-)
+def _tqdm_missing() -> str:
+    from .. import _install_command
+
+    return f"show_progress=True needs tqdm: {_install_command('langchain')} (or pip install tqdm)"
+
 
 # The parameter names of langchain_openai.OpenAIEmbeddings (docs/migration.md).
 _STOCK = Stock(
@@ -55,7 +56,7 @@ def _tqdm() -> Any:
     try:
         module = importlib.import_module("tqdm.auto")  # tqdm ships no type hints
     except ImportError as exc:
-        raise ImportError(_TQDM_MISSING) from exc
+        raise ImportError(_tqdm_missing()) from exc
     return module.tqdm
 
 
@@ -85,7 +86,7 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
         (SGLang, vLLM, Infinity, TEI, llama.cpp, ...) serving Qwen3-Embedding:
 
         ```bash
-        pip install 'qwen-embed-plugins[langchain]'
+        pip install -e ".[langchain]"   # in a checkout: there is no PyPI release yet
         export QWEN_EMBED_BASE_URL="http://gpu-box:30000/v1"
         export QWEN_EMBED_API_KEY="..."   # only if the server wants a bearer token
         ```

@@ -27,8 +27,8 @@ How it plugs into LlamaIndex:
   cache, rate limiter and progress bar. The pool's ``limits.max_connections`` caps
   connections across all calls.
 
-This module imports ``llama_index.core``: install the extra,
-``pip install 'qwen-embed-plugins[llama-index]'``.
+This module imports ``llama_index.core``: install the extra (from a checkout:
+``pip install -e ".[llama-index]"``).
 """
 
 from __future__ import annotations
@@ -189,20 +189,23 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     """LlamaIndex embeddings for Qwen3-Embedding on an OpenAI-compatible server.
 
     Setup:
-        ``pip install 'qwen-embed-plugins[llama-index]'``; a server speaking
-        ``POST {base_url}/embeddings`` (SGLang, vLLM, Infinity, TEI, ...).
+        ``pip install -e ".[llama-index]"`` in a checkout (no PyPI release yet); a
+        server speaking ``POST {base_url}/embeddings`` (SGLang, vLLM, Infinity, TEI,
+        ...).
 
-    Instantiate::
+    Instantiate it once for every index, retriever and pipeline of the process:
 
-        from llama_index.core import Settings
-        from qwen_embed_plugins import QwenPooledEmbedding
+    ```python
+    from llama_index.core import Settings
+    from qwen_embed_plugins import QwenPooledEmbedding
 
-        Settings.embed_model = QwenPooledEmbedding(
-            base_url="http://gpu-box:30000/v1",   # or env QWEN_EMBED_BASE_URL
-            model_name="Qwen/Qwen3-Embedding-0.6B",
-            embed_batch_size=32,                  # texts per request
-            max_concurrency=4,                    # requests in flight per batch call
-        )
+    Settings.embed_model = QwenPooledEmbedding(
+        base_url="http://gpu-box:30000/v1",   # or env QWEN_EMBED_BASE_URL
+        model_name="Qwen/Qwen3-Embedding-0.6B",
+        embed_batch_size=32,                  # texts per request
+        max_concurrency=4,                    # requests in flight per batch call
+    )
+    ```
 
     ``OpenAILikeEmbedding``'s names are aliases with their meaning: ``api_base``
     (``base_url``), ``timeout`` (``total_timeout``, seconds per request),
@@ -419,10 +422,15 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         them). Every text is checked first; a failing input is named by its index in
         ``texts``.
 
+        Returns ``[]`` for an empty list (what an `IngestionPipeline` re-run whose
+        docstore already holds every document passes), sending nothing.
+
         Raises:
             InputError: ``texts`` is a single ``str``, an unordered collection, or holds
                 an invalid text (nothing is sent).
         """
+        if isinstance(texts, list) and not texts:
+            return []
         items = self._checked(texts)
         window = self.max_concurrency if isinstance(self.max_concurrency, int) else 4
         size = self.embed_batch_size
@@ -445,7 +453,10 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         LlamaIndex's implementation (events, callbacks, cache, rate limiter, progress
         bar), with at most ``max_concurrency`` batch requests of this call in flight.
         Every text is checked first; a failing input is named by its index in ``texts``.
+        ``[]`` for an empty list, sending nothing.
         """
+        if isinstance(texts, list) and not texts:
+            return []
         items = self._checked(texts)
         window = self.max_concurrency if isinstance(self.max_concurrency, int) else 4
         call = _BatchCall(self.embed_batch_size, window=asyncio.Semaphore(window))

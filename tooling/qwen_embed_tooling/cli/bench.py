@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from qwen_embed_plugins import _install_command
 from qwen_embed_plugins.cli._options import (
     MODELS_DEFAULT,
     output_options,
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["bench"]
 
-SERVER_DEPS_HINT = "pip install qwen-embed-tooling (its dependencies), or pass --base-url"
+SERVER_DEPS_HINT = f"{_install_command('tooling')}, or pass --base-url"
 
 
 @click.command()

@@ -25,7 +25,16 @@ __all__ = ["serve"]
     help="Seconds added to every embedding request.",
 )
 @sized("--dim", upper=None, default=1024, help="Vector size.")
-@click.option("--model", default=None, help="Model name served.")
+@click.option(
+    "--model", default=None, help="Model name served (default: the first of --model-names)."
+)
+@click.option(
+    "--model-names",
+    default="",
+    metavar="A,B",
+    help="Serve only these model names (comma-separated); a request naming another "
+    "gets vLLM's 404. Default: any name is answered.",
+)
 @click.option("--matryoshka", is_flag=True, help="Accept `dimensions` (MRL).")
 @shown(
     "--keep-alive-timeout",
@@ -47,6 +56,7 @@ def serve(
     latency: float,
     dim: int,
     model: str | None,
+    model_names: str,
     matryoshka: bool,
     keep_alive_timeout: float,
     api_key: str | None,
@@ -56,14 +66,19 @@ def serve(
 
     Deterministic vectors (not a real model), SGLang's dialect, on 127.0.0.1. Stops
     after --duration (status 0) or on Ctrl-C (status 130).
+    A real model instead: `python3 scripts/realserver.py start` in a checkout serves
+    all-MiniLM-L6-v2 through Infinity (see README, "A real model for prototyping").
     """
+    import errno
     import threading
 
+    from qwen_embed_plugins import _install_command
     from qwen_embed_plugins.cli._output import console, fail
 
     from ..testing import DEFAULT_MODEL, EmbeddingServer
 
-    hint = "needs the tooling's dependencies: pip install qwen-embed-tooling"
+    hint = f"needs the tooling's dependencies: {_install_command('tooling')}"
+    names = [name.strip() for name in model_names.split(",") if name.strip()]
     try:
         server = EmbeddingServer(
             port=port,
@@ -71,7 +86,8 @@ def serve(
             http2=http2,
             latency=latency,
             dim=dim,
-            model=model or DEFAULT_MODEL,
+            model=model or (names[0] if names else DEFAULT_MODEL),
+            model_names=names,
             matryoshka=matryoshka,
             keep_alive_timeout=keep_alive_timeout,
             api_key=api_key,
@@ -79,7 +95,14 @@ def serve(
         server.start()
     except ImportError as exc:  # uvicorn, hypercorn or trustme missing
         fail(f"the server {hint} ({exc})")
-    except (ValueError, OSError, RuntimeError) as exc:
+    except OSError as exc:
+        if exc.errno == errno.EADDRINUSE:
+            fail(
+                f"port {port} on 127.0.0.1 is already in use (another server?): stop it, "
+                "or pick another port with --port (0 picks a free one)"
+            )
+        fail(f"cannot serve on 127.0.0.1 port {port}: {exc}")
+    except (ValueError, RuntimeError) as exc:
         fail(str(exc))
     out = console()
     try:

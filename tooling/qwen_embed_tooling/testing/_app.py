@@ -120,11 +120,40 @@ class _EmbeddingApp:
             if body is not None:
                 await self._send(send, scope, conn, dialect.route_body(method, path, body))
         elif path == dialect.models_path:
-            await self._send(send, scope, conn, dialect.models())
+            await self._send(send, scope, conn, self._models())
         elif path in dialect.public_paths or path == dialect.health_path:
             await self._send(send, scope, conn, _Reply(200, b"", content_type=b"text/plain"))
         else:
             await self._send(send, scope, conn, dialect.not_found())
+
+    def _models(self) -> _Reply:
+        """The dialect's ``/v1/models``, one card per served name (``model_names``)."""
+        reply = self.dialect.models()
+        if not self.settings.model_names or reply.status != 200:
+            return reply
+        listing = orjson.loads(reply.body)
+        card = listing["data"][0]
+        listing["data"] = [
+            {k: name if v == self.settings.model else v for k, v in card.items()}
+            for name in self.settings.model_names
+        ]
+        return replace(reply, body=orjson.dumps(listing))
+
+    def _unknown_model(self, body: bytes) -> _Reply | None:
+        """vLLM's 404 for a request naming a model the server does not serve (only
+        with ``model_names``; a body that is not JSON is left to the dialect)."""
+        if not self.settings.model_names:
+            return None
+        try:
+            payload = orjson.loads(body)
+        except orjson.JSONDecodeError:
+            return None
+        name = payload.get("model") if isinstance(payload, dict) else None
+        if name is None or name in self.settings.model_names:
+            return None
+        message = f"The model `{name}` does not exist."
+        error = {"object": "error", "message": message, "type": "NotFoundError"}
+        return _Reply(404, orjson.dumps({**error, "param": None, "code": 404}))
 
     def _authorized(self, scope: _Scope) -> bool:
         for name, value in scope["headers"]:
@@ -187,6 +216,9 @@ class _EmbeddingApp:
                 reply = self.dialect.unauthorized()
                 state.record(str(reply.status))
                 await self._send(send, scope, conn, reply)
+                return
+            if (refused := self._unknown_model(body)) is not None:
+                await self._reply(send, scope, conn, refused)
                 return
             await self._answer(body, scope, receive, send, conn)
         finally:

@@ -104,7 +104,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--latency", type=float, default=0.0, help="seconds added per embedding request"
     )
     parser.add_argument(
-        "--model", default=DEFAULT_MODEL, help=f"model name (default: {DEFAULT_MODEL})"
+        "--model",
+        default=None,
+        help=f"model name (default: the first --model-names, else {DEFAULT_MODEL})",
+    )
+    parser.add_argument(
+        "--model-names",
+        default="",
+        help="comma-separated model names served; others get 404 (default: any name)",
     )
     parser.add_argument("--dim", type=int, default=DEFAULT_DIM, help="vector size (default: 1024)")
     parser.add_argument("--matryoshka", action="store_true", help="accept `dimensions`")
@@ -129,10 +136,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.control:
         return _control_loop()
+    names = [name.strip() for name in args.model_names.split(",") if name.strip()]
     try:
         server = EmbeddingServer(
             port=args.port,
-            model=args.model,
+            model=args.model or (names[0] if names else DEFAULT_MODEL),
+            model_names=names,
             dim=args.dim,
             matryoshka=args.matryoshka,
             keep_alive_timeout=args.keep_alive_timeout,

@@ -200,6 +200,7 @@ class _Settings:
     h2_only: bool = False
     server_model: tuple[dict[str, Any], ...] = ()
     tls_hostnames: tuple[str, ...] = ()
+    model_names: tuple[str, ...] = ()  # names answered besides `model`; () accepts any
 
 
 @dataclass(frozen=True)
@@ -237,7 +238,9 @@ def _request_id(prefix: str = "") -> str:
 
 
 def _install_hint(package: str) -> str:
+    # static: this package imports nothing of the core (qwen_embed_plugins._install_command)
     return (
-        f"EmbeddingServer needs {package}, a dependency of qwen-embed-tooling: "
-        "pip install qwen-embed-tooling (from a source checkout: pip install -e ./tooling)"
+        f"EmbeddingServer needs {package}, a dependency of qwen-embed-tooling (no release "
+        "on PyPI: in a checkout, pip install -e ./tooling; elsewhere, pip install "
+        '"qwen-embed-tooling @ file:///path/to/qwen-embed-plugins/tooling")'
     )

@@ -104,6 +104,12 @@ class EmbeddingServer(_ServerControls):
             together: rate limits first); runs in child-process mode too.
         tls_hostnames: extra DNS names in the TLS certificate (besides 127.0.0.1 and
             localhost), e.g. a name only a `LoopbackProxy` alias resolves.
+        model_names: more names the server serves besides ``model`` (like vLLM's
+            ``--served-model-name a b``): a request naming any other model gets vLLM's
+            404 ``{"object": "error", "message": "The model `x` does not exist.",
+            "type": "NotFoundError", "param": null, "code": 404}``, and ``/v1/models``
+            lists them all. Empty (default): any model name is answered, as SGLang and a
+            one-model Infinity do.
 
     Raises:
         ValueError: a setting out of range (the message names it).
@@ -137,6 +143,7 @@ class EmbeddingServer(_ServerControls):
         h2_only: bool = False,
         server_model: ServerModel | Sequence[ServerModel | Mapping[str, Any]] | None = None,
         tls_hostnames: Sequence[str] = (),
+        model_names: Sequence[str] = (),
     ) -> None:
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an int in 0..65535, got {port!r}")
@@ -177,6 +184,10 @@ class EmbeddingServer(_ServerControls):
             isinstance(name, str) and name for name in tls_hostnames
         ):
             raise ValueError("tls_hostnames must be a sequence of non-empty str")
+        if isinstance(model_names, str) or not all(
+            isinstance(name, str) and name for name in model_names
+        ):
+            raise ValueError("model_names must be a sequence of non-empty str")
         self._settings = _Settings(
             model=model,
             dim=dim,
@@ -200,6 +211,7 @@ class EmbeddingServer(_ServerControls):
             h2_only=bool(h2_only or goaway_after is not None),
             server_model=_models_spec(server_model),
             tls_hostnames=tuple(tls_hostnames),
+            model_names=tuple(dict.fromkeys((model, *model_names))) if model_names else (),
         )
         self._port = port
         self._process = bool(process)
