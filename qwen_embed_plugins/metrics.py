@@ -268,7 +268,7 @@ def prometheus_collector() -> Any:
         )
         from prometheus_client.registry import Collector
     except ImportError as exc:  # pragma: no cover - exercised without the extra
-        from . import _install_command
+        from ._install import install_command as _install_command
 
         raise ImportError(
             f"Prometheus export needs prometheus-client: {_install_command('prometheus')}"

@@ -74,7 +74,7 @@ try:
     import ray
     import ray.data
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    from . import _install_command
+    from ._install import install_command as _install_command
 
     raise ImportError(f"qwen_embed_plugins.ray needs Ray Data: {_install_command('ray')}") from exc
 

@@ -173,7 +173,8 @@ def test_the_keepalive_probe_waits_beside_the_other_probes() -> None:
     """The keep-alive probe's connection is open while the batch probe runs (it used to
     start only after every other probe, adding its idle wait to the total)."""
     from cli_support import wait_until
-    from qwen_embed_plugins._bench.check import check_server
+
+    from qwen_embed_plugins.cli._check import check_server
 
     with EmbeddingServer(keep_alive_timeout=1.0) as srv:
 

@@ -14,9 +14,9 @@ from typing import Any
 import orjson
 import pytest
 from cli_support import CliProcess, run
-from qwen_embed_plugins.testing import EmbeddingServer
 
 from qwen_embed_plugins import EmbeddingClient, NotFoundError
+from qwen_embed_tooling.testing import EmbeddingServer
 
 VLLM_404 = (
     b'{"object":"error","message":"The model `x` does not exist.",'

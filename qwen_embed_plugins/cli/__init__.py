@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         missing = _missing_extra()
         if missing is not None:
-            from .. import _install_command
+            from .._install import install_command as _install_command
 
             sys.stderr.write(
                 f"qwen-embed needs the 'cli' extra ({missing} is not installed):\n"

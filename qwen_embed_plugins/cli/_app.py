@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from .. import _install_command
+from .._install import install_command as _install_command
 from ._signals import Terminated, describe, exit_status, terminating_raises
 from .check import check
 from .embed import embed

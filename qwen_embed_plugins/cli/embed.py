@@ -229,7 +229,7 @@ def _run_on_ray(input_path: str, output_path: str, **opts: Any) -> None:
     try:
         from ..ray import embed_files
     except ImportError as exc:
-        from .. import _install_command
+        from .._install import install_command as _install_command
 
         fail(f"--ray needs Ray Data: {_install_command('ray')} ({exc})", 2)
     if opts["api_key"]:

@@ -28,7 +28,7 @@ __all__ = ["QwenPooledEmbeddings"]
 
 
 def _tqdm_missing() -> str:
-    from .. import _install_command
+    from .._install import install_command as _install_command
 
     return f"show_progress=True needs tqdm: {_install_command('langchain')} (or pip install tqdm)"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from qwen_embed_plugins._bench.check import check_server
+from qwen_embed_plugins.cli._check import check_server
 
 MINILM = "all-MiniLM-L6-v2"
 

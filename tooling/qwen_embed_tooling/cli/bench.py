@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from qwen_embed_plugins import _install_command
+from qwen_embed_plugins._install import install_command as _install_command
 from qwen_embed_plugins.cli._options import (
     MODELS_DEFAULT,
     output_options,

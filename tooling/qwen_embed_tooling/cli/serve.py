@@ -72,7 +72,7 @@ def serve(
     import errno
     import threading
 
-    from qwen_embed_plugins import _install_command
+    from qwen_embed_plugins._install import install_command as _install_command
     from qwen_embed_plugins.cli._output import console, fail
 
     from ..testing import DEFAULT_MODEL, EmbeddingServer
