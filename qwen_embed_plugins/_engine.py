@@ -40,17 +40,22 @@ from ._run import Call, Flow, Part, Send, Sleep
 from .balance import RETEST_EVERY, RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint_for
 from .config import EmbeddingConfig, OnError, insecure_key_target, known_model_dims
 from .errors import (
+    AuthenticationError,
     BadRequestError,
     BatchTooLargeError,
     ConfigError,
+    ConnectError,
+    ConnectTimeout,
     ContextLengthError,
     ErrorContext,
     HTTPStatusError,
     NetworkError,
     NotFoundError,
     QwenEmbedError,
+    RateLimitError,
     ResponseError,
     ServerError,
+    TimeoutException,
     TransportError,
     error_from_response,
     scrub,
@@ -78,6 +83,7 @@ _MAX_RESPONSE_FLOOR = 1 << 20
 _BYTES_PER_VALUE = 32  # a float in JSON: "-0.012345678901234567," is 22; room to spare
 _DIM_GUESS = 8192
 _CONTROL_TEXT = "hello"  # a control request's input: any server embeds it
+_BACKEND_STATUS = frozenset({500, 424})  # the model failed: maybe one input's fault (TEI: 424)
 _MAX_WARNINGS = 5
 
 
@@ -249,10 +255,13 @@ class Engine(Learning):
         fmt: str,
         dims: int | None,
         call: Call,
+        bare: bool = False,
     ) -> Request:
         if self.append_eos:
             texts = [t if t.endswith(_EOS) else t + _EOS for t in texts]
-        body = encode_request(texts, model=self.model, encoding_format=fmt, dimensions=dims)
+        body = encode_request(
+            texts[0] if bare else texts, model=self.model, encoding_format=fmt, dimensions=dims
+        )
         total = self.timeouts.total
         left = call.remaining()
         if left is not None:
@@ -312,7 +321,111 @@ class Engine(Learning):
         reason = retry_reason(exc) or "unknown"
         stale = delay == 0.0 and isinstance(exc, NetworkError) and not exc.refused
         replica.metrics.retry(reason, stale=stale)
-        _log.warning("retrying %s after %s in %.3f s: %s", replica.label, reason, delay, exc)
+        _log.debug("retrying %s after %s in %.3f s: %s", replica.label, reason, delay, exc)
+        if stale or (isinstance(exc, TransportError) and exc.refused):
+            return  # routine: a keep-alive connection closed under us, a refused stream
+        if replica.retrying(time.monotonic()):
+            _log.warning(
+                "%s failed (%s); retrying until it answers (further retries are logged at "
+                "DEBUG): %s",
+                replica.label,
+                reason,
+                exc,
+                extra={"qwen_embed_episode": "start"},
+            )
+
+    def _recovered(self, replica: Replica) -> None:
+        """A request to ``replica`` succeeded: log the end of its outage episode."""
+        ended = replica.recovered(time.monotonic())
+        if ended is not None:
+            seconds, retries = ended
+            _log.warning(
+                "%s answered again after %.1f s and %d %s",
+                replica.label,
+                seconds,
+                retries,
+                "retry" if retries == 1 else "retries",
+                extra={"qwen_embed_episode": "end"},
+            )
+
+    def _never_reached(self, error: QwenEmbedError) -> bool:
+        """A connection failure while no replica of the endpoint has answered (any HTTP
+        status) in this process: the URL may be wrong, or the server not up."""
+        return isinstance(error, ConnectError | ConnectTimeout) and not any(
+            r.answered for r in self.endpoint.replicas
+        )
+
+    def _first_contact(
+        self, error: QwenEmbedError, call: Call, delay: float | None
+    ) -> float | None:
+        """The wait before retrying ``error`` (``None``: fail the call now): a failure
+        ``_never_reached`` is retried only within ``RetryConfig.wait_for_server`` of the
+        call's start; a server that answered before keeps the outage budget (``delay``)."""
+        if delay is None or not self._never_reached(error):
+            return delay
+        left = self.config.retry.wait_for_server - (time.monotonic() - call.started)
+        return min(delay, left) if left > 0 else None
+
+    def _unreachable(self, error: QwenEmbedError, call: Call) -> QwenEmbedError:
+        """``error``; when ``_never_reached``, saying so and how to check the server."""
+        if not self._never_reached(error):
+            return error
+        label = ",".join(r.label for r in self.endpoint.replicas)
+        waited = time.monotonic() - call.started
+        wait = self.config.retry.wait_for_server
+        error.args = (
+            f"{error.args[0]} (no request of this process reached {label}; tried for "
+            f"{waited:.1f} s, RetryConfig.wait_for_server={wait:g} s). Is the server up and "
+            f"the URL right? Check with: qwen-embed check --base-url {label}",
+        )
+        call.stop = True
+        error._server_wide = True  # type: ignore[attr-defined]
+        return error
+
+    def _float_may_help(
+        self, error: QwenEmbedError, fmt: str, state: ReplicaState, multi: bool
+    ) -> bool:
+        """Whether to try float on the same replica after ``error``: a 5xx (or TEI's 424)
+        to a base64 request, on a replica not yet seen to answer base64 (a gateway that
+        fails decoding base64 answers 502 ``upstream_decode_error``). An outage status
+        with other replicas: the batch goes to another one instead."""
+        if not isinstance(error, ServerError) or fmt != "base64":
+            return False
+        if self.config.encoding_format != "auto" or state.base64_ok is not None:
+            return False
+        return not (multi and classify(error) == "outage")
+
+    def _try_bare(
+        self, error: QwenEmbedError, texts: Sequence[str], state: ReplicaState, bare: bool
+    ) -> bool:
+        """Whether to resend a one-text request with ``input`` as a bare string: its
+        one-item list was refused (a 500 or a 4xx; SGLang 0.4.6 fails ``["text"]`` but
+        embeds ``"text"``) by a server not yet seen to take one-item lists."""
+        if len(texts) != 1 or bare or state.bare_input is not None:
+            return False
+        if isinstance(error, ServerError):
+            return error.status in _BACKEND_STATUS
+        return isinstance(error, HTTPStatusError) and not isinstance(
+            error,
+            AuthenticationError
+            | NotFoundError
+            | RateLimitError
+            | BatchTooLargeError
+            | ContextLengthError,
+        )
+
+    def _learn_bare(self, state: ReplicaState, replica: Replica, bare: bool, texts: int) -> None:
+        """A request succeeded: learn whether the replica needs a bare string."""
+        if texts != 1 or state.bare_input is not None:
+            return
+        state.bare_input = bare
+        if bare:
+            replica.metrics.fallback("bare_string_input")
+            _log.warning(
+                "%s refused a one-item input list but took the text as a bare string; "
+                "sending one-text requests that way from now on",
+                replica.label,
+            )
 
     # ---------------------------------------------------------------- flows
 
@@ -337,7 +450,9 @@ class Engine(Learning):
         multi = len(self.endpoint.replicas) > 1
         force_float = False
         tried_float = False
+        tried_bare = bare_now = False
         moved_prefix = False
+        previous: QwenEmbedError | None = None  # the last attempt's error
         attempt = 0
         while True:
             attempt += 1
@@ -378,7 +493,9 @@ class Engine(Learning):
                 fmt, dims = self.wire(state, profile)
                 if force_float:
                     fmt = "float"
-                request = self._request(replica, state, texts, fmt, dims, call)
+                bare = bare_now or (len(texts) == 1 and state.bare_input is True)
+                bare_now = False
+                request = self._request(replica, state, texts, fmt, dims, call, bare)
             except BaseException:
                 if probe:
                     replica.probing = False
@@ -401,6 +518,7 @@ class Engine(Learning):
                 else:
                     fresh = reply.fresh
                     status = reply.status
+                    replica.answered = True
                     if reply.status >= 300:
                         error = self.status_error(reply, replica, profile)
                         outcome = type(error).__name__
@@ -418,6 +536,8 @@ class Engine(Learning):
                         else:
                             outcome = "ok"
                             replica.succeeded(time.perf_counter() - started)
+                            self._recovered(replica)
+                            self._learn_bare(state, replica, bare, len(texts))
                             for other, why in failed_on.items():
                                 if other is not replica:  # it failed where this one did not
                                     self.endpoint.failed(other, why, health=True)
@@ -456,6 +576,7 @@ class Engine(Learning):
             if error is None:  # cannot happen
                 raise RuntimeError("internal error: error is None")
             self.endpoint.failed(replica, error)
+            error = previous = _cause(error, previous, call)
             if retest:
                 state.retesting = False
                 state.ok_since_limit = 0
@@ -503,19 +624,17 @@ class Engine(Learning):
             if isinstance(error, BadRequestError) and self._adapt(error, fmt, dims, state, replica):
                 attempt = 0  # a new request (other options): its first try
                 continue
-            if (
-                isinstance(error, ServerError)
-                and error.status == 500
-                and fmt == "base64"
-                and self.config.encoding_format == "auto"
-                and state.base64_ok is None
-                and not tried_float
-            ):
-                tried_float = force_float = True  # does float work where base64 failed?
-                pin = replica  # on the same replica
-                continue
             if force_float:
                 force_float = False  # float failed too: base64 is not the cause
+            elif not tried_float and self._float_may_help(error, fmt, state, multi):
+                tried_float = force_float = True  # does float work where base64 failed?
+                pin = replica  # on the same replica
+                if classify(error) != "outage":
+                    continue  # at once; an outage status: after its backoff, below
+            if not tried_bare and self._try_bare(error, texts, state, bare):
+                tried_bare = bare_now = True  # does the text go through as a bare string?
+                pin = replica
+                continue
             if (
                 multi
                 and _replica_suspect(error)
@@ -546,11 +665,12 @@ class Engine(Learning):
                 error._replica = replica  # type: ignore[attr-defined]
                 raise error
             delay = rs.next_delay(error, now=time.monotonic(), fresh_connection=fresh)
+            delay = self._first_contact(error, call, delay)
             if delay is None:
                 error._replica = replica  # type: ignore[attr-defined]
                 if multi and classify(error) != "fatal":
                     self._name_every_replica(error)
-                raise error
+                raise self._unreachable(error, call)
             if classify(error) == "outage" and len(self.endpoint.replicas) > 1:
                 avoid = replica
                 if any(
@@ -632,11 +752,19 @@ class Engine(Learning):
                 if named is not None:
                     return (yield from self._without(call, texts, indices, named, exc, bis))
                 return (yield from self._bisect(call, texts, indices, exc, bis))
-            if len(texts) == 1 and _input_error(exc):
-                if _ambiguous(exc) and call.last_ok < since:
-                    yield from self._control(call, indices[0], exc)
+            if len(texts) != 1 or not _input_error(exc):
+                raise
+            if not _ambiguous(exc):
                 return self._input_failed(call, part, 0, indices[0], exc, bis)
-            raise
+            if bis is not None:
+                bis.input_failed = True  # not a batch that failed for its size
+            try:
+                found = yield from self._once_more(call, texts, indices, exc, since)
+            except QwenEmbedError as again:
+                if getattr(again, "_server_wide", False) or not _input_error(again):
+                    raise
+                return self._input_failed(call, part, 0, indices[0], again, bis)
+            rows, sq, bad, replica, state, dims = found
         call.last_ok = time.monotonic()
         if bis is not None:
             bis.ok += len(texts)
@@ -737,27 +865,62 @@ class Engine(Learning):
                 part.merge(sub, start)
         return part
 
+    def _once_more(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        exc: QwenEmbedError,
+        since: float,
+    ) -> Flow:
+        """A single text failed in a way the server may have caused whatever the input
+        (``exc``: a 500, a 424, a dropped connection, a 400 naming no input). Unless the
+        server has been seen to work since, a control request waits for it to work
+        (``_control``); then the text is sent once more. Returns ``request_flow``'s
+        result when it goes through; raises what it failed with the second time (the
+        input's fault: the server worked just before)."""
+        if call.last_ok < since:
+            yield from self._control(call, indices[0], exc)
+        replica = getattr(exc, "_replica", None)
+        if replica is not None:
+            replica.metrics.fallback("resent_alone")
+        return (
+            yield from self.request_flow(call, texts, indices, bisectable=False, bisecting=True)
+        )
+
     def _control(self, call: Call, index: int, exc: QwenEmbedError) -> Flow:
         """Before blaming input ``index`` for ``exc`` (an answer that could be the
-        server's as well as the input's: a 500, a dropped connection, a 400 naming no
-        input) with no success since it was sent: send a known-good text with the same
-        options once. It succeeds -> the input is the cause (returns); it fails -> the
-        server is, whatever the input: ``exc`` is raised without an input index, in
-        both ``on_error`` modes."""
+        server's as well as the input's) with no success since it was sent: send a
+        known-good text with the same options. It succeeds -> returns (the input may be
+        the cause). It fails too -> the server is down whatever the input: an outage,
+        retried with backoff until the call's deadline; then (or at once, for a failure
+        that is not retryable) ``exc`` is raised without an input index, in both
+        ``on_error`` modes."""
         replica = getattr(exc, "_replica", None)
         if replica is not None:
             replica.metrics.fallback("control_requests")
-        try:
-            yield from self.request_flow(
-                call, [_CONTROL_TEXT], [index], bisectable=False, bisecting=True
-            )
-        except QwenEmbedError as control:
-            failed: QwenEmbedError | None = control
-        else:
-            failed = None
-        if failed is None:
-            call.last_ok = time.monotonic()
-            return
+        rs = RetryState(policy=self.config.retry, started=call.started, deadline=call.deadline)
+        while True:
+            try:
+                yield from self.request_flow(
+                    call, [_CONTROL_TEXT], [index], bisectable=False, bisecting=True
+                )
+            except QwenEmbedError as control:
+                failed = control
+            else:
+                call.last_ok = time.monotonic()
+                return
+            if getattr(failed, "_server_wide", False):
+                break  # fails fast (a server never reached), or failed already
+            delay = rs.next_delay(failed, now=time.monotonic(), fresh_connection=True, outage=True)
+            if delay is None:
+                break
+            where = getattr(failed, "_replica", None) or replica
+            if where is not None:
+                self._on_retry(where, failed, delay)
+            yield Sleep(delay)
+        if failed is not exc and getattr(failed, "_server_wide", False):
+            raise failed
         note = (
             " (a control request with a known-good text failed too "
             f"({type(failed).__name__}): the server fails whatever the input)"
@@ -839,6 +1002,15 @@ def _pin(exc: QwenEmbedError, index: int) -> None:
         exc.args = (f"{text} [input index {index} of this call]",)
 
 
+def _cause(error: QwenEmbedError, previous: QwenEmbedError | None, call: Call) -> QwenEmbedError:
+    """The error to act on: a retry that the call's deadline cut short (a timeout with no
+    time left) says nothing new: the failure it retried is the cause."""
+    left = call.remaining()
+    if previous is None or left is None or left > 0.01:
+        return error
+    return previous if isinstance(error, TimeoutException) else error
+
+
 def _replica_suspect(exc: BaseException) -> bool:
     """A failure the replica may have caused rather than the batch: worth one resend on
     another replica before anything else (connection errors and drops, timeouts, 5xx)."""
@@ -852,7 +1024,7 @@ def _maybe_input(exc: BaseException) -> bool:
     if isinstance(exc, BatchTooLargeError):
         return False
     if isinstance(exc, ServerError):
-        return exc.status == 500
+        return exc.status in _BACKEND_STATUS
     if isinstance(exc, ContextLengthError):
         return True
     if isinstance(exc, BadRequestError):
@@ -867,7 +1039,7 @@ def _maybe_input(exc: BaseException) -> bool:
 def _input_error(exc: BaseException) -> bool:
     """A failure of a single-text request that belongs to that input."""
     if isinstance(exc, ServerError):
-        return exc.status == 500
+        return exc.status in _BACKEND_STATUS
     if isinstance(exc, BadRequestError):
         return True
     if isinstance(exc, ResponseError):

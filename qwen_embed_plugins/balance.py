@@ -56,6 +56,9 @@ class ReplicaState:
         profile: the server profile identified from its answers (``None``: not yet).
         eos_checked: whether the ``<|endoftext|>`` check ran (llama.cpp only).
         url_override: the embeddings URL to use instead of ``{base_url}/embeddings``.
+        bare_input: ``True`` once the server refused a one-item ``input`` list but took
+            the text as a bare string (one-text requests are then sent that way);
+            ``False`` once it took a one-item list.
         limit_inferred: ``batch_limit`` was inferred from dropped batches (the server said
             nothing; e.g. out of memory for a while) rather than stated by the server:
             after ``retest_every`` successful requests one batch above it is let through;
@@ -75,6 +78,7 @@ class ReplicaState:
     source: str = ""
     eos_checked: bool = False
     url_override: str | None = None
+    bare_input: bool | None = None
     warned: set[str] = field(default_factory=set)
     size_failures: list[int] = field(default_factory=list)
     limit_inferred: bool = False
@@ -112,6 +116,11 @@ class Replica:
         self.ejections = 0
         self.states: dict[str, ReplicaState] = {}
         self.latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        self.answered = False
+        """Whether any HTTP answer (whatever its status) came from it in this process:
+        until then, connection failures fail a call after ``RetryConfig.wait_for_server``."""
+        self.episode_started: float | None = None
+        self.episode_retries = 0
 
     def state(self, model: str) -> ReplicaState:
         """The learned state of this replica for ``model``."""
@@ -160,6 +169,29 @@ class Replica:
                     self.ejections += 1
                 self.ejected_until = now + cooldown
                 self.probing = False
+
+    def retrying(self, now: float) -> bool:
+        """A request to it is retried: ``True`` when this starts an outage episode (the
+        first retry since its last success), to be logged once."""
+        with self._lock:
+            self.episode_retries += 1
+            if self.episode_started is None:
+                self.episode_started = now
+                self.episode_retries = 1
+                return True
+            return False
+
+    def recovered(self, now: float) -> tuple[float, int] | None:
+        """A request to it succeeded: ``(seconds, retries)`` of the outage episode this
+        ends, or ``None`` when none was under way."""
+        if self.episode_started is None:
+            return None  # the common case: no lock
+        with self._lock:
+            started = self.episode_started
+            if started is None:
+                return None
+            self.episode_started = None
+            return now - started, self.episode_retries
 
     def available(self, now: float) -> bool:
         """Not ejected, or its cooldown is over (then the caller becomes the probe)."""

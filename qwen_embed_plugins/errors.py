@@ -25,7 +25,7 @@ The tree::
         ├── AuthenticationError     401 / 403
         ├── NotFoundError           404 (wrong path or model name)
         ├── RateLimitError          429
-        └── ServerError             5xx: the server failed
+        └── ServerError             5xx (and TEI's 424 backend error): the server failed
             └── OverloadedError     503 (SGLang "request queue is full", Ollama busy)
 
 Error bodies are parsed in every shape the supported servers use: flat SGLang
@@ -440,7 +440,7 @@ def error_from_response(
         return RateLimitError(text, **kwargs)
     if status == 503:
         return OverloadedError(text, **kwargs)
-    if status >= 500:
+    if status >= 500 or status == 424:  # 424: TEI's "Backend error" (the model failed)
         return ServerError(text, **kwargs)
     return HTTPStatusError(text, **kwargs)
 
@@ -603,7 +603,7 @@ def from_urllib3(
     from urllib3.util.ssl_match_hostname import CertificateError
 
     label = ctx.url
-    text = scrub(str(exc), ctx.key()) or type(exc).__name__
+    text = scrub(_urllib3_text(exc), ctx.key()) or type(exc).__name__
     if isinstance(exc, ProtocolError) and len(exc.args) > 1:
         inner = exc.args[1]
         if isinstance(inner, BaseException):
@@ -649,6 +649,16 @@ def from_urllib3(
     if isinstance(exc, ValueError | UnicodeError):
         return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
     return TransportError(f"request to {label} failed: {text}", url=label)
+
+
+def _urllib3_text(exc: BaseException) -> str:
+    """``str(exc)`` without the connection object urllib3 puts in front of a
+    ``NewConnectionError`` (its repr names a class: ``<conn>: Failed to establish...``)."""
+    text = str(exc)
+    conn = getattr(exc, "conn", None)
+    if conn is not None:
+        text = text.removeprefix(f"{conn}: ")
+    return text
 
 
 def from_aiohttp(exc: BaseException, ctx: ErrorContext) -> TransportError:

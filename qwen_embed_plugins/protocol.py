@@ -227,15 +227,17 @@ def plan_batches(
 
 
 def encode_request(
-    texts: Sequence[str],
+    texts: Sequence[str] | str,
     *,
     model: str,
     encoding_format: str,
     dimensions: int | None = None,
 ) -> bytes:
-    """The JSON body of one ``POST /embeddings`` (``encoding_format`` always explicit)."""
+    """The JSON body of one ``POST /embeddings`` (``encoding_format`` always explicit);
+    ``texts`` as a ``str``: ``input`` is that bare string (for servers that refuse a
+    one-item list)."""
     body: dict[str, Any] = {
-        "input": list(texts),
+        "input": texts if isinstance(texts, str) else list(texts),
         "model": model,
         "encoding_format": encoding_format,
     }

@@ -6,10 +6,12 @@ kinds (``classify``):
 
 - ``"outage"``: the endpoint is down or pushing back: connection refused or timed out,
   HTTP 429, 502, 503, 504. Retried with capped exponential backoff (full jitter), or the
-  server's ``Retry-After`` up to ``RetryConfig.retry_after_max``, until the call's
+  server's ``Retry-After`` when longer (up to ``RetryConfig.retry_after_max``; a zero,
+  negative, NaN or past value never shortens the backoff), until the call's
   deadline: a restart or a rate-limit window shorter than the deadline costs time, not
   the run.
-- ``"transient"``: a failure that may not repeat: HTTP 408 and 500, a connection that
+- ``"transient"``: a failure that may not repeat: HTTP 408, 500 and 424 (TEI's backend
+  error), a connection that
   broke after the request was sent, a read or write timeout. At most
   ``RetryConfig.max_attempts`` attempts in all. A request cut on a reused keep-alive
   connection before any response byte ("Server disconnected without sending a
@@ -32,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import email.utils
+import math
 import random
 import threading
 import time
@@ -68,9 +71,12 @@ __all__ = [
     "retry_reason",
 ]
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+RETRYABLE_STATUS = frozenset({408, 424, 429, 500, 502, 503, 504})
 OUTAGE_STATUS = frozenset({429, 502, 503, 504})
 HEALTH_STATUS = frozenset({502, 503, 504})
+MIN_ATTEMPT_SECONDS = 0.02
+"""A retry is not started with less than this left before the deadline (it could only
+end in a timeout hiding the failure that caused it)."""
 MAX_REFUSED_RESENDS = 16
 """Refused HTTP/2 streams resent at once per request before they count as failures."""
 
@@ -84,7 +90,10 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
 
     ``Retry-After`` may be a number of seconds or an HTTP date (RFC 9110 10.2.3);
     ``retry-after-ms`` (milliseconds) is what OpenAI-style servers send. Returns ``None``
-    when neither is present or parseable; never a negative number.
+    when neither is present or usable: a value that is not a number or a date, zero,
+    negative, NaN, infinite, or a date in the past says nothing about when to come back
+    (the normal backoff applies; it is never a reason to retry at once). Otherwise a
+    positive number of seconds.
 
     Args:
         headers: response headers (case-insensitive mapping, or lower-case keys).
@@ -92,26 +101,41 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     """
     raw_ms = headers.get("retry-after-ms")
     if raw_ms:
-        try:
-            return max(0.0, float(raw_ms) / 1000.0)
-        except ValueError:
-            pass
+        found = _positive(raw_ms, 1000.0)
+        if found is not None:
+            return found
     raw = headers.get("retry-after")
     if not raw:
         return None
     raw = raw.strip()
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
+    seconds = _positive(raw, 1.0)
+    if seconds is not None or _number_like(raw):
+        return seconds
     try:
         when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when is None:
         return None
     current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
+    return _positive(str(when.timestamp() - current), 1.0)
+
+
+def _number_like(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _positive(text: str, per_second: float) -> float | None:
+    """``text`` as a positive, finite number of seconds (``None``: anything else)."""
+    try:
+        value = float(text) / per_second
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0.0 else None
 
 
 def _tls_failure(exc: BaseException) -> bool:
@@ -207,10 +231,12 @@ class RetryState:
         now: float,
         fresh_connection: bool,
         rng: random.Random | None = None,
+        outage: bool = False,
     ) -> float | None:
         """Seconds to wait before the next attempt, or ``None`` to give up.
 
-        Call it once per failed attempt.
+        Call it once per failed attempt. A ``Retry-After`` the server sent lengthens the
+        backoff (up to ``retry_after_max``), never shortens it.
 
         Args:
             exc: what the last attempt raised.
@@ -218,10 +244,15 @@ class RetryState:
             fresh_connection: whether the failed attempt opened its own connection
                 (``False`` = it ran on a reused keep-alive connection).
             rng: random source for the jitter.
+            outage: the server is known to fail whatever the input (a control request
+                failed too): a retryable failure is retried as an outage, until the
+                deadline, rather than ``max_attempts`` times.
         """
         kind = classify(exc)
         if kind == "fatal":
             return None
+        if outage and kind == "transient":
+            kind = "outage"
         if self.policy.max_attempts <= 1 and kind != "refused":
             return None  # retries turned off, outages included
         if kind == "refused":
@@ -247,14 +278,14 @@ class RetryState:
             if self.attempts >= self.policy.max_attempts:
                 return None
             retry = self.attempts - 1
+        delay = backoff_delay(retry, self.policy, rng)
         server_wait = exc.retry_after if isinstance(exc, HTTPStatusError) else None
-        if server_wait is not None:
-            delay = min(server_wait, self.policy.retry_after_max)
-        else:
-            delay = backoff_delay(retry, self.policy, rng)
+        if server_wait is not None and server_wait > 0.0:
+            # the server's wait lengthens the backoff, never shortens it
+            delay = max(delay, min(server_wait, self.policy.retry_after_max))
         left = self.remaining(now)
-        if left is not None and delay >= left:
-            return None
+        if left is not None and delay + MIN_ATTEMPT_SECONDS >= left:
+            return None  # no time left for an attempt after the wait
         return delay
 
 
