@@ -12,15 +12,20 @@ A batch flow decides:
 - which replica gets the request (``balance``), and resends a failed request at once on
   another replica;
 - retries (``retry``: outages until the call's deadline, other failures
-  ``max_attempts`` times, stale keep-alive and refused HTTP/2 streams at once);
+  ``max_attempts`` times, stale keep-alive and refused HTTP/2 streams at once); a
+  connection failure while no replica has ever answered only within
+  ``RetryConfig.wait_for_server`` (a wrong URL fails fast, naming it);
 - adaptations learned per replica: base64 -> float (on a refusal, or a 5xx a float
   retry does not reproduce), client-side ``dimensions``, a batch or token limit stated
-  in a refusal, a missing ``/v1`` prefix (Infinity), h2c -> HTTP/1.1;
+  in a refusal, a bare string ``input`` for a server refusing one-item lists, a missing
+  ``/v1`` prefix (Infinity), h2c -> HTTP/1.1;
 - bisection: a batch that fails in a way one input can cause (500, a connection
   dropped after the request was sent, a 400 that names no input) is split and the
   halves resent until the failing input(s) are isolated; every other text is embedded,
-  and the error names the caller's index. A batch whose every half succeeds failed for
-  its size: the replica's batch limit is learned;
+  and the error names the caller's index. A single text is blamed only when it fails
+  again after the server was seen working (a control request shows it; a control that
+  fails too is an outage, waited out until the deadline). A batch whose every half
+  succeeds failed for its size: the replica's batch limit is learned;
 - what reaches the caller: ``on_error="raise"`` raises the first bad input's error
   (the lowest index), ``"skip"`` leaves ``None`` in its slot and reports the error.
 """
@@ -28,7 +33,6 @@ A batch flow decides:
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,22 +41,17 @@ from typing import Any
 from . import pool, servers
 from ._learn import Learning
 from ._run import Call, Flow, Part, Send, Sleep
-from .balance import RETEST_EVERY, RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint_for
+from .balance import RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint_for
 from .config import EmbeddingConfig, OnError, insecure_key_target, known_model_dims
 from .errors import (
-    AuthenticationError,
     BadRequestError,
     BatchTooLargeError,
     ConfigError,
-    ConnectError,
-    ConnectTimeout,
-    ContextLengthError,
     ErrorContext,
     HTTPStatusError,
     NetworkError,
     NotFoundError,
     QwenEmbedError,
-    RateLimitError,
     ResponseError,
     ServerError,
     TimeoutException,
@@ -67,24 +66,28 @@ from .protocol import (
     estimate_tokens,
     parse_body,
 )
-from .retry import RetryState, classify, is_health_failure, parse_retry_after, retry_reason
+from .retry import (
+    RetryState,
+    ambiguous,
+    classify,
+    input_error,
+    is_health_failure,
+    maybe_input,
+    named_position,
+    parse_retry_after,
+    replica_suspect,
+)
 from .transport import Reply, Request
 
 __all__ = ["Engine"]
 
 _log = logging.getLogger("qwen_embed_plugins")
 
-_BASE64_REFUSED = re.compile(r"base64|encoding[_ ]format", re.I)
-_DIMENSIONS_REFUSED = re.compile(r"dimension|matryoshka|mrl", re.I)
-_SERVER_POSITION = re.compile(r"\b(?:index|input|item)\s*(?:at\s+(?:index\s+)?)?\[?(\d+)\]?", re.I)
 _EOS = "<|endoftext|>"
-_EOS_ID = 151643  # Qwen2/Qwen3 <|endoftext|> (qwen.tiktoken / tokenizer_config.json)
 _MAX_RESPONSE_FLOOR = 1 << 20
 _BYTES_PER_VALUE = 32  # a float in JSON: "-0.012345678901234567," is 22; room to spare
 _DIM_GUESS = 8192
 _CONTROL_TEXT = "hello"  # a control request's input: any server embeds it
-_BACKEND_STATUS = frozenset({500, 424})  # the model failed: maybe one input's fault (TEI: 424)
-_MAX_WARNINGS = 5
 
 
 class _Split(Exception):
@@ -317,115 +320,13 @@ class Engine(Learning):
             elif state.profile is None:
                 state.profile, state.source = servers.GENERIC, "answers of a generic server"
 
-    def _on_retry(self, replica: Replica, exc: QwenEmbedError, delay: float) -> None:
-        reason = retry_reason(exc) or "unknown"
-        stale = delay == 0.0 and isinstance(exc, NetworkError) and not exc.refused
-        replica.metrics.retry(reason, stale=stale)
-        _log.debug("retrying %s after %s in %.3f s: %s", replica.label, reason, delay, exc)
-        if stale or (isinstance(exc, TransportError) and exc.refused):
-            return  # routine: a keep-alive connection closed under us, a refused stream
-        if replica.retrying(time.monotonic()):
-            _log.warning(
-                "%s failed (%s); retrying until it answers (further retries are logged at "
-                "DEBUG): %s",
-                replica.label,
-                reason,
-                exc,
-                extra={"qwen_embed_episode": "start"},
-            )
-
-    def _recovered(self, replica: Replica) -> None:
-        """A request to ``replica`` succeeded: log the end of its outage episode."""
-        ended = replica.recovered(time.monotonic())
-        if ended is not None:
-            seconds, retries = ended
-            _log.warning(
-                "%s answered again after %.1f s and %d %s",
-                replica.label,
-                seconds,
-                retries,
-                "retry" if retries == 1 else "retries",
-                extra={"qwen_embed_episode": "end"},
-            )
-
-    def _never_reached(self, error: QwenEmbedError) -> bool:
-        """A connection failure while no replica of the endpoint has answered (any HTTP
-        status) in this process: the URL may be wrong, or the server not up."""
-        return isinstance(error, ConnectError | ConnectTimeout) and not any(
-            r.answered for r in self.endpoint.replicas
-        )
-
-    def _first_contact(
-        self, error: QwenEmbedError, call: Call, delay: float | None
-    ) -> float | None:
-        """The wait before retrying ``error`` (``None``: fail the call now): a failure
-        ``_never_reached`` is retried only within ``RetryConfig.wait_for_server`` of the
-        call's start; a server that answered before keeps the outage budget (``delay``)."""
-        if delay is None or not self._never_reached(error):
-            return delay
-        left = self.config.retry.wait_for_server - (time.monotonic() - call.started)
-        return min(delay, left) if left > 0 else None
-
     def _unreachable(self, error: QwenEmbedError, call: Call) -> QwenEmbedError:
-        """``error``; when ``_never_reached``, saying so and how to check the server."""
-        if not self._never_reached(error):
-            return error
-        label = ",".join(r.label for r in self.endpoint.replicas)
-        waited = time.monotonic() - call.started
-        wait = self.config.retry.wait_for_server
-        error.args = (
-            f"{error.args[0]} (no request of this process reached {label}; tried for "
-            f"{waited:.1f} s, RetryConfig.wait_for_server={wait:g} s). Is the server up and "
-            f"the URL right? Check with: qwen-embed check --base-url {label}",
-        )
-        call.stop = True
-        error._server_wide = True  # type: ignore[attr-defined]
+        """``error``, saying that no request reached the endpoint (when so) and how to
+        check it; such an error ends the call."""
+        if self.endpoint.unreached(error, call.started, self.config.retry.wait_for_server):
+            call.stop = True
+            error._server_wide = True  # type: ignore[attr-defined]
         return error
-
-    def _float_may_help(
-        self, error: QwenEmbedError, fmt: str, state: ReplicaState, multi: bool
-    ) -> bool:
-        """Whether to try float on the same replica after ``error``: a 5xx (or TEI's 424)
-        to a base64 request, on a replica not yet seen to answer base64 (a gateway that
-        fails decoding base64 answers 502 ``upstream_decode_error``). An outage status
-        with other replicas: the batch goes to another one instead."""
-        if not isinstance(error, ServerError) or fmt != "base64":
-            return False
-        if self.config.encoding_format != "auto" or state.base64_ok is not None:
-            return False
-        return not (multi and classify(error) == "outage")
-
-    def _try_bare(
-        self, error: QwenEmbedError, texts: Sequence[str], state: ReplicaState, bare: bool
-    ) -> bool:
-        """Whether to resend a one-text request with ``input`` as a bare string: its
-        one-item list was refused (a 500 or a 4xx; SGLang 0.4.6 fails ``["text"]`` but
-        embeds ``"text"``) by a server not yet seen to take one-item lists."""
-        if len(texts) != 1 or bare or state.bare_input is not None:
-            return False
-        if isinstance(error, ServerError):
-            return error.status in _BACKEND_STATUS
-        return isinstance(error, HTTPStatusError) and not isinstance(
-            error,
-            AuthenticationError
-            | NotFoundError
-            | RateLimitError
-            | BatchTooLargeError
-            | ContextLengthError,
-        )
-
-    def _learn_bare(self, state: ReplicaState, replica: Replica, bare: bool, texts: int) -> None:
-        """A request succeeded: learn whether the replica needs a bare string."""
-        if texts != 1 or state.bare_input is not None:
-            return
-        state.bare_input = bare
-        if bare:
-            replica.metrics.fallback("bare_string_input")
-            _log.warning(
-                "%s refused a one-item input list but took the text as a bare string; "
-                "sending one-text requests that way from now on",
-                replica.label,
-            )
 
     # ---------------------------------------------------------------- flows
 
@@ -536,7 +437,7 @@ class Engine(Learning):
                         else:
                             outcome = "ok"
                             replica.succeeded(time.perf_counter() - started)
-                            self._recovered(replica)
+                            replica.recovered()
                             self._learn_bare(state, replica, bare, len(texts))
                             for other, why in failed_on.items():
                                 if other is not replica:  # it failed where this one did not
@@ -637,7 +538,7 @@ class Engine(Learning):
                 continue
             if (
                 multi
-                and _replica_suspect(error)
+                and replica_suspect(error)
                 and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
             ):
                 failed_on.setdefault(replica, error)
@@ -646,11 +547,11 @@ class Engine(Learning):
                 if (left is None or left > 0) and any(
                     r not in failed_on and r.available(now) for r in self.endpoint.replicas
                 ):
-                    self._on_retry(replica, error, 0.0)
+                    replica.retried(error, 0.0)
                     continue  # the batch may be fine: resend it on another replica at once
             if (
                 (bisectable or bisecting)
-                and _maybe_input(error)
+                and maybe_input(error)
                 and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
                 and (
                     rs.attempts >= 1
@@ -665,11 +566,13 @@ class Engine(Learning):
                 error._replica = replica  # type: ignore[attr-defined]
                 raise error
             delay = rs.next_delay(error, now=time.monotonic(), fresh_connection=fresh)
-            delay = self._first_contact(error, call, delay)
+            delay = self.endpoint.first_contact(
+                error, call.started, delay, self.config.retry.wait_for_server
+            )
             if delay is None:
                 error._replica = replica  # type: ignore[attr-defined]
                 if multi and classify(error) != "fatal":
-                    self._name_every_replica(error)
+                    self.endpoint.name_failures(error)
                 raise self._unreachable(error, call)
             if classify(error) == "outage" and len(self.endpoint.replicas) > 1:
                 avoid = replica
@@ -678,36 +581,9 @@ class Engine(Learning):
                     for r in self.endpoint.replicas
                 ):
                     delay = 0.0  # another replica can take it now
-            self._on_retry(replica, error, delay)
+            replica.retried(error, delay)
             if delay > 0:
                 yield Sleep(delay)
-
-    def _limit_held(self, replica: Replica, state: ReplicaState, texts: int, retest: bool) -> None:
-        """A request succeeded on a replica with an inferred batch limit."""
-        if not retest:
-            state.ok_since_limit += 1
-            return
-        _log.info(
-            "%s took a batch of %d texts above its inferred limit of %s: limit lifted",
-            replica.label,
-            texts,
-            state.batch_limit,
-        )
-        state.batch_limit = None
-        state.limit_inferred = False
-        state.size_failures.clear()
-        state.retesting = False
-        state.ok_since_limit = 0
-        state.retest_every = RETEST_EVERY
-        replica.metrics.fallback("batch_limit_lifted")
-
-    def _name_every_replica(self, error: QwenEmbedError) -> None:
-        """Say in ``error`` what every replica of the endpoint last failed with."""
-        failures = {r.label: r.last_error for r in self.endpoint.replicas if r.last_error}
-        if failures:
-            said = "; ".join(f"{label}: {err}" for label, err in failures.items())
-            error.args = (f"{error.args[0]} (every replica failed; last failures: {said})",)
-            error.failures = failures  # type: ignore[attr-defined]
 
     def batch_flow(
         self,
@@ -747,21 +623,21 @@ class Engine(Learning):
                 return (yield from self.batch_flow(call, texts, indices, bis))
             return self._input_failed(call, part, 0, indices[0], exc, bis)
         except QwenEmbedError as exc:
-            if len(texts) > 1 and _maybe_input(exc):
-                named = _named_position(exc, len(texts))
+            if len(texts) > 1 and maybe_input(exc):
+                named = named_position(exc, len(texts))
                 if named is not None:
                     return (yield from self._without(call, texts, indices, named, exc, bis))
                 return (yield from self._bisect(call, texts, indices, exc, bis))
-            if len(texts) != 1 or not _input_error(exc):
+            if len(texts) != 1 or not input_error(exc):
                 raise
-            if not _ambiguous(exc):
+            if not ambiguous(exc):
                 return self._input_failed(call, part, 0, indices[0], exc, bis)
             if bis is not None:
                 bis.input_failed = True  # not a batch that failed for its size
             try:
                 found = yield from self._once_more(call, texts, indices, exc, since)
             except QwenEmbedError as again:
-                if getattr(again, "_server_wide", False) or not _input_error(again):
+                if getattr(again, "_server_wide", False) or not input_error(again):
                     raise
                 return self._input_failed(call, part, 0, indices[0], again, bis)
             rows, sq, bad, replica, state, dims = found
@@ -917,7 +793,7 @@ class Engine(Learning):
                 break
             where = getattr(failed, "_replica", None) or replica
             if where is not None:
-                self._on_retry(where, failed, delay)
+                where.retried(failed, delay)
             yield Sleep(delay)
         if failed is not exc and getattr(failed, "_server_wide", False):
             raise failed
@@ -1009,59 +885,3 @@ def _cause(error: QwenEmbedError, previous: QwenEmbedError | None, call: Call) -
     if previous is None or left is None or left > 0.01:
         return error
     return previous if isinstance(error, TimeoutException) else error
-
-
-def _replica_suspect(exc: BaseException) -> bool:
-    """A failure the replica may have caused rather than the batch: worth one resend on
-    another replica before anything else (connection errors and drops, timeouts, 5xx)."""
-    if isinstance(exc, ServerError):
-        return True
-    return isinstance(exc, TransportError) and classify(exc) in ("outage", "transient")
-
-
-def _maybe_input(exc: BaseException) -> bool:
-    """A failure of a multi-text batch that one of its inputs may have caused."""
-    if isinstance(exc, BatchTooLargeError):
-        return False
-    if isinstance(exc, ServerError):
-        return exc.status in _BACKEND_STATUS
-    if isinstance(exc, ContextLengthError):
-        return True
-    if isinstance(exc, BadRequestError):
-        # a 400 naming a position in the request is that input's; others are the
-        # request's own (a wrong model name, a bad parameter): not bisected
-        return _SERVER_POSITION.search(exc.message) is not None
-    if isinstance(exc, TransportError):
-        return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
-    return False
-
-
-def _input_error(exc: BaseException) -> bool:
-    """A failure of a single-text request that belongs to that input."""
-    if isinstance(exc, ServerError):
-        return exc.status in _BACKEND_STATUS
-    if isinstance(exc, BadRequestError):
-        return True
-    if isinstance(exc, ResponseError):
-        return exc.index is not None
-    return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
-
-
-def _ambiguous(exc: BaseException) -> bool:
-    """A single input's failure that the server may have caused whatever the input."""
-    if isinstance(exc, ServerError | NetworkError):
-        return True
-    return (
-        isinstance(exc, BadRequestError)
-        and not isinstance(exc, ContextLengthError | BatchTooLargeError)
-        and _SERVER_POSITION.search(exc.message) is None
-    )
-
-
-def _named_position(exc: QwenEmbedError, count: int) -> int | None:
-    if not isinstance(exc, BadRequestError):
-        return None
-    match = _SERVER_POSITION.search(exc.message)
-    if match and int(match.group(1)) < count:
-        return int(match.group(1))
-    return None

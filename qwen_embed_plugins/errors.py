@@ -373,7 +373,7 @@ class OverloadedError(ServerError):
 
 # An input position a server names in a refusal ("the input at index 3", "input[3]"):
 # counted within the request it got, one batch of the call (the engine's rule too).
-_SERVER_POSITION = re.compile(r"\b(?:index|input|item)\s*(?:at\s+(?:index\s+)?)?\[?(\d+)\]?", re.I)
+SERVER_POSITION = re.compile(r"\b(?:index|input|item)\s*(?:at\s+(?:index\s+)?)?\[?(\d+)\]?", re.I)
 
 
 def error_from_response(
@@ -401,7 +401,7 @@ def error_from_response(
     request_id = response_request_id(headers, body, secret=secret)
     shown = message or "(empty body)"
     text = f"HTTP {status} from {label}: {shown}"
-    position = _SERVER_POSITION.search(message) if status in (400, 413, 422) else None
+    position = SERVER_POSITION.search(message) if status in (400, 413, 422) else None
     if position:
         # the caller's input index is added by the engine ("[input index N of this call]")
         text += (

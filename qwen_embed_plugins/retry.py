@@ -27,6 +27,10 @@ errors and timeouts, read timeouts with no response, 502/503/504. Never 4xx, 429
 off instead), a local ``PoolTimeout``, a refused stream, or a 500 (one input's fault as
 often as the server's; bisection tells which).
 
+Whose fault a failure may be (``maybe_input``, ``input_error``, ``ambiguous``,
+``named_position``, ``replica_suspect``) is decided here too: the engine bisects, resends
+or blames an input on these answers.
+
 Sleep, clock and random source are injectable, so the maths is tested without waiting.
 """
 
@@ -44,30 +48,42 @@ from typing import Literal, TypeVar
 
 from .config import RetryConfig
 from .errors import (
+    SERVER_POSITION,
+    BadRequestError,
+    BatchTooLargeError,
     CircuitOpenError,
     ConnectError,
     ConnectTimeout,
+    ContextLengthError,
     HTTPStatusError,
     NetworkError,
     PoolTimeout,
     QwenEmbedError,
     ReadTimeout,
+    ResponseError,
+    ServerError,
     TimeoutException,
     TransportError,
 )
 
 __all__ = [
+    "BACKEND_STATUS",
     "OUTAGE_STATUS",
     "RETRYABLE_STATUS",
     "CircuitBreaker",
     "FailureKind",
     "RetryState",
     "acall_with_retry",
+    "ambiguous",
     "backoff_delay",
     "call_with_retry",
     "classify",
+    "input_error",
     "is_health_failure",
+    "maybe_input",
+    "named_position",
     "parse_retry_after",
+    "replica_suspect",
     "retry_reason",
 ]
 
@@ -505,3 +521,67 @@ def _after_failure(
     if delay is not None and on_retry is not None:
         on_retry(exc, delay)
     return delay
+
+
+# --------------------------------------------------------------------------- whose fault
+
+BACKEND_STATUS = frozenset({500, 424})
+"""The model failed (TEI answers 424 ``Backend error``): the server's fault or one
+input's alike; bisection and control requests tell which."""
+
+
+def replica_suspect(exc: BaseException) -> bool:
+    """A failure the replica may have caused rather than the batch: worth one resend on
+    another replica before anything else (connection errors and drops, timeouts, 5xx)."""
+    if isinstance(exc, ServerError):
+        return True
+    return isinstance(exc, TransportError) and classify(exc) in ("outage", "transient")
+
+
+def maybe_input(exc: BaseException) -> bool:
+    """A failure of a multi-text batch that one of its inputs may have caused."""
+    if isinstance(exc, BatchTooLargeError):
+        return False
+    if isinstance(exc, ServerError):
+        return exc.status in BACKEND_STATUS
+    if isinstance(exc, ContextLengthError):
+        return True
+    if isinstance(exc, BadRequestError):
+        # a 400 naming a position in the request is that input's; others are the
+        # request's own (a wrong model name, a bad parameter): not bisected
+        return SERVER_POSITION.search(exc.message) is not None
+    if isinstance(exc, TransportError):
+        return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
+    return False
+
+
+def input_error(exc: BaseException) -> bool:
+    """A failure of a single-text request that belongs to that input."""
+    if isinstance(exc, ServerError):
+        return exc.status in BACKEND_STATUS
+    if isinstance(exc, BadRequestError):
+        return True
+    if isinstance(exc, ResponseError):
+        return exc.index is not None
+    return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
+
+
+def ambiguous(exc: BaseException) -> bool:
+    """A single input's failure that the server may have caused whatever the input."""
+    if isinstance(exc, ServerError | NetworkError):
+        return True
+    return (
+        isinstance(exc, BadRequestError)
+        and not isinstance(exc, ContextLengthError | BatchTooLargeError)
+        and SERVER_POSITION.search(exc.message) is None
+    )
+
+
+def named_position(exc: QwenEmbedError, count: int) -> int | None:
+    """The position (0-based, below ``count``) a 400 names as the bad input, if any."""
+    if not isinstance(exc, BadRequestError):
+        return None
+    match = SERVER_POSITION.search(exc.message)
+    if match and int(match.group(1)) < count:
+        return int(match.group(1))
+    return None
