@@ -88,6 +88,7 @@ _MAX_RESPONSE_FLOOR = 1 << 20
 _BYTES_PER_VALUE = 32  # a float in JSON: "-0.012345678901234567," is 22; room to spare
 _DIM_GUESS = 8192
 _CONTROL_TEXT = "hello"  # a control request's input: any server embeds it
+_CONTROL_WAIT_MAX = 1.0  # seconds: the longest wait between control requests in an outage
 
 
 class _Split(Exception):
@@ -791,6 +792,7 @@ class Engine(Learning):
             delay = rs.next_delay(failed, now=time.monotonic(), fresh_connection=True, outage=True)
             if delay is None:
                 break
+            delay = min(delay, _CONTROL_WAIT_MAX)  # a tiny probe: the job resumes soon after
             where = getattr(failed, "_replica", None) or replica
             if where is not None:
                 where.retried(failed, delay)
