@@ -271,6 +271,24 @@ def test_a_server_nobody_listens_on_ends_the_run_naming_the_url(tmp_path: Path) 
     assert files(tmp_path) == ["in.txt"]
 
 
+def test_an_outage_prints_one_line_not_one_per_retry(
+    server: EmbeddingServer, tmp_path: Path
+) -> None:
+    """503s for a while: the run completes; stderr has one line for the outage (its
+    start), none per retry, and none for its end (the progress shows it)."""
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n")
+    out = tmp_path / "out.npy"
+    server.inject_overloaded(count=6)
+    code, err = embed(server, src, out)
+    assert code == 0, err
+    outage = [line for line in err.splitlines() if "failed (status_503)" in line]
+    assert len(outage) == 1, err
+    assert outage[0].startswith("qwen-embed: ")
+    assert "retrying http" not in err
+    assert "answered again" not in err
+
+
 def test_deadline_is_an_option_in_seconds_with_its_default() -> None:
     result = run("embed", "--help")
     assert result.exit_code == 0
