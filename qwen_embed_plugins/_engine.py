@@ -12,15 +12,20 @@ A batch flow decides:
 - which replica gets the request (``balance``), and resends a failed request at once on
   another replica;
 - retries (``retry``: outages until the call's deadline, other failures
-  ``max_attempts`` times, stale keep-alive and refused HTTP/2 streams at once);
+  ``max_attempts`` times, stale keep-alive and refused HTTP/2 streams at once); a
+  connection failure while no replica has ever answered only within
+  ``RetryConfig.wait_for_server`` (a wrong URL fails fast, naming it);
 - adaptations learned per replica: base64 -> float (on a refusal, or a 5xx a float
   retry does not reproduce), client-side ``dimensions``, a batch or token limit stated
-  in a refusal, a missing ``/v1`` prefix (Infinity), h2c -> HTTP/1.1;
+  in a refusal, a bare string ``input`` for a server refusing one-item lists, a missing
+  ``/v1`` prefix (Infinity), h2c -> HTTP/1.1;
 - bisection: a batch that fails in a way one input can cause (500, a connection
   dropped after the request was sent, a 400 that names no input) is split and the
   halves resent until the failing input(s) are isolated; every other text is embedded,
-  and the error names the caller's index. A batch whose every half succeeds failed for
-  its size: the replica's batch limit is learned;
+  and the error names the caller's index. A single text is blamed only when it fails
+  again after the server was seen working (a control request shows it; a control that
+  fails too is an outage, waited out until the deadline). A batch whose every half
+  succeeds failed for its size: the replica's batch limit is learned;
 - what reaches the caller: ``on_error="raise"`` raises the first bad input's error
   (the lowest index), ``"skip"`` leaves ``None`` in its slot and reports the error.
 """
@@ -28,7 +33,6 @@ A batch flow decides:
 from __future__ import annotations
 
 import logging
-import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -37,13 +41,12 @@ from typing import Any
 from . import pool, servers
 from ._learn import Learning
 from ._run import Call, Flow, Part, Send, Sleep
-from .balance import RETEST_EVERY, RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint_for
+from .balance import RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint_for
 from .config import EmbeddingConfig, OnError, insecure_key_target, known_model_dims
 from .errors import (
     BadRequestError,
     BatchTooLargeError,
     ConfigError,
-    ContextLengthError,
     ErrorContext,
     HTTPStatusError,
     NetworkError,
@@ -51,6 +54,7 @@ from .errors import (
     QwenEmbedError,
     ResponseError,
     ServerError,
+    TimeoutException,
     TransportError,
     error_from_response,
     scrub,
@@ -63,23 +67,29 @@ from .protocol import (
     parse_body,
     size_errors,
 )
-from .retry import RetryState, classify, is_health_failure, parse_retry_after, retry_reason
+from .retry import (
+    RetryState,
+    ambiguous,
+    classify,
+    input_error,
+    is_health_failure,
+    maybe_input,
+    named_position,
+    parse_retry_after,
+    replica_suspect,
+)
 from .transport import Reply, Request
 
 __all__ = ["Engine"]
 
 _log = logging.getLogger("qwen_embed_plugins")
 
-_BASE64_REFUSED = re.compile(r"base64|encoding[_ ]format", re.I)
-_DIMENSIONS_REFUSED = re.compile(r"dimension|matryoshka|mrl", re.I)
-_SERVER_POSITION = re.compile(r"\b(?:index|input|item)\s*(?:at\s+(?:index\s+)?)?\[?(\d+)\]?", re.I)
 _EOS = "<|endoftext|>"
-_EOS_ID = 151643  # Qwen2/Qwen3 <|endoftext|> (qwen.tiktoken / tokenizer_config.json)
 _MAX_RESPONSE_FLOOR = 1 << 20
 _BYTES_PER_VALUE = 32  # a float in JSON: "-0.012345678901234567," is 22; room to spare
 _DIM_GUESS = 8192
 _CONTROL_TEXT = "hello"  # a control request's input: any server embeds it
-_MAX_WARNINGS = 5
+_CONTROL_WAIT_MAX = 1.0  # seconds: the longest wait between control requests in an outage
 
 
 class _Split(Exception):
@@ -250,12 +260,16 @@ class Engine(Learning):
         fmt: str,
         dims: int | None,
         call: Call,
+        bare: bool = False,
     ) -> Request:
         if self.append_eos:
             texts = [t if t.endswith(_EOS) else t + _EOS for t in texts]
-        extra = self.config.extra_body  # EmbeddingConfig.extra_body: merged in
-        body = encode_request(
-            texts, model=self.model, encoding_format=fmt, dimensions=dims, extra=extra
+        body = encode_request(  # with EmbeddingConfig.extra_body merged in
+            texts[0] if bare else texts,
+            model=self.model,
+            encoding_format=fmt,
+            dimensions=dims,
+            extra=self.config.extra_body,
         )
         total = self.timeouts.total
         left = call.remaining()
@@ -312,11 +326,13 @@ class Engine(Learning):
             elif state.profile is None:
                 state.profile, state.source = servers.GENERIC, "answers of a generic server"
 
-    def _on_retry(self, replica: Replica, exc: QwenEmbedError, delay: float) -> None:
-        reason = retry_reason(exc) or "unknown"
-        stale = delay == 0.0 and isinstance(exc, NetworkError) and not exc.refused
-        replica.metrics.retry(reason, stale=stale)
-        _log.warning("retrying %s after %s in %.3f s: %s", replica.label, reason, delay, exc)
+    def _unreachable(self, error: QwenEmbedError, call: Call) -> QwenEmbedError:
+        """``error``, saying that no request reached the endpoint (when so) and how to
+        check it; such an error ends the call."""
+        if self.endpoint.unreached(error, call.started, self.config.retry.wait_for_server):
+            call.stop = True
+            error._server_wide = True  # type: ignore[attr-defined]
+        return error
 
     # ---------------------------------------------------------------- flows
 
@@ -341,7 +357,9 @@ class Engine(Learning):
         multi = len(self.endpoint.replicas) > 1
         force_float = False
         tried_float = False
+        tried_bare = bare_now = False
         moved_prefix = False
+        previous: QwenEmbedError | None = None  # the last attempt's error
         attempt = 0
         while True:
             attempt += 1
@@ -382,7 +400,9 @@ class Engine(Learning):
                 fmt, dims = self.wire(state, profile)
                 if force_float:
                     fmt = "float"
-                request = self._request(replica, state, texts, fmt, dims, call)
+                bare = bare_now or (len(texts) == 1 and state.bare_input is True)
+                bare_now = False
+                request = self._request(replica, state, texts, fmt, dims, call, bare)
             except BaseException:
                 if probe:
                     replica.probing = False
@@ -405,6 +425,7 @@ class Engine(Learning):
                 else:
                     fresh = reply.fresh
                     status = reply.status
+                    replica.answered = True
                     if reply.status >= 300:
                         error = self.status_error(reply, replica, profile)
                         outcome = type(error).__name__
@@ -422,6 +443,8 @@ class Engine(Learning):
                         else:
                             outcome = "ok"
                             replica.succeeded(time.perf_counter() - started)
+                            replica.recovered()
+                            self._learn_bare(state, replica, bare, len(texts))
                             for other, why in failed_on.items():
                                 if other is not replica:  # it failed where this one did not
                                     self.endpoint.failed(other, why, health=True)
@@ -460,6 +483,7 @@ class Engine(Learning):
             if error is None:  # cannot happen
                 raise RuntimeError("internal error: error is None")
             self.endpoint.failed(replica, error)
+            error = previous = _cause(error, previous, call)
             if retest:
                 state.retesting = False
                 state.ok_since_limit = 0
@@ -507,22 +531,20 @@ class Engine(Learning):
             if isinstance(error, BadRequestError) and self._adapt(error, fmt, dims, state, replica):
                 attempt = 0  # a new request (other options): its first try
                 continue
-            if (
-                isinstance(error, ServerError)
-                and error.status == 500
-                and fmt == "base64"
-                and self.config.encoding_format == "auto"
-                and state.base64_ok is None
-                and not tried_float
-            ):
-                tried_float = force_float = True  # does float work where base64 failed?
-                pin = replica  # on the same replica
-                continue
             if force_float:
                 force_float = False  # float failed too: base64 is not the cause
+            elif not tried_float and self._float_may_help(error, fmt, state, multi):
+                tried_float = force_float = True  # does float work where base64 failed?
+                pin = replica  # on the same replica
+                if classify(error) != "outage":
+                    continue  # at once; an outage status: after its backoff, below
+            if not tried_bare and self._try_bare(error, texts, state, bare):
+                tried_bare = bare_now = True  # does the text go through as a bare string?
+                pin = replica
+                continue
             if (
                 multi
-                and _replica_suspect(error)
+                and replica_suspect(error)
                 and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
             ):
                 failed_on.setdefault(replica, error)
@@ -531,11 +553,11 @@ class Engine(Learning):
                 if (left is None or left > 0) and any(
                     r not in failed_on and r.available(now) for r in self.endpoint.replicas
                 ):
-                    self._on_retry(replica, error, 0.0)
+                    replica.retried(error, 0.0)
                     continue  # the batch may be fine: resend it on another replica at once
             if (
                 (bisectable or bisecting)
-                and _maybe_input(error)
+                and maybe_input(error)
                 and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
                 and (
                     rs.attempts >= 1
@@ -550,11 +572,14 @@ class Engine(Learning):
                 error._replica = replica  # type: ignore[attr-defined]
                 raise error
             delay = rs.next_delay(error, now=time.monotonic(), fresh_connection=fresh)
+            delay = self.endpoint.first_contact(
+                error, call.started, delay, self.config.retry.wait_for_server
+            )
             if delay is None:
                 error._replica = replica  # type: ignore[attr-defined]
                 if multi and classify(error) != "fatal":
-                    self._name_every_replica(error)
-                raise error
+                    self.endpoint.name_failures(error)
+                raise self._unreachable(error, call)
             if classify(error) == "outage" and len(self.endpoint.replicas) > 1:
                 avoid = replica
                 if any(
@@ -562,36 +587,9 @@ class Engine(Learning):
                     for r in self.endpoint.replicas
                 ):
                     delay = 0.0  # another replica can take it now
-            self._on_retry(replica, error, delay)
+            replica.retried(error, delay)
             if delay > 0:
                 yield Sleep(delay)
-
-    def _limit_held(self, replica: Replica, state: ReplicaState, texts: int, retest: bool) -> None:
-        """A request succeeded on a replica with an inferred batch limit."""
-        if not retest:
-            state.ok_since_limit += 1
-            return
-        _log.info(
-            "%s took a batch of %d texts above its inferred limit of %s: limit lifted",
-            replica.label,
-            texts,
-            state.batch_limit,
-        )
-        state.batch_limit = None
-        state.limit_inferred = False
-        state.size_failures.clear()
-        state.retesting = False
-        state.ok_since_limit = 0
-        state.retest_every = RETEST_EVERY
-        replica.metrics.fallback("batch_limit_lifted")
-
-    def _name_every_replica(self, error: QwenEmbedError) -> None:
-        """Say in ``error`` what every replica of the endpoint last failed with."""
-        failures = {r.label: r.last_error for r in self.endpoint.replicas if r.last_error}
-        if failures:
-            said = "; ".join(f"{label}: {err}" for label, err in failures.items())
-            error.args = (f"{error.args[0]} (every replica failed; last failures: {said})",)
-            error.failures = failures  # type: ignore[attr-defined]
 
     def batch_flow(
         self,
@@ -631,16 +629,24 @@ class Engine(Learning):
                 return (yield from self.batch_flow(call, texts, indices, bis))
             return self._input_failed(call, part, 0, indices[0], exc, bis)
         except QwenEmbedError as exc:
-            if len(texts) > 1 and _maybe_input(exc):
-                named = _named_position(exc, len(texts))
+            if len(texts) > 1 and maybe_input(exc):
+                named = named_position(exc, len(texts))
                 if named is not None:
                     return (yield from self._without(call, texts, indices, named, exc, bis))
                 return (yield from self._bisect(call, texts, indices, exc, bis))
-            if len(texts) == 1 and _input_error(exc):
-                if _ambiguous(exc) and call.last_ok < since:
-                    yield from self._control(call, indices[0], exc)
+            if len(texts) != 1 or not input_error(exc):
+                raise
+            if not ambiguous(exc):
                 return self._input_failed(call, part, 0, indices[0], exc, bis)
-            raise
+            if bis is not None:
+                bis.input_failed = True  # not a batch that failed for its size
+            try:
+                found = yield from self._once_more(call, texts, indices, exc, since)
+            except QwenEmbedError as again:
+                if getattr(again, "_server_wide", False) or not input_error(again):
+                    raise
+                return self._input_failed(call, part, 0, indices[0], again, bis)
+            rows, sq, bad, replica, state, dims = found
         call.last_ok = time.monotonic()
         if bis is not None:
             bis.ok += len(texts)
@@ -745,27 +751,63 @@ class Engine(Learning):
                 part.merge(sub, start)
         return part
 
+    def _once_more(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        exc: QwenEmbedError,
+        since: float,
+    ) -> Flow:
+        """A single text failed in a way the server may have caused whatever the input
+        (``exc``: a 500, a 424, a dropped connection, a 400 naming no input). Unless the
+        server has been seen to work since, a control request waits for it to work
+        (``_control``); then the text is sent once more. Returns ``request_flow``'s
+        result when it goes through; raises what it failed with the second time (the
+        input's fault: the server worked just before)."""
+        if call.last_ok < since:
+            yield from self._control(call, indices[0], exc)
+        replica = getattr(exc, "_replica", None)
+        if replica is not None:
+            replica.metrics.fallback("resent_alone")
+        return (
+            yield from self.request_flow(call, texts, indices, bisectable=False, bisecting=True)
+        )
+
     def _control(self, call: Call, index: int, exc: QwenEmbedError) -> Flow:
         """Before blaming input ``index`` for ``exc`` (an answer that could be the
-        server's as well as the input's: a 500, a dropped connection, a 400 naming no
-        input) with no success since it was sent: send a known-good text with the same
-        options once. It succeeds -> the input is the cause (returns); it fails -> the
-        server is, whatever the input: ``exc`` is raised without an input index, in
-        both ``on_error`` modes."""
+        server's as well as the input's) with no success since it was sent: send a
+        known-good text with the same options. It succeeds -> returns (the input may be
+        the cause). It fails too -> the server is down whatever the input: an outage,
+        retried with backoff until the call's deadline; then (or at once, for a failure
+        that is not retryable) ``exc`` is raised without an input index, in both
+        ``on_error`` modes."""
         replica = getattr(exc, "_replica", None)
         if replica is not None:
             replica.metrics.fallback("control_requests")
-        try:
-            yield from self.request_flow(
-                call, [_CONTROL_TEXT], [index], bisectable=False, bisecting=True
-            )
-        except QwenEmbedError as control:
-            failed: QwenEmbedError | None = control
-        else:
-            failed = None
-        if failed is None:
-            call.last_ok = time.monotonic()
-            return
+        rs = RetryState(policy=self.config.retry, started=call.started, deadline=call.deadline)
+        while True:
+            try:
+                yield from self.request_flow(
+                    call, [_CONTROL_TEXT], [index], bisectable=False, bisecting=True
+                )
+            except QwenEmbedError as control:
+                failed = control
+            else:
+                call.last_ok = time.monotonic()
+                return
+            if getattr(failed, "_server_wide", False):
+                break  # fails fast (a server never reached), or failed already
+            delay = rs.next_delay(failed, now=time.monotonic(), fresh_connection=True, outage=True)
+            if delay is None:
+                break
+            delay = min(delay, _CONTROL_WAIT_MAX)  # a tiny probe: the job resumes soon after
+            where = getattr(failed, "_replica", None) or replica
+            if where is not None:
+                where.retried(failed, delay)
+            yield Sleep(delay)
+        if failed is not exc and getattr(failed, "_server_wide", False):
+            raise failed
         note = (
             " (a control request with a known-good text failed too "
             f"({type(failed).__name__}): the server fails whatever the input)"
@@ -849,57 +891,10 @@ def _pin(exc: QwenEmbedError, index: int) -> None:
         exc.args = (f"{text} [input index {index} of this call]",)
 
 
-def _replica_suspect(exc: BaseException) -> bool:
-    """A failure the replica may have caused rather than the batch: worth one resend on
-    another replica before anything else (connection errors and drops, timeouts, 5xx)."""
-    if isinstance(exc, ServerError):
-        return True
-    return isinstance(exc, TransportError) and classify(exc) in ("outage", "transient")
-
-
-def _maybe_input(exc: BaseException) -> bool:
-    """A failure of a multi-text batch that one of its inputs may have caused."""
-    if isinstance(exc, BatchTooLargeError):
-        return False
-    if isinstance(exc, ServerError):
-        return exc.status == 500
-    if isinstance(exc, ContextLengthError):
-        return True
-    if isinstance(exc, BadRequestError):
-        # a 400 naming a position in the request is that input's; others are the
-        # request's own (a wrong model name, a bad parameter): not bisected
-        return _SERVER_POSITION.search(exc.message) is not None
-    if isinstance(exc, TransportError):
-        return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
-    return False
-
-
-def _input_error(exc: BaseException) -> bool:
-    """A failure of a single-text request that belongs to that input."""
-    if isinstance(exc, ServerError):
-        return exc.status == 500
-    if isinstance(exc, BadRequestError):
-        return True
-    if isinstance(exc, ResponseError):
-        return exc.index is not None
-    return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
-
-
-def _ambiguous(exc: BaseException) -> bool:
-    """A single input's failure that the server may have caused whatever the input."""
-    if isinstance(exc, ServerError | NetworkError):
-        return True
-    return (
-        isinstance(exc, BadRequestError)
-        and not isinstance(exc, ContextLengthError | BatchTooLargeError)
-        and _SERVER_POSITION.search(exc.message) is None
-    )
-
-
-def _named_position(exc: QwenEmbedError, count: int) -> int | None:
-    if not isinstance(exc, BadRequestError):
-        return None
-    match = _SERVER_POSITION.search(exc.message)
-    if match and int(match.group(1)) < count:
-        return int(match.group(1))
-    return None
+def _cause(error: QwenEmbedError, previous: QwenEmbedError | None, call: Call) -> QwenEmbedError:
+    """The error to act on: a retry that the call's deadline cut short (a timeout with no
+    time left) says nothing new: the failure it retried is the cause."""
+    left = call.remaining()
+    if previous is None or left is None or left > 0.01:
+        return error
+    return previous if isinstance(error, TimeoutException) else error

@@ -1,5 +1,6 @@
 """What the engine learns from a server's answers, and how it applies it: base64 and
-``dimensions`` refusals, batch and token limits, MRL slicing and normalisation, silent
+``dimensions`` refusals, a 5xx only for base64 (float tried), a one-item ``input`` list
+refused (a bare string tried), batch and token limits, MRL slicing and normalisation, silent
 truncation (``usage``), and the llama.cpp ``<|endoftext|>`` check. A mixin of
 ``_engine.Engine`` (its state lives on the replicas: ``balance.ReplicaState``)."""
 
@@ -15,9 +16,20 @@ import numpy as np
 import orjson
 
 from ._run import Send
-from .balance import Endpoint, Replica, ReplicaState
+from .balance import RETEST_EVERY, Endpoint, Replica, ReplicaState
 from .config import EmbeddingConfig, Timeouts
-from .errors import BadRequestError, BatchTooLargeError, QwenEmbedError, ResponseError
+from .errors import (
+    AuthenticationError,
+    BadRequestError,
+    BatchTooLargeError,
+    ContextLengthError,
+    HTTPStatusError,
+    NotFoundError,
+    QwenEmbedError,
+    RateLimitError,
+    ResponseError,
+    ServerError,
+)
 from .protocol import (
     FloatArray,
     estimate_tokens,
@@ -25,6 +37,7 @@ from .protocol import (
     truncation_suspects,
     usage_prompt_tokens,
 )
+from .retry import BACKEND_STATUS, classify
 from .transport import Request
 
 if TYPE_CHECKING:
@@ -81,6 +94,51 @@ class Learning:
             return True
         return False
 
+    def _float_may_help(
+        self, error: QwenEmbedError, fmt: str, state: ReplicaState, multi: bool
+    ) -> bool:
+        """Whether to try float on the same replica after ``error``: a 5xx (or TEI's 424)
+        to a base64 request, on a replica not yet seen to answer base64 (a gateway that
+        fails decoding base64 answers 502 ``upstream_decode_error``). An outage status
+        with other replicas: the batch goes to another one instead."""
+        if not isinstance(error, ServerError) or fmt != "base64":
+            return False
+        if self.config.encoding_format != "auto" or state.base64_ok is not None:
+            return False
+        return not (multi and classify(error) == "outage")
+
+    def _try_bare(
+        self, error: QwenEmbedError, texts: Sequence[str], state: ReplicaState, bare: bool
+    ) -> bool:
+        """Whether to resend a one-text request with ``input`` as a bare string: its
+        one-item list was refused (a 500 or a 4xx; SGLang 0.4.6 fails ``["text"]`` but
+        embeds ``"text"``) by a server not yet seen to take one-item lists."""
+        if len(texts) != 1 or bare or state.bare_input is not None:
+            return False
+        if isinstance(error, ServerError):
+            return error.status in BACKEND_STATUS
+        return isinstance(error, HTTPStatusError) and not isinstance(
+            error,
+            AuthenticationError
+            | NotFoundError
+            | RateLimitError
+            | BatchTooLargeError
+            | ContextLengthError,
+        )
+
+    def _learn_bare(self, state: ReplicaState, replica: Replica, bare: bool, texts: int) -> None:
+        """A request succeeded: learn whether the replica needs a bare string."""
+        if texts != 1 or state.bare_input is not None:
+            return
+        state.bare_input = bare
+        if bare:
+            replica.metrics.fallback("bare_string_input")
+            _log.warning(
+                "%s refused a one-item input list but took the text as a bare string; "
+                "sending one-text requests that way from now on",
+                replica.label,
+            )
+
     def _no_base64(self, state: ReplicaState, replica: Replica, why: str) -> None:
         if state.base64_ok is not False:
             state.base64_ok = False
@@ -119,6 +177,25 @@ class Learning:
                         target.label,
                         limit,
                     )
+
+    def _limit_held(self, replica: Replica, state: ReplicaState, texts: int, retest: bool) -> None:
+        """A request succeeded on a replica with an inferred batch limit."""
+        if not retest:
+            state.ok_since_limit += 1
+            return
+        _log.info(
+            "%s took a batch of %d texts above its inferred limit of %s: limit lifted",
+            replica.label,
+            texts,
+            state.batch_limit,
+        )
+        state.batch_limit = None
+        state.limit_inferred = False
+        state.size_failures.clear()
+        state.retesting = False
+        state.ok_since_limit = 0
+        state.retest_every = RETEST_EVERY
+        replica.metrics.fallback("batch_limit_lifted")
 
     def _finish(
         self,

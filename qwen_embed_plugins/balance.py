@@ -20,6 +20,7 @@ not the run.
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections import deque
@@ -28,11 +29,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .config import EmbeddingConfig, PoolKey
-from .errors import CircuitOpenError, QwenEmbedError
+from .errors import (
+    CircuitOpenError,
+    ConnectError,
+    ConnectTimeout,
+    NetworkError,
+    QwenEmbedError,
+    TransportError,
+)
 from .metrics import EndpointMetrics
-from .retry import is_health_failure
+from .retry import is_health_failure, retry_reason
 
 __all__ = ["Endpoint", "HedgeBudget", "Replica", "ReplicaState", "endpoint_for", "replica_for"]
+
+_log = logging.getLogger("qwen_embed_plugins")
 
 _EWMA_ALPHA = 0.2
 _LATENCY_WINDOW = 512
@@ -56,6 +66,9 @@ class ReplicaState:
         profile: the server profile identified from its answers (``None``: not yet).
         eos_checked: whether the ``<|endoftext|>`` check ran (llama.cpp only).
         url_override: the embeddings URL to use instead of ``{base_url}/embeddings``.
+        bare_input: ``True`` once the server refused a one-item ``input`` list but took
+            the text as a bare string (one-text requests are then sent that way);
+            ``False`` once it took a one-item list.
         limit_inferred: ``batch_limit`` was inferred from dropped batches (the server said
             nothing; e.g. out of memory for a while) rather than stated by the server:
             after ``retest_every`` successful requests one batch above it is let through;
@@ -75,6 +88,7 @@ class ReplicaState:
     source: str = ""
     eos_checked: bool = False
     url_override: str | None = None
+    bare_input: bool | None = None
     warned: set[str] = field(default_factory=set)
     size_failures: list[int] = field(default_factory=list)
     limit_inferred: bool = False
@@ -112,6 +126,11 @@ class Replica:
         self.ejections = 0
         self.states: dict[str, ReplicaState] = {}
         self.latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        self.answered = False
+        """Whether any HTTP answer (whatever its status) came from it in this process:
+        until then, connection failures fail a call after ``RetryConfig.wait_for_server``."""
+        self.episode_started: float | None = None
+        self.episode_retries = 0
 
     def state(self, model: str) -> ReplicaState:
         """The learned state of this replica for ``model``."""
@@ -160,6 +179,47 @@ class Replica:
                     self.ejections += 1
                 self.ejected_until = now + cooldown
                 self.probing = False
+
+    def retried(self, exc: QwenEmbedError, delay: float) -> None:
+        """A request to it failed with ``exc`` and is retried after ``delay`` seconds:
+        counted, logged at DEBUG, and one WARNING when this starts an outage episode (the
+        first retry since its last success; ``recovered`` logs its end)."""
+        reason = retry_reason(exc) or "unknown"
+        stale = delay == 0.0 and isinstance(exc, NetworkError) and not exc.refused
+        self.metrics.retry(reason, stale=stale)
+        _log.debug("retrying %s after %s in %.3f s: %s", self.label, reason, delay, exc)
+        if stale or (isinstance(exc, TransportError) and exc.refused):
+            return  # routine: a keep-alive connection closed under us, a refused stream
+        with self._lock:
+            self.episode_retries += 1
+            if self.episode_started is not None:
+                return
+            self.episode_started = time.monotonic()
+            self.episode_retries = 1
+        _log.warning(
+            "%s failed (%s); retrying until it answers (further retries are logged at DEBUG): %s",
+            self.label,
+            reason,
+            exc,
+            extra={"qwen_embed_episode": "start"},
+        )
+
+    def recovered(self) -> None:
+        """A request to it succeeded: one WARNING when this ends an outage episode (how
+        long it lasted, how many retries)."""
+        if self.episode_started is None:
+            return  # the common case: no lock
+        with self._lock:
+            started, self.episode_started = self.episode_started, None
+        if started is not None:
+            _log.warning(
+                "%s answered again after %.1f s and %d %s",
+                self.label,
+                time.monotonic() - started,
+                self.episode_retries,
+                "retry" if self.episode_retries == 1 else "retries",
+                extra={"qwen_embed_episode": "end"},
+            )
 
     def available(self, now: float) -> bool:
         """Not ejected, or its cooldown is over (then the caller becomes the probe)."""
@@ -277,6 +337,46 @@ class Endpoint:
             failures=failures,
         )
         raise error from last
+
+    def name_failures(self, error: QwenEmbedError) -> None:
+        """Say in ``error`` what every replica last failed with (``.failures`` too)."""
+        failures = {r.label: r.last_error for r in self.replicas if r.last_error}
+        if failures:
+            said = "; ".join(f"{label}: {err}" for label, err in failures.items())
+            error.args = (f"{error.args[0]} (every replica failed; last failures: {said})",)
+            error.failures = failures  # type: ignore[attr-defined]
+
+    def first_contact(
+        self, error: QwenEmbedError, started: float, delay: float | None, wait: float
+    ) -> float | None:
+        """The wait before retrying ``error`` (``None``: fail the call now). A connection
+        failure while no replica has answered (any HTTP status) in this process is
+        retried only within ``wait`` seconds (``RetryConfig.wait_for_server``) of the
+        call's start (monotonic ``started``): the URL may be wrong, or the server not up.
+        Once a replica has answered, an outage keeps ``delay`` (the deadline's budget)."""
+        if delay is None or not self._never_reached(error):
+            return delay
+        left = wait - (time.monotonic() - started)
+        return min(delay, left) if left > 0 else None
+
+    def unreached(self, error: QwenEmbedError, started: float, wait: float) -> bool:
+        """When ``error`` failed a call to an endpoint never reached: say so in it, with
+        the URL and how to check it (``True``)."""
+        if not self._never_reached(error):
+            return False
+        label = ",".join(r.label for r in self.replicas)
+        error.args = (
+            f"{error.args[0]} (no request of this process reached {label}; tried for "
+            f"{time.monotonic() - started:.1f} s, RetryConfig.wait_for_server={wait:g} s). "
+            f"Is the server up and the URL right? Check with: qwen-embed check --base-url "
+            f"{label}",
+        )
+        return True
+
+    def _never_reached(self, error: QwenEmbedError) -> bool:
+        return isinstance(error, ConnectError | ConnectTimeout) and not any(
+            r.answered for r in self.replicas
+        )
 
     def choose(self, avoid: Replica | Collection[Replica] | None = None) -> Replica:
         """The replica for the next request: available ones first, fewest in flight,

@@ -317,6 +317,12 @@ class RetryConfig(_Replaceable):
         circuit_open_after: the breaker opens (new calls fail fast) only when the
             failures have also lasted this long (default 10 s): a restart shorter than
             this never fails a call that the deadline would have carried through.
+        wait_for_server: seconds a call keeps retrying connection failures (refused,
+            DNS, connect timeout, TLS handshake) while no replica of the endpoint has
+            answered in this process (default 2 s): a wrong URL or a server that is not
+            up fails fast (``ConnectError`` naming the URL). Raise it for a job started
+            before its server (like gRPC's ``wait_for_ready``); the call's deadline still
+            bounds it. Once a replica has answered, an outage gets the whole deadline.
     """
 
     max_attempts: int = 4
@@ -328,9 +334,13 @@ class RetryConfig(_Replaceable):
     circuit_failure_threshold: int = 8
     circuit_cooldown: float = 10.0
     circuit_open_after: float = 10.0
+    wait_for_server: float = 2.0
 
     def __post_init__(self) -> None:
         _check_int("RetryConfig", "max_attempts", self.max_attempts, 1, 100)
+        _check_range(
+            "RetryConfig", "wait_for_server", self.wait_for_server, 0.0, 86400.0, allow_none=False
+        )
         _check_range(
             "RetryConfig", "backoff_initial", self.backoff_initial, 0.0, 600.0, allow_none=False
         )

@@ -26,7 +26,7 @@ QwenEmbedError
     ├── AuthenticationError     401 / 403
     ├── NotFoundError           404 (wrong path or model name)
     ├── RateLimitError          429
-    └── ServerError             5xx: the server failed
+    └── ServerError             5xx (and TEI's 424 backend error): the server failed
         └── OverloadedError     503 (SGLang "request queue is full", Ollama busy)
 ```
 
@@ -375,7 +375,7 @@ class OverloadedError(ServerError):
 
 # An input position a server names in a refusal ("the input at index 3", "input[3]"):
 # counted within the request it got, one batch of the call (the engine's rule too).
-_SERVER_POSITION = re.compile(r"\b(?:index|input|item)\s*(?:at\s+(?:index\s+)?)?\[?(\d+)\]?", re.I)
+SERVER_POSITION = re.compile(r"\b(?:index|input|item)\s*(?:at\s+(?:index\s+)?)?\[?(\d+)\]?", re.I)
 
 
 def error_from_response(
@@ -403,7 +403,7 @@ def error_from_response(
     request_id = response_request_id(headers, body, secret=secret)
     shown = message or "(empty body)"
     text = f"HTTP {status} from {label}: {shown}"
-    position = _SERVER_POSITION.search(message) if status in (400, 413, 422) else None
+    position = SERVER_POSITION.search(message) if status in (400, 413, 422) else None
     if position:
         # the caller's input index is added by the engine ("[input index N of this call]")
         text += (
@@ -442,7 +442,7 @@ def error_from_response(
         return RateLimitError(text, **kwargs)
     if status == 503:
         return OverloadedError(text, **kwargs)
-    if status >= 500:
+    if status >= 500 or status == 424:  # 424: TEI's "Backend error" (the model failed)
         return ServerError(text, **kwargs)
     return HTTPStatusError(text, **kwargs)
 
@@ -605,7 +605,7 @@ def from_urllib3(
     from urllib3.util.ssl_match_hostname import CertificateError
 
     label = ctx.url
-    text = scrub(str(exc), ctx.key()) or type(exc).__name__
+    text = scrub(_urllib3_text(exc), ctx.key()) or type(exc).__name__
     if isinstance(exc, ProtocolError) and len(exc.args) > 1:
         inner = exc.args[1]
         if isinstance(inner, BaseException):
@@ -651,6 +651,16 @@ def from_urllib3(
     if isinstance(exc, ValueError | UnicodeError):
         return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
     return TransportError(f"request to {label} failed: {text}", url=label)
+
+
+def _urllib3_text(exc: BaseException) -> str:
+    """``str(exc)`` without the connection object urllib3 puts in front of a
+    ``NewConnectionError`` (its repr names a class: ``<conn>: Failed to establish...``)."""
+    text = str(exc)
+    conn = getattr(exc, "conn", None)
+    if conn is not None:
+        text = text.removeprefix(f"{conn}: ")
+    return text
 
 
 def from_aiohttp(exc: BaseException, ctx: ErrorContext) -> TransportError:

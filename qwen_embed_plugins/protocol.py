@@ -330,7 +330,7 @@ def plan_batches(
 
 
 def encode_request(
-    texts: Sequence[str],
+    texts: Sequence[str] | str,
     *,
     model: str,
     encoding_format: str,
@@ -340,10 +340,11 @@ def encode_request(
     """The JSON body of one ``POST /embeddings`` (``encoding_format`` always explicit),
     with the fields of ``extra`` (``EmbeddingConfig.extra_body``) merged in; the
     client's own fields (``input``, ``model``, ``encoding_format``, ``dimensions``)
-    always win."""
+    always win. ``texts`` as a ``str``: ``input`` is that bare string (for servers that
+    refuse a one-item list)."""
     body: dict[str, Any] = {
         **(extra or {}),
-        "input": list(texts),
+        "input": texts if isinstance(texts, str) else list(texts),
         "model": model,
         "encoding_format": encoding_format,
     }

@@ -28,6 +28,10 @@ unless ``DataContext.execution_options.preserve_order`` is set).
 With ``on_error="skip"`` a row whose text fails (not a string, empty, too long, or
 rejected by the server for that input) gets a null embedding and a message in
 ``error_column``; endpoint failures (connection, 5xx, timeouts, auth) still fail the job.
+An actor whose server never answered fails fast like any client (connection failures
+retried for ``RetryConfig.wait_for_server`` seconds, default 2 s, then a ``ConnectError``
+naming the URL); pass ``retry=RetryConfig(wait_for_server=...)`` for a job started before
+its server.
 
 Importing this module sets ``RAY_USAGE_STATS_ENABLED=0`` unless the variable is already
 set, so a Ray instance started afterwards (by `embed_files`, or automatically by the

@@ -7,10 +7,12 @@ kinds (``classify``):
 
 - ``"outage"``: the endpoint is down or pushing back: connection refused or timed out,
   HTTP 429, 502, 503, 504. Retried with capped exponential backoff (full jitter), or the
-  server's ``Retry-After`` up to ``RetryConfig.retry_after_max``, until the call's
+  server's ``Retry-After`` when longer (up to ``RetryConfig.retry_after_max``; a zero,
+  negative, NaN or past value never shortens the backoff), until the call's
   deadline: a restart or a rate-limit window shorter than the deadline costs time, not
   the run.
-- ``"transient"``: a failure that may not repeat: HTTP 408 and 500, a connection that
+- ``"transient"``: a failure that may not repeat: HTTP 408, 500 and 424 (TEI's backend
+  error), a connection that
   broke after the request was sent, a read or write timeout. At most
   ``RetryConfig.max_attempts`` attempts in all. A request cut on a reused keep-alive
   connection before any response byte ("Server disconnected without sending a
@@ -26,12 +28,17 @@ errors and timeouts, read timeouts with no response, 502/503/504. Never 4xx, 429
 off instead), a local ``PoolTimeout``, a refused stream, or a 500 (one input's fault as
 often as the server's; bisection tells which).
 
+Whose fault a failure may be (``maybe_input``, ``input_error``, ``ambiguous``,
+``named_position``, ``replica_suspect``) is decided here too: the engine bisects, resends
+or blames an input on these answers.
+
 Clock and random source are parameters, so the maths is tested without waiting.
 """
 
 from __future__ import annotations
 
 import email.utils
+import math
 import random
 import time
 from collections.abc import Mapping
@@ -40,31 +47,47 @@ from typing import Literal
 
 from .config import RetryConfig
 from .errors import (
+    SERVER_POSITION,
+    BadRequestError,
+    BatchTooLargeError,
     ConnectError,
     ConnectTimeout,
+    ContextLengthError,
     HTTPStatusError,
     NetworkError,
     PoolTimeout,
+    QwenEmbedError,
     ReadTimeout,
+    ResponseError,
+    ServerError,
     TimeoutException,
     TransportError,
 )
 
 __all__ = [
+    "BACKEND_STATUS",
     "OUTAGE_STATUS",
     "RETRYABLE_STATUS",
     "FailureKind",
     "RetryState",
+    "ambiguous",
     "backoff_delay",
     "classify",
+    "input_error",
     "is_health_failure",
+    "maybe_input",
+    "named_position",
     "parse_retry_after",
+    "replica_suspect",
     "retry_reason",
 ]
 
-RETRYABLE_STATUS = frozenset({408, 429, 500, 502, 503, 504})
+RETRYABLE_STATUS = frozenset({408, 424, 429, 500, 502, 503, 504})
 OUTAGE_STATUS = frozenset({429, 502, 503, 504})
 HEALTH_STATUS = frozenset({502, 503, 504})
+MIN_ATTEMPT_SECONDS = 0.02
+"""A retry is not started with less than this left before the deadline (it could only
+end in a timeout hiding the failure that caused it)."""
 MAX_REFUSED_RESENDS = 16
 """Refused HTTP/2 streams resent at once per request before they count as failures."""
 
@@ -76,7 +99,10 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
 
     ``Retry-After`` may be a number of seconds or an HTTP date (RFC 9110 10.2.3);
     ``retry-after-ms`` (milliseconds) is what OpenAI-style servers send. Returns ``None``
-    when neither is present or parseable; never a negative number.
+    when neither is present or usable: a value that is not a number or a date, zero,
+    negative, NaN, infinite, or a date in the past says nothing about when to come back
+    (the normal backoff applies; it is never a reason to retry at once). Otherwise a
+    positive number of seconds.
 
     Args:
         headers: response headers (case-insensitive mapping, or lower-case keys).
@@ -84,26 +110,41 @@ def parse_retry_after(headers: Mapping[str, str], *, now: float | None = None) -
     """
     raw_ms = headers.get("retry-after-ms")
     if raw_ms:
-        try:
-            return max(0.0, float(raw_ms) / 1000.0)
-        except ValueError:
-            pass
+        found = _positive(raw_ms, 1000.0)
+        if found is not None:
+            return found
     raw = headers.get("retry-after")
     if not raw:
         return None
     raw = raw.strip()
-    try:
-        return max(0.0, float(raw))
-    except ValueError:
-        pass
+    seconds = _positive(raw, 1.0)
+    if seconds is not None or _number_like(raw):
+        return seconds
     try:
         when = email.utils.parsedate_to_datetime(raw)
-    except (TypeError, ValueError, IndexError):
+    except (TypeError, ValueError, IndexError, OverflowError):
         return None
     if when is None:
         return None
     current = time.time() if now is None else now
-    return max(0.0, when.timestamp() - current)
+    return _positive(str(when.timestamp() - current), 1.0)
+
+
+def _number_like(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _positive(text: str, per_second: float) -> float | None:
+    """``text`` as a positive, finite number of seconds (``None``: anything else)."""
+    try:
+        value = float(text) / per_second
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value > 0.0 else None
 
 
 def _tls_failure(exc: BaseException) -> bool:
@@ -199,10 +240,12 @@ class RetryState:
         now: float,
         fresh_connection: bool,
         rng: random.Random | None = None,
+        outage: bool = False,
     ) -> float | None:
         """Seconds to wait before the next attempt, or ``None`` to give up.
 
-        Call it once per failed attempt.
+        Call it once per failed attempt. A ``Retry-After`` the server sent lengthens the
+        backoff (up to ``retry_after_max``), never shortens it.
 
         Args:
             exc: what the last attempt raised.
@@ -210,10 +253,15 @@ class RetryState:
             fresh_connection: whether the failed attempt opened its own connection
                 (``False`` = it ran on a reused keep-alive connection).
             rng: random source for the jitter.
+            outage: the server is known to fail whatever the input (a control request
+                failed too): a retryable failure is retried as an outage, until the
+                deadline, rather than ``max_attempts`` times.
         """
         kind = classify(exc)
         if kind == "fatal":
             return None
+        if outage and kind == "transient":
+            kind = "outage"
         if self.policy.max_attempts <= 1 and kind != "refused":
             return None  # retries turned off, outages included
         if kind == "refused":
@@ -239,12 +287,76 @@ class RetryState:
             if self.attempts >= self.policy.max_attempts:
                 return None
             retry = self.attempts - 1
+        delay = backoff_delay(retry, self.policy, rng)
         server_wait = exc.retry_after if isinstance(exc, HTTPStatusError) else None
-        if server_wait is not None:
-            delay = min(server_wait, self.policy.retry_after_max)
-        else:
-            delay = backoff_delay(retry, self.policy, rng)
+        if server_wait is not None and server_wait > 0.0:
+            # the server's wait lengthens the backoff, never shortens it
+            delay = max(delay, min(server_wait, self.policy.retry_after_max))
         left = self.remaining(now)
-        if left is not None and delay >= left:
-            return None
+        if left is not None and delay + MIN_ATTEMPT_SECONDS >= left:
+            return None  # no time left for an attempt after the wait
         return delay
+
+
+# --------------------------------------------------------------------------- whose fault
+
+BACKEND_STATUS = frozenset({500, 424})
+"""The model failed (TEI answers 424 ``Backend error``): the server's fault or one
+input's alike; bisection and control requests tell which."""
+
+
+def replica_suspect(exc: BaseException) -> bool:
+    """A failure the replica may have caused rather than the batch: worth one resend on
+    another replica before anything else (connection errors and drops, timeouts, 5xx)."""
+    if isinstance(exc, ServerError):
+        return True
+    return isinstance(exc, TransportError) and classify(exc) in ("outage", "transient")
+
+
+def maybe_input(exc: BaseException) -> bool:
+    """A failure of a multi-text batch that one of its inputs may have caused."""
+    if isinstance(exc, BatchTooLargeError):
+        return False
+    if isinstance(exc, ServerError):
+        return exc.status in BACKEND_STATUS
+    if isinstance(exc, ContextLengthError):
+        return True
+    if isinstance(exc, BadRequestError):
+        # a 400 naming a position in the request is that input's; others are the
+        # request's own (a wrong model name, a bad parameter): not bisected
+        return SERVER_POSITION.search(exc.message) is not None
+    if isinstance(exc, TransportError):
+        return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
+    return False
+
+
+def input_error(exc: BaseException) -> bool:
+    """A failure of a single-text request that belongs to that input."""
+    if isinstance(exc, ServerError):
+        return exc.status in BACKEND_STATUS
+    if isinstance(exc, BadRequestError):
+        return True
+    if isinstance(exc, ResponseError):
+        return exc.index is not None
+    return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
+
+
+def ambiguous(exc: BaseException) -> bool:
+    """A single input's failure that the server may have caused whatever the input."""
+    if isinstance(exc, ServerError | NetworkError):
+        return True
+    return (
+        isinstance(exc, BadRequestError)
+        and not isinstance(exc, ContextLengthError | BatchTooLargeError)
+        and SERVER_POSITION.search(exc.message) is None
+    )
+
+
+def named_position(exc: QwenEmbedError, count: int) -> int | None:
+    """The position (0-based, below ``count``) a 400 names as the bad input, if any."""
+    if not isinstance(exc, BadRequestError):
+        return None
+    match = SERVER_POSITION.search(exc.message)
+    if match and int(match.group(1)) < count:
+        return int(match.group(1))
+    return None

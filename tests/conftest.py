@@ -117,6 +117,7 @@ def _fresh_replica_health() -> None:
             replica.streak_started = None
             replica.ejected_until = 0.0
             replica.probing = False
+            replica.answered = False  # a dead port may be an earlier test server's
 
 
 @pytest.fixture

@@ -8,13 +8,13 @@ import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
 import pytest
 from cli_support import journal_batches, numbered_texts, received_batches, run, wait_until
 
-from qwen_embed_plugins.cli import embed as embed_command
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding
 
 
@@ -254,19 +254,45 @@ def closed_port() -> int:
 
 
 def test_a_server_nobody_listens_on_ends_the_run_naming_the_url(tmp_path: Path) -> None:
+    """The library's rule for a server never reached (``wait_for_server``, 2 s by
+    default), whatever --deadline: the URL named, ``qwen-embed check`` suggested, one
+    line for the outage (retries are not printed)."""
     src = tmp_path / "in.txt"
     src.write_text("one\ntwo\n")
     out = tmp_path / "out.npy"
     base_url = f"http://127.0.0.1:{closed_port()}/v1"
-    result = run("embed", "--base-url", base_url, "--deadline", "3", str(src), str(out))
+    result = run("embed", "--base-url", base_url, str(src), str(out))
     assert result.exit_code == 1
     assert f"cannot connect to {base_url}: " in result.stderr
     assert "Connection refused" in result.stderr
     # OUTPUT never existed: nothing was "left as it was"
     assert f"; nothing written to {out}" in result.stderr
     assert "left as it was" not in result.stderr
+    assert f"qwen-embed check --base-url {base_url}" in result.stderr
+    assert "_Conn" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) <= 2, lines  # the outage's start, then the error
+    assert sum(line.startswith("error: ") for line in lines) == 1, lines
     assert not out.exists()
     assert files(tmp_path) == ["in.txt"]
+
+
+def test_an_outage_prints_one_line_not_one_per_retry(
+    server: EmbeddingServer, tmp_path: Path
+) -> None:
+    """503s for a while: the run completes; stderr has one line for the outage (its
+    start), none per retry, and none for its end (the progress shows it)."""
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n")
+    out = tmp_path / "out.npy"
+    server.inject_overloaded(count=6)
+    code, err = embed(server, src, out)
+    assert code == 0, err
+    outage = [line for line in err.splitlines() if "failed (status_503)" in line]
+    assert len(outage) == 1, err
+    assert outage[0].startswith("qwen-embed: ")
+    assert "retrying http" not in err
+    assert "answered again" not in err
 
 
 def test_deadline_is_an_option_in_seconds_with_its_default() -> None:
@@ -276,23 +302,46 @@ def test_deadline_is_an_option_in_seconds_with_its_default() -> None:
     assert "--deadline SECONDS" in text
     assert "in seconds" in text
     assert "default: 300" in text
+    assert "--wait-for-server SECONDS" in text
     bad = run("embed", "--base-url", "http://127.0.0.1:9/v1", "--deadline", "0", "a", "b")
     assert bad.exit_code == 2
 
 
-def test_the_first_contact_bound_does_not_cut_a_slow_first_answer(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The server answers, after longer than the first-contact bound: the batch is sent
-    again with the full --deadline, and the run completes."""
-    monkeypatch.setattr(embed_command, "_FIRST_CONTACT", 0.2)
+def test_wait_for_server_carries_a_job_started_before_its_server(tmp_path: Path) -> None:
+    """--wait-for-server: the job starts before its server and completes once it is up."""
+    src = tmp_path / "in.txt"
+    src.write_text("one\ntwo\n")
+    out = tmp_path / "out.npy"
+    port = closed_port()
+    outcome: list[Any] = []
+    url = f"http://127.0.0.1:{port}/v1"
+    args = ("embed", "--base-url", url, "--wait-for-server", "120", str(src), str(out))
+    worker = threading.Thread(target=lambda: outcome.append(run(*args)))
+    worker.start()
+    wait_until(lambda: _refused(url) >= 2, "the job to meet the missing server twice")
+    with EmbeddingServer(port=port):
+        worker.join(120)
+    (result,) = outcome
+    assert result.exit_code == 0, result.stderr
+    assert np.array_equal(np.load(out), np.stack([expected_embedding(t) for t in ("one", "two")]))
+
+
+def _refused(url: str) -> int:
+    from qwen_embed_plugins import balance
+
+    replicas = [r for r in list(balance._replicas.values()) if r.url == url]
+    return sum(r.metrics.snapshot()["requests_by_outcome"].get("ConnectError", 0) for r in replicas)
+
+
+def test_a_slow_first_answer_is_not_cut(tmp_path: Path) -> None:
+    """The server answers after a second: the run waits for it (one request)."""
     src = tmp_path / "in.txt"
     src.write_text("one\ntwo\n")
     out = tmp_path / "out.npy"
     with EmbeddingServer(latency=1.0) as slow:
         code, err = embed(slow, src, out, "--deadline", "60")
         assert code == 0, err
-        assert slow.requests == 2  # cut once by the 0.2 s bound, then answered
+        assert slow.requests == 1
     assert np.array_equal(np.load(out), np.stack([expected_embedding(t) for t in ("one", "two")]))
 
 

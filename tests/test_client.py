@@ -147,10 +147,12 @@ def test_threads_wait_in_front_of_the_pool_and_time_out_there(wait_until: Any) -
         assert slow.requests == 1  # the one that timed out never reached the server
         slow.close_connections()  # ends the holder's exchange: it fails, freeing its slot
         holder.join()
+        # the dropped connection was not its text's fault: a control request (on a new
+        # connection: the old one was closed under it) showed the server working, and
+        # the text, sent once more, went through
         (held,) = outcome
-        assert isinstance(held, q.QwenEmbedError), held
-        # (before blaming its text, the holder's call sent one control request, on a
-        # new connection: the old one was closed under it)
+        assert isinstance(held, list), held
+        assert slow.requests == 3
         sent = slow.requests
         # the slot came back: the next call goes through
         assert len(client.embed_query("after")) == 1024
@@ -170,9 +172,10 @@ def test_pool_slot_released_after_errors(srv: EmbeddingServer) -> None:
     srv.inject("reset")
     with pytest.raises(q.QwenEmbedError):
         client.embed_query("reset mid-body")
-    srv.inject_status(400, count=1)
+    srv.poison("rejected", substring=True, status=400, message="rejected on purpose")
     with pytest.raises(q.BadRequestError):
         client.embed_query("rejected")
+    srv.clear_rules()
     srv.inject("malformed")
     with pytest.raises(q.QwenEmbedError):
         client.embed_query("malformed body")

@@ -1,6 +1,8 @@
 """A failure that could be the server's or the input's (a 500, a dropped connection, a
-400 naming no input) is blamed on an input only when the server has been seen to work
-since: otherwise one control request with a known-good text decides."""
+400 naming no input) is blamed on an input only when the text fails again after the
+server has been seen to work: a control request with a known-good text shows it (when no
+other request has since); a control that fails too is an outage, retried until the
+call's deadline."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from qwen_embed_plugins import balance
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
 FAST = q.RetryConfig(backoff_initial=0.01, backoff_max=0.05, max_attempts=2)
+SHORT = FAST.replace(deadline=1.0, query_deadline=1.0)  # for a server that never recovers
 TEXTS = [f"control passage {i}" for i in range(32)]
 
 
@@ -27,10 +30,11 @@ def _fallbacks(client: q.EmbeddingClient | q.AsyncEmbeddingClient) -> dict[str, 
 def test_a_server_failing_everything_blames_no_input(
     embedding_server: EmbeddingServer, count: int, on_error: str
 ) -> None:
-    """Every request answered 500: the call raises the server's error, with no input
-    index, in both modes (a skip-mode call never returns placeholder vectors for it)."""
+    """Every request answered 500: an outage (retried until the deadline), then the call
+    raises the server's error, with no input index, in both modes (a skip-mode call
+    never returns placeholder vectors for it)."""
     embedding_server.inject_status(500, count=10_000, message="CUDA error: device-side assert")
-    client = q.EmbeddingClient(base_url=embedding_server.base_url, batch_size=32, retry=FAST)
+    client = q.EmbeddingClient(base_url=embedding_server.base_url, batch_size=32, retry=SHORT)
     with pytest.raises(q.ServerError) as info:
         client.embed_documents(TEXTS[:count], on_error=on_error)  # type: ignore[arg-type]
     assert info.value.index is None, info.value
@@ -47,7 +51,7 @@ def test_a_server_dropping_everything_blames_no_input_async(
         embedding_server.inject("close", count=10_000)
     else:
         embedding_server.inject_status(500, count=10_000)
-    client = q.AsyncEmbeddingClient(base_url=embedding_server.base_url, retry=FAST)
+    client = q.AsyncEmbeddingClient(base_url=embedding_server.base_url, retry=SHORT)
     with pytest.raises(q.QwenEmbedError) as info:
         asyncio.run(client.embed_query("what is pooling?"))
     assert getattr(info.value, "index", None) is None, info.value

@@ -46,9 +46,11 @@ def test_500s_never_open_the_breaker(srv: EmbeddingServer) -> None:
         encoding_format="base64",  # no float retry: one request per call
         retry=FAST.replace(max_attempts=1, circuit_failure_threshold=2, circuit_open_after=0.0),
     )
-    # each call: the query, then one control request (a 500 to a single text with no
-    # success since is checked with a known-good text before it is blamed on the text)
-    srv.inject_status(500, count=40, message="json: unsupported value: NaN")
+    # each call: the query as a one-item list and as a bare string (a server may refuse
+    # one-item lists), then a control request (a 500 to a single text with no success
+    # since is checked with a known-good text), likewise; it fails too, and with
+    # max_attempts=1 the outage is not retried
+    srv.inject_status(500, count=80, message="json: unsupported value: NaN")
     for _ in range(20):
         with pytest.raises(q.ServerError, match="unsupported value: NaN"):
             client.embed_query("poison")

@@ -88,10 +88,22 @@ def test_debug_line_per_request_with_attempt_and_warnings_without_secrets(
         assert re.fullmatch(
             rf"POST {re.escape(label)} texts=2 status=200 \d+\.\d ms attempt=2", second
         )
+        retries = [r.getMessage() for r in caplog.records if r.msg.startswith("retrying")]
+        assert len(retries) == 1
+        assert retries[0].startswith(f"retrying {label} after status_503 in ")
+        assert "queue full for key ***" in retries[0]  # the server's echo, scrubbed
+        assert {r.levelno for r in caplog.records if r.msg.startswith("retrying")} == {
+            logging.DEBUG
+        }
+        # WARNINGs: the outage episode's start (with what failed) and end; the 503 was
+        # to base64 and the retry in float went through: float from now on
         warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-        assert len(warnings) == 1
-        assert warnings[0].startswith(f"retrying {label} after status_503 in ")
-        assert "queue full for key ***" in warnings[0]  # the server's echo, scrubbed
+        assert len(warnings) == 3, warnings
+        assert warnings[0].startswith(f"{label} failed (status_503); retrying")
+        assert "queue full for key ***" in warnings[0]
+        assert sum("using float from now on" in w for w in warnings) == 1
+        assert sum(w.startswith(f"{label} answered again after ") for w in warnings) == 1
+        assert all(SECRET not in w for w in warnings)
 
         # a connection closed without an answer: no HTTP status, the error class instead
         caplog.clear()

@@ -444,3 +444,21 @@ def test_cli_embed_ray_writes_parquet(tmp_path: Path) -> None:
         np.testing.assert_array_equal(
             rows[order], server.expected_embeddings([_texts(n)[i] for i in sorted(ids)])
         )
+
+
+def test_a_server_never_reached_fails_the_job_fast_naming_the_url() -> None:
+    """The library's rule in the actors: a dead port fails the job after
+    ``wait_for_server`` (not the 300 s deadline), naming the URL and ``qwen-embed check``."""
+    import re
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    out = qray.embed_dataset(ray.data.from_items([{"id": 0, "text": "x"}]), base_url=url)
+    with pytest.raises(
+        ray.exceptions.RayTaskError,
+        match=r"ConnectError: .*" + re.escape(f"qwen-embed check --base-url {url}"),
+    ):
+        _collect(out)

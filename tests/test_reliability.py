@@ -109,17 +109,23 @@ def test_rate_limit_retry_after_is_honoured(srv: EmbeddingServer) -> None:
         (422, q.BadRequestError),
     ],
 )
-def test_client_errors_are_not_retried(srv: EmbeddingServer, status: int, cls: type) -> None:
-    srv.inject_status(status, message="nope")
+def test_client_errors_are_not_retried(
+    embedding_server: EmbeddingServer, status: int, cls: type
+) -> None:
+    srv = embedding_server  # a new server: whether it takes one-item lists is not known yet
+    srv.poison("x", status=status, message="nope")
     client = q.EmbeddingClient(base_url=srv.base_url)
     with pytest.raises(cls) as info:
         client.embed_documents(["x"])
     assert info.value.status == status  # type: ignore[attr-defined]
     assert "nope" in str(info.value)
     if cls is q.BadRequestError:
-        # not retried: the text was sent once; a 400 naming no input could be about the
-        # request, so one control request ("hello", answered) showed it is the input's
-        assert srv.received == [["x"], ["hello"]]
+        # not retried as such: the text was sent as a one-item list and once as a bare
+        # string (a server may refuse one-item lists); a 400 naming no input could be
+        # about the request, so one control request ("hello", answered) showed the
+        # server working, and the text, sent once more, failed again: the input's
+        # (the control was answered as a one-item list: its bare form was never needed)
+        assert srv.received == [["x"], ["x"], ["hello"], ["x"]]
         assert info.value.index == 0  # type: ignore[attr-defined]
     else:  # 401 / 404: the endpoint's, never an input's
         assert srv.received == [["x"]]
@@ -258,11 +264,11 @@ def test_pool_timeout_is_its_own_error(wait_until: Any) -> None:
             timeout=q.Timeouts(pool=0.1),
             retry=q.RetryConfig(max_attempts=1),
         )
-        held: list[BaseException] = []
+        held: list[object] = []
 
         def hold() -> None:
             try:
-                client.embed_query("holder")
+                held.append(client.embed_query("holder"))
             except q.QwenEmbedError as exc:
                 held.append(exc)
 
@@ -275,13 +281,16 @@ def test_pool_timeout_is_its_own_error(wait_until: Any) -> None:
         assert not isinstance(info.value, q.ReadTimeout | q.ConnectTimeout)
         srv.close_connections()  # the holder fails and frees the slot
         holder.join()
-        assert len(held) == 1  # the holder failed when its connection was dropped
-        # the timed-out call never reached the server; the holder's call sent its text
-        # once, then one control request ("hello") before blaming its text
+        # the holder's connection was dropped: one control request ("hello") showed the
+        # server working, so its text was sent once more, and went through
+        (vector,) = held
+        assert isinstance(vector, list), vector
+        assert len(vector) == srv.dim
+        # the timed-out call never reached the server
         texts = [t for batch in srv.received for t in batch]
         assert "a" not in texts
         assert "b" not in texts
-        assert sum("holder" in t for t in texts) == 1
+        assert sum("holder" in t for t in texts) == 2
 
 
 async def test_no_pool_timeout_under_500_concurrent_calls() -> None:

@@ -243,6 +243,19 @@ def test_base64_requests_fail_while_float_works(srv: EmbeddingServer, client: ht
     assert srv.stats()["faults_applied"] == {"base64_error": 2}
 
 
+def test_one_item_lists_fail_while_a_bare_string_works(
+    srv: EmbeddingServer, client: httpx.Client
+) -> None:
+    """SGLang 0.4.6: ``input: ["text"]`` -> 500, ``input: "text"`` -> 200; longer lists
+    are embedded."""
+    srv.refuse_one_item_lists()
+    assert embed(client, ["one"]).status_code == 500
+    r = embed(client, "one")
+    assert np.array_equal(as_array(r), expected_embeddings(["one"]))
+    assert embed(client, GOOD).status_code == 200
+    assert srv.stats()["faults_applied"] == {"one_item_list": 1}
+
+
 # ---- usage and silent truncation ------------------------------------------------------
 
 
@@ -374,6 +387,7 @@ def test_rules_are_validated_and_listed() -> None:
         "token_cap",
         "context_length",
         "base64_error",
+        "one_item_list",
         "truncate",
         "window",
     }

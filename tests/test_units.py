@@ -397,11 +397,61 @@ def test_exception_tree() -> None:
 def test_retry_after_parsing() -> None:
     assert retry.parse_retry_after({"retry-after": "3"}) == 3.0
     assert retry.parse_retry_after({"retry-after-ms": "250"}) == 0.25
-    assert retry.parse_retry_after({"retry-after": "-5"}) == 0.0
     when = email.utils.formatdate(1_000_010.0, usegmt=True)
     assert retry.parse_retry_after({"retry-after": when}, now=1_000_000.0) == 10.0
     assert retry.parse_retry_after({"retry-after": "soon"}) is None
     assert retry.parse_retry_after({}) is None
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"retry-after": "0"},
+        {"retry-after": "-5"},
+        {"retry-after": "NaN"},
+        {"retry-after": "inf"},
+        {"retry-after": "soon"},
+        {"retry-after": "Wed, 21 Oct 2015 07:28:00 GMT"},  # in the past
+        {"retry-after-ms": "0"},
+        {"retry-after-ms": "-100"},
+        {"retry-after-ms": "nan", "retry-after": "0"},
+    ],
+)
+def test_a_useless_retry_after_says_nothing(headers: dict[str, str]) -> None:
+    """Zero, negative, NaN, infinite, nonsense or past: ``None`` (the normal backoff
+    applies), never 0."""
+    assert retry.parse_retry_after(headers) is None
+
+
+class _Top(random.Random):
+    """Full jitter at its top: every backoff is its cap."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+def test_retry_after_lengthens_the_backoff_and_never_shortens_it() -> None:
+    policy = RetryConfig(backoff_initial=0.5, backoff_max=4.0, retry_after_max=30.0)
+    state = retry.RetryState(policy=policy, started=0.0, deadline=None)
+    waits = [
+        state.next_delay(
+            _server_error(429, retry_after=ra), now=0.0, fresh_connection=True, rng=_Top()
+        )
+        for ra in (None, 0.1, 3.0, 99.0)
+    ]
+    assert waits == [0.5, 1.0, 3.0, 30.0]  # backoff 0.5, 1 (> 0.1), then the server's
+
+
+def test_a_transient_failure_is_retried_as_an_outage_when_the_server_is_down() -> None:
+    """``outage=True`` (a control request failed too): a 500 is retried until the
+    deadline, not ``max_attempts`` times."""
+    policy = RetryConfig(max_attempts=2, deadline=None)
+    state = retry.RetryState(policy=policy, started=0.0)
+    error = _server_error(500)
+    for _ in range(50):
+        assert state.next_delay(error, now=0.0, fresh_connection=True, outage=True) is not None
+    assert state.next_delay(error, now=0.0, fresh_connection=True) is not None
+    assert state.next_delay(error, now=0.0, fresh_connection=True) is None  # max_attempts
 
 
 def test_backoff_full_jitter_capped() -> None:
@@ -418,7 +468,7 @@ def _server_error(status: int, retry_after: float | None = None) -> q.HTTPStatus
 
 
 def test_what_is_retried() -> None:
-    for status in (408, 429, 500, 502, 503, 504):
+    for status in (408, 424, 429, 500, 502, 503, 504):
         assert retry.retry_reason(_server_error(status)) == f"status_{status}"
     for status in (400, 401, 403, 404, 413, 422):
         assert retry.retry_reason(_server_error(status)) is None

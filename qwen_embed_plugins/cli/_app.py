@@ -8,7 +8,10 @@ those two names still exist and say how to install it (status 1).
 
 from __future__ import annotations
 
+import logging
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import click
@@ -38,13 +41,39 @@ class QwenEmbedGroup(click.Group):
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            with terminating_raises():
+            with terminating_raises(), _library_warnings():
                 return super().invoke(ctx)
         except (KeyboardInterrupt, Terminated) as exc:
             # on a terminal, end the line the echoed ^C is on
             newline = "\n" if sys.stderr.isatty() else ""
             click.echo(f"{newline}qwen-embed: {describe(exc)}", err=True)
             raise click.exceptions.Exit(exit_status(exc)) from None
+
+
+class _EpisodeLines(logging.Handler):
+    """The library's warnings on stderr, one line each, and one line per outage episode
+    (when it starts; the progress going on again shows its end)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if getattr(record, "qwen_embed_episode", None) == "end":
+            return
+        try:
+            click.echo(f"qwen-embed: {record.getMessage()}", err=True)
+        except Exception:
+            self.handleError(record)
+
+
+@contextmanager
+def _library_warnings() -> Iterator[None]:
+    """While a command runs, the library's WARNING lines go through ``_EpisodeLines``
+    (otherwise Python's last-resort handler prints every one)."""
+    logger = logging.getLogger("qwen_embed_plugins")
+    handler = _EpisodeLines(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
 
 
 def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:

@@ -18,7 +18,7 @@ __all__ = ["embed"]
 
 _OUTPUT_SUFFIXES = (".npy", ".jsonl", ".ndjson")
 _DEADLINE = 300.0  # seconds: RetryConfig's default deadline of a bulk call
-_FIRST_CONTACT = 15.0  # seconds: longest wait for a server no request of the run reached
+_WAIT_FOR_SERVER = 2.0  # seconds: RetryConfig's default wait_for_server
 
 
 @click.command()
@@ -46,9 +46,18 @@ _FIRST_CONTACT = 15.0  # seconds: longest wait for a server no request of the ru
     default=_DEADLINE,
     show_default=True,
     metavar="SECONDS",
-    help="Longest time one batch may take, retries and waits included, in seconds. "
-    "Until a first batch succeeds, a server that cannot be connected to ends the run "
-    f"after at most {_FIRST_CONTACT:g} s (or SECONDS when shorter).",
+    help="Longest time one batch may take, retries and waits included, in seconds.",
+)
+@click.option(
+    "--wait-for-server",
+    type=click.FloatRange(0.0, 86400.0),
+    default=_WAIT_FOR_SERVER,
+    show_default=True,
+    metavar="SECONDS",
+    help="While no request of the run has reached the server, connection failures "
+    "(refused, DNS, timeout, TLS) end the run after this many seconds; raise it to start "
+    "the job before its server. Once the server has answered, an outage is retried "
+    "until --deadline.",
 )
 @click.option(
     "--resume",
@@ -97,6 +106,7 @@ def embed(
     chunk_size: int,
     http2: bool,
     deadline: float,
+    wait_for_server: float,
     resume: bool,
     use_ray: bool,
     column: str,
@@ -145,6 +155,7 @@ def embed(
             concurrency=concurrency,
             http2=http2,
             deadline=deadline,
+            wait_for_server=wait_for_server,
             column=column,
             address=address,
             actors=actors,
@@ -180,11 +191,10 @@ def embed(
             limits=Limits(max_connections=max(Limits().max_connections, concurrency)),
             http2=http2,
             verify=verify_setting(ca, insecure),
-            retry=RetryConfig(deadline=deadline),
+            retry=RetryConfig(deadline=deadline, wait_for_server=wait_for_server),
         )
     except QwenEmbedError as exc:
         fail(str(exc), 2)
-    first = cfg.replace(retry=RetryConfig(deadline=min(deadline, _FIRST_CONTACT)))
     settings = Settings(
         endpoint=cfg.endpoint,
         model=str(cfg.model),
@@ -196,7 +206,7 @@ def embed(
     err = console(stderr=True)
     started = time.perf_counter()
     outcome = _run(
-        _FirstContact(EmbeddingClient(cfg), EmbeddingClient(first), cfg.endpoint),
+        EmbeddingClient(cfg),
         input_path,
         paths,
         settings,
@@ -242,7 +252,7 @@ def _run_on_ray(input_path: str, output_path: str, **opts: Any) -> None:
         "model": opts["model"],
         "dimensions": opts["dimensions"],
         "http2": opts["http2"],
-        "retry": RetryConfig(deadline=opts["deadline"]),
+        "retry": RetryConfig(deadline=opts["deadline"], wait_for_server=opts["wait_for_server"]),
         "verify": verify_setting(opts["ca"], opts["insecure"]),
     }
     started = time.perf_counter()
@@ -270,49 +280,6 @@ def _run_on_ray(input_path: str, output_path: str, **opts: Any) -> None:
         soft_wrap=True,
         markup=False,
     )
-
-
-class _FirstContact:
-    """The job's client, failing fast while no batch of the run has succeeded.
-
-    Until one does, batches go through ``first`` (a deadline of at most
-    ``_FIRST_CONTACT`` s): one that cannot connect (refused, unreachable, TLS refused)
-    ends the run with "cannot connect to URL: ..." instead of retrying for the whole
-    deadline; one that failed there for what the short deadline may have cut (the
-    server answered 503 or 429, or slowly) is sent again through ``client``, with the
-    full deadline; other failures are the batch's own.
-    """
-
-    def __init__(self, client: Any, first: Any, endpoint: str) -> None:
-        self._client = client
-        self._first = first
-        self._endpoint = endpoint
-        self._reached = False
-
-    def embed_documents_array(self, texts: list[str]) -> Any:
-        if self._reached:
-            return self._client.embed_documents_array(texts)
-        from .. import ConnectError, ConnectTimeout, QwenEmbedError, TimeoutException
-        from ..retry import classify
-        from ._embed_job import JobError
-
-        try:
-            vectors = self._first.embed_documents_array(texts)
-        except (ConnectError, ConnectTimeout) as exc:
-            if self._reached:  # another batch got through meanwhile
-                return self._client.embed_documents_array(texts)
-            reason = str(exc).removeprefix(f"cannot connect to {exc.url}: ")
-            raise JobError(
-                f"cannot connect to {self._endpoint}: {reason} (no request of this run "
-                "reached it; is the server up, and is the URL right?)"
-            ) from exc
-        except QwenEmbedError as exc:
-            if classify(exc) != "outage" and not isinstance(exc, TimeoutException):
-                raise
-            self._reached = True  # the server answered; the short deadline cut the batch
-            return self._client.embed_documents_array(texts)
-        self._reached = True
-        return vectors
 
 
 def _blank_notice(count: int, lines: list[int]) -> str:

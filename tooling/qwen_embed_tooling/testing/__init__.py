@@ -81,6 +81,8 @@ to every matching request until `EmbeddingServer.clear_rules`. Token figures are
 ``context_length`` a text over N tokens -> the dialect's context-length answer
                    (`EmbeddingServer.limit_input_tokens`)
 ``base64_error``   ``encoding_format="base64"`` -> 500 (`EmbeddingServer.fail_base64`)
+``one_item_list``  ``input`` a list of one text -> 500; a bare string works (SGLang 0.4.6;
+                   `EmbeddingServer.refuse_one_item_lists`)
 ``truncate``       each text silently cut to N tokens; ``usage`` tells
                    (`EmbeddingServer.truncate_inputs`)
 ``window``         every request -> 429 (or 503) for T seconds (`EmbeddingServer.status_window`)

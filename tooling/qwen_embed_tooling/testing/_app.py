@@ -299,7 +299,7 @@ class _EmbeddingApp:
                 return
         verdict = _Verdict([])
         if not isinstance(parsed, _Reply):
-            verdict = _judge(rules, parsed.texts, parsed.base64)
+            verdict = _judge(rules, parsed.texts, parsed.base64, parsed.one_item_list)
             if verdict.rule is not None:
                 await self._rule_answer(verdict, scope, receive, send, conn)
                 return

@@ -216,6 +216,7 @@ class _EmbedRequest:
     texts: list[str]
     base64: bool
     dimensions: int | None
+    one_item_list: bool = False  # ``input`` was a list of one text (not a bare string)
 
 
 def _phrase(status: int) -> str:

@@ -113,10 +113,11 @@ class _ServerControls:
 
         Kinds (each also has a method below): ``poison`` (`poison`), ``drop_over``
         (`drop_batches_over`), ``token_cap`` (`cap_batch_tokens`), ``context_length``
-        (`limit_input_tokens`), ``base64_error`` (`fail_base64`), ``truncate``
-        (`truncate_inputs`), ``window`` (`status_window`). A request is checked in the
-        order window, truncate, drop_over, poison, token_cap, context_length,
-        base64_error; the first that answers wins. Each application is counted in
+        (`limit_input_tokens`), ``base64_error`` (`fail_base64`), ``one_item_list``
+        (`refuse_one_item_lists`), ``truncate`` (`truncate_inputs`), ``window``
+        (`status_window`). A request is checked in the order window, truncate,
+        drop_over, poison, token_cap, context_length, base64_error, one_item_list; the
+        first that answers wins. Each application is counted in
         ``stats()["faults_applied"][kind]``.
 
         Raises:
@@ -196,6 +197,12 @@ class _ServerControls:
         """Answer ``status`` (default 500, the dialect's error body) to every request that
         asks ``encoding_format="base64"``; float requests are answered normally."""
         self.add_rule("base64_error", status=status, message=message)
+
+    def refuse_one_item_lists(self, *, status: int = 500, message: str | None = None) -> None:
+        """Answer ``status`` (default 500, the dialect's error body) to every request whose
+        ``input`` is a list of one text, and embed the same text sent as a bare string
+        (``"input": "text"``), as SGLang 0.4.6 does."""
+        self.add_rule("one_item_list", status=status, message=message)
 
     def truncate_inputs(self, max_tokens: int) -> None:
         """Silently cut every text to its first ``max_tokens`` tokens (``4 * max_tokens``

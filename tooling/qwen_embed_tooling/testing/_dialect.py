@@ -238,7 +238,8 @@ class SGLangDialect:
         max_batch = self.max_batch
         if max_batch is not None and len(texts) > max_batch:
             return logged, self.batch_too_large(len(texts), max_batch)
-        return logged, _EmbedRequest(texts, encoding, dimensions)
+        one_item_list = isinstance(raw, list) and len(raw) == 1
+        return logged, _EmbedRequest(texts, encoding, dimensions, one_item_list)
 
     def _texts(self, raw: Any) -> list[str] | _Reply:
         if isinstance(raw, str):

@@ -193,7 +193,14 @@ def _spoil(fault: Fault, vectors: list[_Vector]) -> tuple[list[_Vector], bool]:
 # --------------------------------------------------------------------------------------
 
 RuleKind = Literal[
-    "poison", "drop_over", "token_cap", "context_length", "base64_error", "truncate", "window"
+    "poison",
+    "drop_over",
+    "token_cap",
+    "context_length",
+    "base64_error",
+    "one_item_list",
+    "truncate",
+    "window",
 ]
 #: Every rule kind `EmbeddingServer.add_rule` accepts.
 RULE_KINDS: Final[tuple[str, ...]] = get_args(RuleKind)
@@ -203,6 +210,7 @@ _RULE_PARAMS: Final[dict[str, frozenset[str]]] = {
     "token_cap": frozenset({"max_tokens", "message", "status"}),
     "context_length": frozenset({"max_tokens", "name_index"}),
     "base64_error": frozenset({"status", "message", "body"}),
+    "one_item_list": frozenset({"status", "message", "body"}),
     "truncate": frozenset({"max_tokens"}),
     "window": frozenset({"seconds", "status", "message", "retry_after"}),
 }
@@ -214,7 +222,13 @@ _RULE_REQUIRED: Final[dict[str, str]] = {
     "truncate": "max_tokens",
     "window": "seconds",
 }
-_RULE_STATUS: Final = {"poison": 500, "token_cap": 400, "base64_error": 500, "window": 429}
+_RULE_STATUS: Final = {
+    "poison": 500,
+    "token_cap": 400,
+    "base64_error": 500,
+    "one_item_list": 500,
+    "window": 429,
+}
 _RULE_ACTIONS: Final = {
     "poison": ("status", "nan", "close", "reset"),
     "drop_over": ("close", "reset"),
@@ -234,10 +248,11 @@ class Rule:
         action: ``poison``: ``"status"`` (answer ``status`` with ``body``), ``"nan"`` (200,
             NaN in the poisoned inputs' vectors), ``"close"`` or ``"reset"`` (drop the
             connection); ``drop_over``: ``"close"`` or ``"reset"``.
-        status: the answer's status (poison 500, token_cap 400, base64_error 500, window
-            429).
-        body: ``poison``, ``base64_error``: exact body bytes. poison's default is Ollama's
-            ``{"error":"json: unsupported value: NaN"}`` unless ``message`` is given.
+        status: the answer's status (poison 500, token_cap 400, base64_error 500,
+            one_item_list 500, window 429).
+        body: ``poison``, ``base64_error``, ``one_item_list``: exact body bytes.
+            poison's default is Ollama's ``{"error":"json: unsupported value: NaN"}``
+            unless ``message`` is given.
         message: the error message, in the dialect's error body; ``token_cap``: a template
             where ``{cap}`` and ``{n}`` become the cap and the request's tokens.
         literal: ``poison`` with ``action="nan"``: write ``NaN``, not ``null``.
@@ -361,10 +376,13 @@ class _Verdict:
     nan_literal: bool = False
 
 
-def _judge(rules: Sequence[Rule], texts: list[str], base64_asked: bool) -> _Verdict:
+def _judge(
+    rules: Sequence[Rule], texts: list[str], base64_asked: bool, one_item_list: bool = False
+) -> _Verdict:
     """Apply the request rules (all but ``window``) to a valid request, in this order:
     ``truncate`` (rewrites the texts), ``drop_over``, ``poison``, ``token_cap``,
-    ``context_length``, ``base64_error``; the first that answers wins."""
+    ``context_length``, ``base64_error``, ``one_item_list`` (the request's ``input`` was
+    a list of one text); the first that answers wins."""
     for rule in rules:
         if rule.kind == "truncate":
             texts = [_truncate(t, rule.max_tokens) for t in texts]
@@ -391,6 +409,9 @@ def _judge(rules: Sequence[Rule], texts: list[str], base64_asked: bool) -> _Verd
                 return _Verdict(texts, rule, i, n)
     for rule in by_kind["base64_error"]:
         if base64_asked:
+            return _Verdict(texts, rule)
+    for rule in by_kind["one_item_list"]:
+        if one_item_list:
             return _Verdict(texts, rule)
     verdict.nan = sorted(set(verdict.nan))
     return verdict
