@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from support import forget_learned
 
 if TYPE_CHECKING:
     from qwen_embed_tooling.testing import EmbeddingServer
@@ -88,20 +89,6 @@ def wait_until() -> Callable[..., None]:
     the test naming ``what`` (a hang guard). In an async test call it through
     ``await asyncio.to_thread(wait_until, ...)``."""
     return _wait_until
-
-
-def forget_learned(base_url: str) -> None:
-    """Forget what this process learned about the server at ``base_url`` (batch and token
-    limits, dialect, base64; its health is reset before every test by
-    ``_fresh_replica_health``). A new server can get the port of an earlier test's
-    server, whose learned limits would otherwise apply to it."""
-    from qwen_embed_plugins import balance
-
-    for replica in list(balance._replicas.values()):
-        if replica.url == base_url:
-            with replica._lock:
-                replica.states.clear()
-                replica.last_error = None
 
 
 @pytest.fixture(autouse=True)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from conftest import forget_learned
+from support import forget_learned
 
 import qwen_embed_plugins as q
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, expected_embeddings
