@@ -331,6 +331,7 @@ def test_langchain_aliases_map_onto_fields() -> None:
         show_progress_bar=True,
         check_embedding_ctx_length=False,  # what the adapter always does: accepted
         tiktoken_enabled=False,
+        skip_empty=False,
     )
     assert emb.base_url == UNUSED_URL
     assert emb.api_key is not None
@@ -357,6 +358,7 @@ def test_langchain_aliases_map_onto_fields() -> None:
         ({"http_client": object()}, "'http_client' is not supported: requests go through"),
         ({"embedding_ctx_length": 100}, "no tokenizer is used here"),
         ({"check_embedding_ctx_length": True}, "only check_embedding_ctx_length=False"),
+        ({"skip_empty": True}, "only skip_empty=False is accepted"),
         ({"openai_api_type": "azure"}, "Azure OpenAI is not supported"),
         ({"zzz": 1}, "unknown parameter 'zzz'"),
     ],
