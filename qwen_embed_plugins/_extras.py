@@ -168,8 +168,10 @@ def request_headers(value: object, *, api_key: bool = False) -> RequestHeaders |
             )
         if lowered == "authorization" and api_key:
             raise ConfigError(
-                "headers: 'Authorization' given together with api_key; pass the credential "
-                "one way (api_key= sends 'Authorization: Bearer <key>')"
+                "headers: 'Authorization' given together with an API key (api_key=, or "
+                "QWEN_EMBED_API_KEY when api_key is not given); pass the credential one way "
+                "(api_key= sends 'Authorization: Bearer <key>'; api_key=None sends this "
+                "header alone)"
             )
         if isinstance(item, _Withheld):
             continue

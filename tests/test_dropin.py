@@ -121,9 +121,32 @@ def test_headers_the_client_sets_are_refused(name: str) -> None:
 
 @pytest.mark.unit
 def test_authorization_header_and_api_key_together_are_refused() -> None:
-    with pytest.raises(ConfigError, match="'Authorization' given together with api_key") as info:
+    with pytest.raises(ConfigError, match="'Authorization' given together with an API key") as info:
         EmbeddingConfig(base_url=UNUSED_URL, api_key="sk-a1b2c3d4", headers={"authorization": "x"})
     assert "sk-a1b2c3d4" not in str(info.value)
+
+
+@pytest.mark.parametrize("make", [EmbeddingConfig, QwenPooledEmbeddings, QwenPooledEmbedding])
+def test_authorization_header_with_a_key_from_the_environment_says_where_it_came_from(
+    make: Any, rec: RecordingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key read from ``QWEN_EMBED_API_KEY`` conflicts with a gateway's ``Authorization``
+    header: the message names the variable and the way out (``api_key=None``), which
+    sends the header alone."""
+    monkeypatch.setenv("QWEN_EMBED_API_KEY", "sk-from-env-0123")
+    basic = {"Authorization": "Basic dXNlcjpwYXNz"}
+    with pytest.raises(ValueError, match="QWEN_EMBED_API_KEY when api_key is not given") as info:
+        make(base_url=rec.base_url, headers=basic)
+    assert "api_key=None sends this header alone" in str(info.value)
+    assert "sk-from-env-0123" not in str(info.value)
+    made = make(base_url=rec.base_url, headers=basic, api_key=None)
+    if isinstance(made, EmbeddingConfig):
+        EmbeddingClient(made).embed_documents(["x"])
+    elif isinstance(made, QwenPooledEmbeddings):
+        made.embed_documents(["x"])
+    else:
+        made.get_text_embedding("x")
+    assert rec.last().headers["authorization"] == basic["Authorization"]
 
 
 @pytest.mark.unit
