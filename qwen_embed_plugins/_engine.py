@@ -42,7 +42,13 @@ from . import pool, servers
 from ._learn import Learning
 from ._run import Call, Flow, Part, Send, Sleep
 from .balance import RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint_for
-from .config import EmbeddingConfig, OnError, insecure_key_target, known_model_dims
+from .config import (
+    EmbeddingConfig,
+    OnError,
+    RequestHeaders,
+    insecure_key_target,
+    known_model_dims,
+)
 from .errors import (
     BadRequestError,
     BatchTooLargeError,
@@ -145,8 +151,18 @@ class Engine(Learning):
 
     @property
     def secret(self) -> str | None:
-        """The API key (for scrubbing and the SDK); ``None`` without one."""
+        """The API key (for the SDK); ``None`` without one."""
         return self.config.api_key_value()
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret a request carries (the API key, the credential-like header
+        values): scrubbed from anything the server sends back."""
+        key, headers = self.secret, self.config.headers
+        found: tuple[str, ...] = () if key is None else (key,)
+        if isinstance(headers, RequestHeaders):
+            found += headers.secret_values()
+        return found
 
     # ---------------------------------------------------------------- per replica
 
@@ -157,6 +173,7 @@ class Engine(Learning):
             found = self._contexts[replica.url] = ErrorContext(
                 url=replica.label,
                 secret=self._api_key,
+                headers=self.config.headers,
                 connect=t.connect,
                 read=t.read,
                 write=t.write,
@@ -293,7 +310,7 @@ class Engine(Learning):
     ) -> HTTPStatusError | ResponseError:
         status = reply.status
         if 300 <= status < 400:
-            where = scrub(reply.headers.get("location", ""), self.secret)[:200]
+            where = scrub(reply.headers.get("location", ""), *self.secrets)[:200]
             return ResponseError(
                 f"{replica.label} answered HTTP {status} (redirect to {where or '?'}); "
                 "redirects are not followed, so that the API key never goes elsewhere: "
@@ -306,7 +323,7 @@ class Engine(Learning):
             url=f"{replica.url}/embeddings",
             headers=reply.headers,
             retry_after=parse_retry_after(reply.headers),
-            secret=self.secret,
+            secret=self.secrets,
         )
         error = servers.refine_error(profile, error)
         if status == 404 and not replica.url.endswith("/v1"):
@@ -437,7 +454,7 @@ class Engine(Learning):
                         except ResponseError as exc:
                             exc.url = exc.url or replica.label
                             if exc.args:  # it may quote the body: never the key
-                                exc.args = (scrub(str(exc.args[0]), self.secret),)
+                                exc.args = (scrub(str(exc.args[0]), *self.secrets),)
                             error = exc
                             outcome = "rejected"
                         else:

@@ -108,6 +108,13 @@ class RequestHeaders(Mapping[str, str]):
         """The names of secret headers whose values were not pickled."""
         return [k for k, v in self._items.items() if isinstance(v, _Withheld)]
 
+    def secret_values(self) -> tuple[str, ...]:
+        """The values of the credential-like headers held here (not the withheld ones):
+        scrubbed, like the API key, from anything a server sends back."""
+        return tuple(
+            v for k, v in self._items.items() if is_secret_header(k) and isinstance(v, str)
+        )
+
     def masked(self) -> dict[str, str]:
         """The headers with every secret value replaced by ``'**********'``."""
         return {k: _MASK if is_secret_header(k) else str(v) for k, v in self._items.items()}
@@ -161,8 +168,10 @@ def request_headers(value: object, *, api_key: bool = False) -> RequestHeaders |
             )
         if lowered == "authorization" and api_key:
             raise ConfigError(
-                "headers: 'Authorization' given together with api_key; pass the credential "
-                "one way (api_key= sends 'Authorization: Bearer <key>')"
+                "headers: 'Authorization' given together with an API key (api_key=, or "
+                "QWEN_EMBED_API_KEY when api_key is not given); pass the credential one way "
+                "(api_key= sends 'Authorization: Bearer <key>'; api_key=None sends this "
+                "header alone)"
             )
         if isinstance(item, _Withheld):
             continue

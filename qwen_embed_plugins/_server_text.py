@@ -245,11 +245,14 @@ _REQUEST_ID_HEADERS = (
 
 
 def response_request_id(
-    headers: Mapping[str, str] | None, body: bytes | str | None = None, *, secret: str | None
+    headers: Mapping[str, str] | None,
+    body: bytes | str | None = None,
+    *,
+    secret: str | tuple[str, ...] | None,
 ) -> str | None:
     """The server's request id (``x-request-id`` and similar headers, or a body's
-    ``request_id``), scrubbed of credentials and cut to 128 characters; ``None`` if
-    absent."""
+    ``request_id``), scrubbed of credentials (``secret``: the API key, or every secret of
+    the request) and cut to 128 characters; ``None`` if absent."""
     request_id: Any = None
     if headers is not None:
         for name in _REQUEST_ID_HEADERS:
@@ -265,7 +268,7 @@ def response_request_id(
             request_id = data.get("request_id")
     if not isinstance(request_id, str) or not request_id:
         return None
-    return scrub(request_id, secret)[:128]
+    return scrub(request_id, *(secret if isinstance(secret, tuple) else (secret,)))[:128]
 
 
 class ProxyURL:

@@ -385,7 +385,7 @@ def error_from_response(
     url: str,
     headers: Mapping[str, str] | None = None,
     retry_after: float | None = None,
-    secret: str | None = None,
+    secret: str | tuple[str, ...] | None = None,
 ) -> HTTPStatusError:
     """Build the right ``HTTPStatusError`` subclass for an HTTP error response.
 
@@ -395,10 +395,11 @@ def error_from_response(
         url: the request URL (reduced by ``endpoint_label``).
         headers: response headers, for the request id.
         retry_after: seconds from ``Retry-After``, already parsed by the caller.
-        secret: the API key, scrubbed from the server's text.
+        secret: the API key (or every secret of the request: the key and the
+            credential-like header values), scrubbed from the server's text.
     """
     message, code = parse_error_body(body)
-    message = scrub(message, secret)
+    message = scrub(message, *(secret if isinstance(secret, tuple) else (secret,)))
     label = endpoint_label(url)
     request_id = response_request_id(headers, body, secret=secret)
     shown = message or "(empty body)"
@@ -459,6 +460,8 @@ class ErrorContext:
         secret: the API key, scrubbed from every text.
         connect, read, write, pool, total: the timeouts in force, in seconds.
         max_connections: the pool's connection limit (connections).
+        headers: the configured request headers (``config.RequestHeaders``): the values
+            of the credential-like ones are scrubbed from every text too.
     """
 
     url: str
@@ -469,6 +472,7 @@ class ErrorContext:
     pool: float | None = None
     total: float | None = None
     max_connections: int | None = None
+    headers: Any = field(default=None, repr=False)  # a config.RequestHeaders (or None)
 
     def key(self) -> str | None:
         """The API key to scrub from texts (``None``: no key)."""
@@ -477,6 +481,13 @@ class ErrorContext:
             return secret
         value: str = secret.get_secret_value()
         return value
+
+    def secrets(self) -> tuple[str, ...]:
+        """Every secret to scrub from texts: the API key and the credential-like header
+        values."""
+        key = self.key()
+        found: tuple[str, ...] = () if key is None else (key,)
+        return found if self.headers is None else (*found, *self.headers.secret_values())
 
 
 # HTTP/2 answers that mean "not processed, send it again": GOAWAY (ConnectionTerminated)
@@ -533,7 +544,7 @@ def from_httpx(exc: BaseException, ctx: ErrorContext) -> TransportError:
     from ._http import httpx
 
     label = ctx.url
-    text = scrub(str(exc), ctx.key()) or type(exc).__name__
+    text = scrub(str(exc), *ctx.secrets()) or type(exc).__name__
     if isinstance(exc, httpx.ConnectTimeout):
         return ConnectTimeout(
             f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
@@ -605,7 +616,7 @@ def from_urllib3(
     from urllib3.util.ssl_match_hostname import CertificateError
 
     label = ctx.url
-    text = scrub(_urllib3_text(exc), ctx.key()) or type(exc).__name__
+    text = scrub(_urllib3_text(exc), *ctx.secrets()) or type(exc).__name__
     if isinstance(exc, ProtocolError) and len(exc.args) > 1:
         inner = exc.args[1]
         if isinstance(inner, BaseException):
@@ -669,7 +680,7 @@ def from_aiohttp(exc: BaseException, ctx: ErrorContext) -> TransportError:
     import aiohttp
 
     label = ctx.url
-    text = scrub(str(exc), ctx.key()) or type(exc).__name__
+    text = scrub(str(exc), *ctx.secrets()) or type(exc).__name__
     if isinstance(exc, aiohttp.ConnectionTimeoutError):
         return ConnectTimeout(
             f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
@@ -723,10 +734,10 @@ def from_sdk(exc: BaseException, ctx: ErrorContext, *, status_error: Any = None)
         return from_httpx(cause, ctx)
     if isinstance(exc, openai.APIConnectionError):
         return ConnectError(
-            f"request to {ctx.url} failed: {scrub(str(exc), ctx.key())}", url=ctx.url
+            f"request to {ctx.url} failed: {scrub(str(exc), *ctx.secrets())}", url=ctx.url
         )
     return ResponseError(
         f"{ctx.url} sent a response the openai SDK could not read: "
-        f"{type(exc).__name__}: {scrub(str(exc), ctx.key())[:200]}",
+        f"{type(exc).__name__}: {scrub(str(exc), *ctx.secrets())[:200]}",
         url=ctx.url,
     )

@@ -39,9 +39,10 @@ first dataset) never reports usage statistics online.
 
 The API key and a proxy password are never pickled (see ``config.Secret``,
 ``config.ProxyURL``; a proxy with a password must be in the workers' environment as
-``QWEN_EMBED_PROXY``). An explicit ``api_key=`` travels to
+``QWEN_EMBED_PROXY``). An explicit ``api_key=``, and the values of credential-like
+``headers=`` (``X-Api-Key``, ...: never pickled either), travel to
 the workers through Ray's object store (``ray.put``): what Ray pickles for the actors
-holds only its ``ObjectRef``, and each actor reads the key with ``ray.get`` (see
+holds only its ``ObjectRef``, and each actor reads them with ``ray.get`` (see
 ``_WorkerKey``); nothing logs it (Ray logs a ``runtime_env``, env vars included, when it
 creates one, so the key is not sent that way). Without ``api_key=``, each worker reads
 ``QWEN_EMBED_API_KEY`` from its own environment (on a local Ray instance started by this
@@ -67,7 +68,15 @@ import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
 from .client import EmbeddingClient
-from .config import NOT_GIVEN, EmbeddingConfig, Limits, NotGiven, ProxyURL, known_model_dims
+from .config import (
+    NOT_GIVEN,
+    EmbeddingConfig,
+    Limits,
+    NotGiven,
+    ProxyURL,
+    is_secret_header,
+    known_model_dims,
+)
 from .errors import BadRequestError, ConfigError, InputError
 
 # Nothing may phone home: Ray's usage statistics are off unless the user set the variable
@@ -115,7 +124,8 @@ def _ensure_ray(address: str | None) -> None:
 
 
 class _WorkerKey:
-    """An explicit API key on its way to the Ray actors, held in Ray's object store.
+    """The secrets on their way to the Ray actors, held in Ray's object store: an
+    explicit API key (or ``None``) and the credential-like header values (name -> value).
 
     Pickling it (as Ray does with the actors' constructor arguments, or ``pickle``)
     carries only the ``ObjectRef``, an id; ``repr`` shows no key. The actor reads the
@@ -129,13 +139,24 @@ class _WorkerKey:
         self._ref = ref
 
     @classmethod
-    def put(cls, key: str) -> _WorkerKey:
-        """Store ``key`` in the object store (``ray.put``)."""
-        return cls(ray.put(key))
+    def put(cls, key: str | None, headers: Mapping[str, str]) -> _WorkerKey:
+        """Store ``key`` and the secret ``headers`` in the object store (``ray.put``)."""
+        return cls(ray.put((key, dict(headers))))
 
-    def get(self) -> str:
-        """The key (``ray.get``), in an actor."""
-        return str(ray.get(self._ref))
+    def get(self) -> tuple[str | None, dict[str, str]]:
+        """The key and the secret headers (``ray.get``), in an actor."""
+        key, headers = ray.get(self._ref)
+        return key, headers
+
+    def restore(self, config: EmbeddingConfig) -> EmbeddingConfig:
+        """``config`` (as unpickled in an actor) with the key and the secret header
+        values put back."""
+        key, secret = self.get()
+        changes: dict[str, Any] = {} if key is None else {"api_key": key}
+        if secret and config.headers is not None:
+            kept = config.headers
+            changes["headers"] = {k: secret[k] if k in secret else kept[k] for k in kept}
+        return config.replace(**changes)
 
     def __repr__(self) -> str:
         return "_WorkerKey(<in Ray's object store>)"
@@ -151,7 +172,8 @@ def _client_config(
 
     Returns the config (without an explicit key), whether the workers must find a key in
     ``QWEN_EMBED_API_KEY`` (the driver read one from there: a pickled config re-reads the
-    key from the environment), and the explicit ``api_key``, put in the object store.
+    key from the environment), and the explicit ``api_key`` and the credential-like
+    header values (which a pickle withholds), put in the object store.
     """
     if "max_concurrency" in settings or "batch_size" in settings:
         raise ConfigError(
@@ -172,9 +194,11 @@ def _client_config(
         )
     explicit = settings.get("api_key", NOT_GIVEN)
     key = config.api_key_value()
+    headers = config.headers or {}
+    secret = {name: headers[name] for name in headers if is_secret_header(name)}
     if isinstance(explicit, NotGiven) or key is None:
-        return config, key is not None, None
-    return config.replace(api_key=None), False, _WorkerKey.put(key)
+        return config, key is not None, _WorkerKey.put(None, secret) if secret else None
+    return config.replace(api_key=None), False, _WorkerKey.put(key, secret)
 
 
 def _compute(concurrency: int | tuple[int, int]) -> Any:
@@ -271,7 +295,7 @@ class _EmbedBatch:
         api_key: _WorkerKey | None = None,
     ) -> None:
         if api_key is not None:
-            config = config.replace(api_key=api_key.get())
+            config = api_key.restore(config)
         if needs_key and config.api_key_value() is None:
             raise ConfigError(
                 "the driver has an API key but this Ray worker has no QWEN_EMBED_API_KEY in "

@@ -31,9 +31,15 @@ class Received:
 
 
 class RecordingServer:
-    """``with RecordingServer() as srv: ...``; ``srv.base_url``, ``srv.received``."""
+    """``with RecordingServer() as srv: ...``; ``srv.base_url``, ``srv.received``.
 
-    def __init__(self, *, dim: int = 1024) -> None:
+    ``echo`` makes it a server that repeats what it was sent: ``"error"`` answers every
+    request with HTTP ``status`` whose JSON error body and ``x-request-id`` header quote
+    every request header (name and value); ``"status_line"`` answers with a malformed
+    status line quoting them.
+    """
+
+    def __init__(self, *, dim: int = 1024, echo: str | None = None, status: int = 400) -> None:
         self.dim = dim
         self.received: list[Received] = []
         self._lock = threading.Lock()
@@ -52,6 +58,15 @@ class RecordingServer:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 with owner._lock:
                     owner.received.append(Received(headers, body))
+                quoted = "; ".join(f"{k}={v}" for k, v in self.headers.items())
+                if echo == "status_line":
+                    self.wfile.write(f"HTTP/1.1 2x0 {quoted}\r\nContent-Length: 0\r\n\r\n".encode())
+                    self.close_connection = True
+                    return
+                if echo == "error":
+                    message = {"message": f"request refused; it carried {quoted}"}
+                    self._send(status, {"error": message}, {"x-request-id": quoted})
+                    return
                 if not self.path.endswith("/embeddings"):
                     self._send(404, {"error": {"message": "not found"}})
                     return
@@ -68,10 +83,12 @@ class RecordingServer:
                 # no "usage": token counts are not what these tests are about
                 self._send(200, {"object": "list", "data": data, "model": body.get("model")})
 
-            def _send(self, status: int, doc: object) -> None:
+            def _send(self, status: int, doc: object, extra: dict[str, str] | None = None) -> None:
                 payload = orjson.dumps(doc)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
+                for name, value in (extra or {}).items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(payload)))
                 self.end_headers()
                 self.wfile.write(payload)

@@ -328,3 +328,97 @@ def test_the_key_an_unpickled_instance_has() -> None:
             assert again.config.api_key_value() == "sk-worker-env"
             restored = pickle.loads(pickle.dumps(keyless)).config.api_key_value()
             assert restored == (None if adapter is QwenPooledEmbeddings else "sk-worker-env")
+
+
+# ----------------------------------------------------------------------- names after construction
+
+# Each adapter's stock names for batch size, total timeout, headers and extra body.
+_STOCK_NAMES = {
+    QwenPooledEmbeddings: ("chunk_size", "timeout", "default_headers", "model_kwargs"),
+    QwenPooledEmbedding: ("batch_size", "timeout", "default_headers", "additional_kwargs"),
+}
+
+
+def _embed_one(emb: Adapter) -> None:
+    if isinstance(emb, QwenPooledEmbeddings):
+        emb.embed_documents(["a", "b", "c"])
+    else:
+        emb.get_text_embedding_batch(["a", "b", "c"])
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_model_copy_and_assignment_take_the_stock_names(
+    adapter: type[Adapter], rec: RecordingServer
+) -> None:
+    """``model_copy(update=...)`` and assignment skip pydantic's validation: a stock name
+    there sets its field (it used to be stored as a stray attribute and ignored, or
+    refused by pydantic without a hint)."""
+    batch, timeout, headers, body = _STOCK_NAMES[adapter]
+    emb = adapter(base_url=rec.base_url)
+    copied = emb.model_copy(update={batch: 2, timeout: 7.5, headers: {"X-Tenant": "acme"}})
+    assert copied.config.batch_size == 2
+    assert copied.config.timeouts.total == 7.5
+    assert not set(copied.__dict__) - set(type(copied).model_fields)  # no stray names
+    _embed_one(copied)
+    assert sorted(len(r.body["input"]) for r in rec.all()) == [1, 2]
+    assert {r.headers.get("x-tenant") for r in rec.all()} == {"acme"}
+    setattr(emb, batch, 1)
+    setattr(emb, body, {"user": "u-9"})
+    assert emb.config.batch_size == 1
+    _embed_one(emb)
+    assert [len(r.body["input"]) for r in rec.all()[2:]] == [1, 1, 1]
+    assert {r.body.get("user") for r in rec.all()[2:]} == {"u-9"}
+    # the constructor's checks: unknown names, an alias with its field, harmless values
+    with pytest.raises(q.ConfigError, match="did you mean 'default_headers'"):
+        emb.model_copy(update={"default_header": {}})
+    with pytest.raises(q.ConfigError, match="did you mean"):
+        emb.timeuot = 3  # type: ignore[union-attr]
+    with pytest.raises(q.ConfigError, match=f"pass either '{timeout}' or 'total_timeout'"):
+        emb.model_copy(update={timeout: 1, "total_timeout": 2})
+    with pytest.raises(q.ConfigError, match="config= is taken by the constructor only"):
+        emb.model_copy(update={"config": q.EmbeddingConfig(base_url=rec.base_url)})
+    with pytest.raises(q.ConfigError, match="not supported: requests go through"):
+        emb.http_client = object()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_an_api_key_given_to_model_copy_stays_masked(
+    adapter: type[Adapter], rec: RecordingServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``model_copy(update={"api_key": "..."})`` stored the key as a plain ``str``: shown
+    by ``repr`` and ``model_dump()``, and ``model_dump_json()`` failed."""
+    emb = adapter(base_url=rec.base_url).model_copy(update={"api_key": SECRET})
+    assert isinstance(emb.api_key, SecretStr)
+    for text in (repr(emb), str(emb.model_dump()), emb.model_dump_json()):
+        assert SECRET not in text
+    assert SECRET.encode() not in pickle.dumps(emb)
+    _embed_one(emb)
+    assert rec.last().headers["authorization"] == f"Bearer {SECRET}"
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+def test_max_retries_out_of_range_is_named(adapter: type[Adapter]) -> None:
+    """The message names ``max_retries`` as given (not the core's ``max_attempts``)."""
+    for value in (-1, 100):
+        with pytest.raises(
+            ValueError, match=rf"max_retries must be an integer in \[0, 99\], got {value}"
+        ):
+            adapter(base_url=UNUSED_URL, max_retries=value)
+
+
+def test_llama_index_model_dump_builds_the_model_again(rec: RecordingServer) -> None:
+    """LlamaIndex's ``model_dump()`` adds ``class_name``: ``QwenPooledEmbedding(**dump)``
+    and ``model_validate(dump)`` accept it, as the stock ``OpenAILikeEmbedding`` does (it
+    was refused as an unknown parameter); another class's tag is refused with a hint."""
+    emb = QwenPooledEmbedding(
+        base_url=rec.base_url, embed_batch_size=2, headers={"X-Tenant": "acme"}
+    )
+    dump = emb.model_dump()
+    assert dump["class_name"] == "QwenPooledEmbedding"
+    for again in (QwenPooledEmbedding(**dump), QwenPooledEmbedding.model_validate(dump)):
+        assert again.config == emb.config
+        again.get_text_embedding_batch(["a", "b", "c"])
+    assert sorted(len(r.body["input"]) for r in rec.all()) == [1, 1, 2, 2]
+    assert {r.headers.get("x-tenant") for r in rec.all()} == {"acme"}
+    with pytest.raises(ValueError, match="'class_name' is not supported: LlamaIndex's"):
+        QwenPooledEmbedding(**{**dump, "class_name": "OpenAIEmbedding"})

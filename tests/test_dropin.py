@@ -12,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import pickle
-from collections.abc import Iterator
+import traceback
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -120,9 +121,32 @@ def test_headers_the_client_sets_are_refused(name: str) -> None:
 
 @pytest.mark.unit
 def test_authorization_header_and_api_key_together_are_refused() -> None:
-    with pytest.raises(ConfigError, match="'Authorization' given together with api_key") as info:
+    with pytest.raises(ConfigError, match="'Authorization' given together with an API key") as info:
         EmbeddingConfig(base_url=UNUSED_URL, api_key="sk-a1b2c3d4", headers={"authorization": "x"})
     assert "sk-a1b2c3d4" not in str(info.value)
+
+
+@pytest.mark.parametrize("make", [EmbeddingConfig, QwenPooledEmbeddings, QwenPooledEmbedding])
+def test_authorization_header_with_a_key_from_the_environment_says_where_it_came_from(
+    make: Any, rec: RecordingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key read from ``QWEN_EMBED_API_KEY`` conflicts with a gateway's ``Authorization``
+    header: the message names the variable and the way out (``api_key=None``), which
+    sends the header alone."""
+    monkeypatch.setenv("QWEN_EMBED_API_KEY", "sk-from-env-0123")
+    basic = {"Authorization": "Basic dXNlcjpwYXNz"}
+    with pytest.raises(ValueError, match="QWEN_EMBED_API_KEY when api_key is not given") as info:
+        make(base_url=rec.base_url, headers=basic)
+    assert "api_key=None sends this header alone" in str(info.value)
+    assert "sk-from-env-0123" not in str(info.value)
+    made = make(base_url=rec.base_url, headers=basic, api_key=None)
+    if isinstance(made, EmbeddingConfig):
+        EmbeddingClient(made).embed_documents(["x"])
+    elif isinstance(made, QwenPooledEmbeddings):
+        made.embed_documents(["x"])
+    else:
+        made.get_text_embedding("x")
+    assert rec.last().headers["authorization"] == basic["Authorization"]
 
 
 @pytest.mark.unit
@@ -210,6 +234,90 @@ def test_secret_headers_never_in_errors_or_logs(caplog: pytest.LogCaptureFixture
     _no_secret(caplog.text)
 
 
+def _call(path: str, url: str, **settings: Any) -> Callable[[], object]:
+    """One embedding call with the secret ``HEADERS`` on ``path``."""
+    if path == "langchain":
+        emb = QwenPooledEmbeddings(base_url=url, default_headers=HEADERS, **settings)
+        return lambda: emb.embed_documents(["x"])
+    if path == "llama_index":
+        model = QwenPooledEmbedding(base_url=url, default_headers=HEADERS, **settings)
+        return lambda: model.get_text_embedding_batch(["x"])
+    config = EmbeddingConfig(
+        base_url=url,
+        headers=HEADERS,
+        http2=path.startswith("h2"),
+        retry=q.RetryConfig(max_attempts=settings.get("max_retries", 0) + 1, deadline=30),
+    )
+    if path.endswith("async"):
+        return lambda: asyncio.run(AsyncEmbeddingClient(config).embed_documents(["x"]))
+    return lambda: EmbeddingClient(config).embed_documents(["x"])
+
+
+def _scrubbed(exc: BaseException, logs: str) -> None:
+    """No secret header value in the error, its traceback, its pickle, or the logs."""
+    for text in (str(exc), repr(exc), repr(vars(exc)), logs):
+        _no_secret(text)
+    _no_secret("".join(traceback.format_exception(exc)))
+    _no_secret(pickle.dumps(exc).decode("latin-1"))
+
+
+@pytest.mark.parametrize("path", ["sync", "async", "langchain", "llama_index"])
+def test_secret_header_values_echoed_in_an_error_answer_are_scrubbed(
+    path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server that quotes every request header in its error body and in
+    ``x-request-id``: the values of the secret ones (like the API key) are scrubbed from
+    the error, its request id and the retry log lines; the others are kept."""
+    caplog.set_level(logging.DEBUG)
+    with RecordingServer(echo="error", status=500) as server:
+        call = _call(path, server.base_url, max_retries=1)
+        with pytest.raises(q.ServerError) as info:
+            call()
+    error = info.value
+    assert "retrying" in caplog.text  # a retry line quoting the error was logged
+    assert "X-Tenant=acme" in str(error)  # the echo reached the error
+    assert error.request_id is not None
+    assert "X-Tenant=acme" in error.request_id
+    assert "X-Tenant=acme" in caplog.text
+    _scrubbed(error, caplog.text)
+
+
+@pytest.mark.parametrize("path", ["h2-sync", "h2-async"])
+def test_secret_header_values_echoed_over_http2_are_scrubbed(
+    path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The same over HTTP/2 (h2c), with a server that sends the values back in its error
+    message and request id."""
+    caplog.set_level(logging.DEBUG, logger="qwen_embed_plugins")
+    with EmbeddingServer(http2=True) as server:
+        server.inject(
+            "status",
+            status=400,
+            message=f"refused X-Api-Key {GATEWAY_SECRET} for X-Tenant acme",
+            headers={"x-request-id": f"req-{TOKEN_SECRET}"},
+        )
+        with pytest.raises(q.BadRequestError) as info:
+            _call(path, server.base_url)()
+    assert "for X-Tenant acme" in str(info.value)
+    assert info.value.request_id is not None
+    _scrubbed(info.value, caplog.text)
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_secret_header_values_echoed_in_a_malformed_status_line_are_scrubbed(path: str) -> None:
+    """A broken answer quoting the request headers in its status line: the transport's
+    error text is scrubbed of the secret header values (the error's own text; the
+    chained exception of the HTTP library is not this library's)."""
+    with (
+        RecordingServer(echo="status_line") as server,
+        pytest.raises(q.RemoteProtocolError) as info,
+    ):
+        _call(path, server.base_url)()
+    assert "2x0" in str(info.value)  # the status line reached the error
+    _no_secret(str(info.value))
+    _no_secret(repr(info.value))
+
+
 # --------------------------------------------------------------------------- LangChain
 
 
@@ -246,6 +354,7 @@ def test_langchain_aliases_map_onto_fields() -> None:
         show_progress_bar=True,
         check_embedding_ctx_length=False,  # what the adapter always does: accepted
         tiktoken_enabled=False,
+        skip_empty=False,
     )
     assert emb.base_url == UNUSED_URL
     assert emb.api_key is not None
@@ -272,6 +381,7 @@ def test_langchain_aliases_map_onto_fields() -> None:
         ({"http_client": object()}, "'http_client' is not supported: requests go through"),
         ({"embedding_ctx_length": 100}, "no tokenizer is used here"),
         ({"check_embedding_ctx_length": True}, "only check_embedding_ctx_length=False"),
+        ({"skip_empty": True}, "only skip_empty=False is accepted"),
         ({"openai_api_type": "azure"}, "Azure OpenAI is not supported"),
         ({"zzz": 1}, "unknown parameter 'zzz'"),
     ],

@@ -247,13 +247,52 @@ def test_explicit_api_key_reaches_the_workers_but_no_pickle_or_log(
         repr((config, shipped)).encode(),
     ):
         assert key.encode() not in blob
-    assert shipped.get() == key
+    assert shipped.get() == (key, {})
     sockets = Path(ray.nodes()[0]["ObjectStoreSocketName"]).parent
     logs = sockets.parent / "logs"
     assert logs.is_dir()
     for path in logs.rglob("*"):
         if path.is_file():
             assert key.encode() not in path.read_bytes(), path
+
+
+def test_secret_headers_reach_the_workers_but_no_pickle_or_log() -> None:
+    """A credential-like ``headers=`` value is never pickled (an unpickled config asks
+    for it again): it travels with the key through Ray's object store, so the actors send
+    it (they failed with "pass headers= with its value again in this process"), while
+    what Ray pickles for them, its repr and the session's logs hold no trace of it."""
+    import pickle
+
+    from recording_server import RecordingServer
+
+    secret = "gw-test-ray-header-7d41c9"
+    headers = {"X-Tenant": "acme", "X-Api-Key": secret}
+    rows = [{"id": i, "text": t} for i, t in enumerate(_texts(50))]
+    with RecordingServer() as server:
+        ds = qray.embed_dataset(
+            ray.data.from_items(rows), base_url=server.base_url, headers=headers
+        )
+        out = _collect(ds)
+        seen = server.all()
+    assert len(out) == 50
+    assert seen
+    assert {(r.headers.get("x-api-key"), r.headers.get("x-tenant")) for r in seen} == {
+        (secret, "acme")
+    }
+    config, needs_key, shipped = qray._client_config(server.base_url, 4, None, {"headers": headers})
+    assert shipped is not None
+    assert not needs_key
+    for blob in (
+        pickle.dumps((config, shipped)),
+        ray.cloudpickle.dumps((config, shipped)),
+        repr((config, shipped)).encode(),
+    ):
+        assert secret.encode() not in blob
+    assert shipped.restore(pickle.loads(pickle.dumps(config))).headers == headers
+    logs = Path(ray.nodes()[0]["ObjectStoreSocketName"]).parent.parent / "logs"
+    for path in logs.rglob("*"):
+        if path.is_file():
+            assert secret.encode() not in path.read_bytes(), path
 
 
 def test_embed_files_parquet_in_parquet_out(tmp_path: Path) -> None:

@@ -232,6 +232,9 @@ def build_config(
     Raises:
         ConfigError: a value is out of range (the message names the field).
     """
+    retries = values["max_retries"]  # the core's max_attempts - 1: named as given
+    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 99:
+        raise ConfigError(f"max_retries must be an integer in [0, 99], got {retries!r}")
     # None: from the environment (trust_env), unless the config= said "no proxy"
     proxy = values.get("proxy") or (None if extras.no_proxy else NOT_GIVEN)
     base_url = values.get("base_url")
@@ -341,13 +344,16 @@ def _body_out(value: RequestBody | None) -> dict[str, Any] | None:
 
 
 def coerce(name: str, value: Any) -> Any:
-    """``value`` of field ``name`` as stored: ``headers`` as ``RequestHeaders`` and
-    ``extra_body`` as ``RequestBody`` (for assignment and ``model_copy(update=...)``,
-    which skip validation), anything else unchanged.
+    """``value`` of field ``name`` as stored: a ``str`` ``api_key`` as ``SecretStr``
+    (``""`` as ``None``), ``headers`` as ``RequestHeaders`` and ``extra_body`` as
+    ``RequestBody`` (for assignment and ``model_copy(update=...)``, which skip
+    validation), anything else unchanged.
 
     Raises:
         ConfigError: an invalid ``headers`` or ``extra_body``.
     """
+    if name == "api_key" and isinstance(value, str):  # kept masked in repr and dumps
+        return SecretStr(value) if value else None
     if name == "headers":
         return request_headers(value)
     if name == "extra_body":
@@ -436,6 +442,10 @@ REFUSED_HINTS: Final[dict[str, str]] = {
     "client": _SHARED_POOL,
     "async_client": _SHARED_POOL,
     "reuse_client": "clients are always reused: they are handles on the shared pool",
+    "skip_empty": "an empty or whitespace-only text raises InputError naming its index "
+    "before anything is sent; drop such texts before embedding",
+    "class_name": "LlamaIndex's serialisation tag of a dump of another class: load it with "
+    "that class",
     "retry_min_seconds": "backoff is built in (capped exponential, full jitter); bound a "
     "call with deadline= (seconds) and max_retries=",
     "retry_max_seconds": "backoff is built in (capped exponential, full jitter); bound a "
@@ -593,6 +603,8 @@ class FlatSettings(BaseModel):
 
     _model_field: ClassVar[str]
     _batch_field: ClassVar[str]
+    _stock: ClassVar[Stock]
+    """The stock adapter's parameter names (aliases, refused names)."""
     _key_from_env: ClassVar[Literal["always", "if_it_had_one"]]
     """An unpickled instance reads ``QWEN_EMBED_API_KEY``: always, or only if the
     pickled one had a key."""
@@ -824,12 +836,20 @@ class FlatSettings(BaseModel):
 
     def __setattr__(self, name: str, value: Any) -> None:
         """Assigning a field checks the new settings at once (rolled back if invalid), as
-        the constructor does, instead of failing on the next call."""
+        the constructor does, instead of failing on the next call; a stock adapter's name
+        sets its field (``embeddings.chunk_size = 64``)."""
+        if not (
+            name.startswith("_") or name in type(self).model_fields or hasattr(type(self), name)
+        ):
+            # a stock alias (renamed), a harmless stock value (nothing to do), or a name
+            # refused with a hint, as by the constructor
+            renamed = self._renamed({name: value})
+            if not renamed:
+                return
+            ((name, value),) = renamed.items()
         if name not in self._config_names():
             super().__setattr__(name, value)
             return
-        if name == "api_key" and isinstance(value, str):  # kept masked in repr
-            value = SecretStr(value) if value else None
         value = coerce(name, value)
         old = getattr(self, name)
         super().__setattr__(name, value)
@@ -842,12 +862,31 @@ class FlatSettings(BaseModel):
     # ------------------------------------------------------------------ copying
 
     def model_copy(self, *, update: Mapping[str, Any] | None = None, deep: bool = False) -> Self:
-        """Pydantic's ``model_copy``, with ``headers`` / ``extra_body`` in ``update``
-        stored as the validated, masked types (``update`` skips validation); the copy
-        has its own client cache."""
+        """Pydantic's ``model_copy``, with the stock adapter's names in ``update``
+        renamed to their fields, ``api_key`` / ``headers`` / ``extra_body`` stored as the
+        masked, validated types (``update`` skips validation); the copy has its own
+        client cache.
+
+        Raises:
+            ConfigError: an unknown name in ``update`` ("did you mean ..."), an alias
+                given with its field, ``config`` (give it to the constructor), an invalid
+                ``headers`` or ``extra_body``.
+        """
         if update:
-            update = {name: coerce(name, value) for name, value in update.items()}
+            renamed = self._renamed(update)
+            update = {name: coerce(name, value) for name, value in renamed.items()}
         return super().model_copy(update=update, deep=deep)
+
+    @classmethod
+    def _renamed(cls, update: Mapping[str, Any]) -> dict[str, Any]:
+        """``update`` (names set after construction) with the stock aliases renamed to
+        their fields, as the constructor renames them."""
+        if "config" in update:
+            raise ConfigError(
+                f"{cls.__name__}: config= is taken by the constructor only; pass the "
+                "fields to change, or build a new instance with config="
+            )
+        return resolve_names(cls.__name__, dict(update), cls.model_fields, cls._stock)
 
     def __copy__(self) -> Self:
         """A shallow copy (also ``model_copy``) with its own client cache."""

@@ -46,7 +46,7 @@ _STOCK = Stock(
         "openai_api_base": "base_url",
         "openai_proxy": "proxy",
     },
-    harmless={"check_embedding_ctx_length": False, "tiktoken_enabled": False},
+    harmless={"check_embedding_ctx_length": False, "tiktoken_enabled": False, "skip_empty": False},
 )
 
 
@@ -222,6 +222,7 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
     # With FlatSettings': extra="forbid", attribute docstrings, inputs hidden in errors.
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=())
 
+    _stock: ClassVar[Stock] = _STOCK
     _model_field: ClassVar[str] = "model"
     _batch_field: ClassVar[str] = "batch_size"
     _key_from_env: ClassVar[Literal["always", "if_it_had_one"]] = "if_it_had_one"

@@ -265,6 +265,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         description=DESCRIPTIONS["batch_size"] + " Also accepted as batch_size=.",
     )
 
+    _stock: ClassVar[Stock] = _STOCK
     _model_field: ClassVar[str] = "model_name"
     _batch_field: ClassVar[str] = "embed_batch_size"
     _key_from_env: ClassVar[Literal["always", "if_it_had_one"]] = "always"
@@ -282,6 +283,8 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         if not isinstance(data, dict):
             return data
         mask_inputs(data)  # URL credentials (proxy, base_url): pydantic keeps the input
+        if data.get("class_name") == cls.class_name():  # LlamaIndex's model_dump() adds it
+            data = {name: value for name, value in data.items() if name != "class_name"}
         data = resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
         if "api_key" not in data:
             data["api_key"] = env_setting("api_key")
