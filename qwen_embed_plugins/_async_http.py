@@ -30,9 +30,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ._http import httpx
-from .config import PoolKey, Timeouts
+from .config import PoolKey
 from .errors import (
-    ErrorContext,
     QwenEmbedError,
     from_aiohttp,
     from_httpx,
@@ -55,6 +54,7 @@ from .transport import (
     _limits,
     _timeout_ext,
     h2_state_error,
+    quiet_header_loggers,
     ssl_context,
 )
 
@@ -324,6 +324,7 @@ class AsyncTransport:
     def _httpx(self) -> Any:
         client = self._client
         if client is None:
+            quiet_header_loggers()
             inner = httpx.AsyncHTTPTransport(
                 verify=self._ssl,
                 http1=not self._h2c,
@@ -446,47 +447,6 @@ class AsyncTransport:
         finally:
             if gate is not None:
                 gate.release()
-
-    async def send_httpx(self, request: Any, **kwargs: Any) -> Any:
-        """Send an ``httpx.Request`` built elsewhere (the openai SDK) through this pool:
-        its HTTP/2 client, or a bridge onto its aiohttp session (same connections)."""
-        if self.http2:
-            metrics = self.metrics
-            opened = self._opened_stream
-
-            async def trace(name: str, info: dict[str, Any]) -> None:
-                if name.endswith("connect_tcp.complete"):
-                    metrics.connection_opened()
-                    opened(info.get("return_value"))
-
-            request.extensions.setdefault("trace", trace)
-            return await self._httpx().send(request, **kwargs)
-        ext = request.extensions.get("timeout", {})
-        t = Timeouts(
-            connect=ext.get("connect"),
-            read=ext.get("read"),
-            write=ext.get("write"),
-            pool=ext.get("pool"),
-            total=None,
-        )
-        ctx = ErrorContext(
-            url=self.key.label,
-            connect=t.connect,
-            read=t.read,
-            pool=t.pool,
-            max_connections=self.key.limits.max_connections,
-        )
-        body = await request.aread()
-        headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "host"]
-        req = Request(request.method, str(request.url), body, dict(headers), t, None, 1 << 30, ctx)
-        reply = await self.send(req)
-        dropped = ("content-encoding", "content-length", "transfer-encoding")
-        return httpx.Response(
-            status_code=reply.status,
-            headers=[(k, v) for k, v in reply.headers.items() if k.lower() not in dropped],
-            content=reply.body,
-            request=request,
-        )
 
     def retire(self) -> None:
         """No new request may use this transport (``close_all``): its close is left to

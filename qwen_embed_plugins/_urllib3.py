@@ -61,19 +61,10 @@ from urllib3.exceptions import (
 )
 from urllib3.util.connection import is_connection_dropped
 
-from ._http import httpx
-from .config import PoolKey, Timeouts
+from .config import PoolKey
 from .errors import (
-    ConnectError,
-    ConnectTimeout,
-    ErrorContext,
-    NetworkError,
-    PoolTimeout,
     QwenEmbedError,
-    ReadTimeout,
-    RemoteProtocolError,
     TransportError,
-    WriteTimeout,
     from_urllib3,
     pool_timeout_error,
     total_timeout_error,
@@ -88,7 +79,6 @@ from .transport import (
     Retired,
     _Body,
     _declared_too_big,
-    sdk_cap,
     ssl_context,
 )
 
@@ -634,68 +624,6 @@ class HTTP1Pool:
             http_version="HTTP/1.0" if resp.version == 10 else "HTTP/1.1",
         )
 
-    # ---------------------------------------------------------------- the SDK bridge
-
-    def bridge(self) -> Any:
-        """The ``httpx.BaseTransport`` that sends ``httpx.Request`` s on this pool."""
-        with self._lock:
-            if self._bridge is None:
-                self._bridge = _Bridge(self)
-            return self._bridge
-
-    def handle_httpx(self, request: Any) -> Any:
-        """Send one ``httpx.Request`` (the openai SDK's) on this pool, through the same
-        bounded path as the library's own requests (size cap from the request's input
-        count, bounded gzip/deflate decoding), and return the ``httpx.Response`` read.
-
-        Failures raise the ``httpx`` exception the SDK expects (``httpx.ReadTimeout``
-        and so on), chained from this library's translated error (its ``__cause__``).
-        """
-        ext = request.extensions.get("timeout") or {}
-        t = Timeouts(
-            connect=ext.get("connect"),
-            read=ext.get("read"),
-            write=ext.get("write"),
-            pool=ext.get("pool"),
-            total=None,
-        )
-        ctx = ErrorContext(
-            url=self.key.label,
-            connect=t.connect,
-            read=t.read,
-            write=t.write,
-            pool=t.pool,
-            max_connections=self.key.limits.max_connections,
-        )
-        body = request.read()
-        headers = {k: v for k, v in request.headers.multi_items()}
-        req = Request(request.method, str(request.url), body, headers, t, None, sdk_cap(body), ctx)
-        gate = self._gate
-        try:
-            if gate is not None and not gate.acquire(t.pool):
-                raise pool_timeout_error(ctx)
-            try:
-                reply = self.exchange(req, None)
-            finally:
-                if gate is not None:
-                    gate.release()
-        except Retired:
-            error = TransportError(
-                f"the pool of {ctx.url} was closed (close_all) while waiting; send again",
-                url=ctx.url,
-                sent=False,
-            )
-            raise _httpx_error(error, request) from error
-        except QwenEmbedError as exc:
-            raise _httpx_error(exc, request) from exc
-        dropped = ("content-encoding", "content-length", "transfer-encoding")
-        return httpx.Response(
-            status_code=reply.status,
-            headers=[(k, v) for k, v in reply.headers.items() if k.lower() not in dropped],
-            content=reply.body,
-            extensions={"http_version": reply.http_version.encode("ascii")},
-        )
-
 
 _SDK_CAP_FLOOR = 8 << 20
 
@@ -712,42 +640,3 @@ def _proxy_parts(proxy: str) -> tuple[str, dict[str, str]]:
     shown = f"[{host}]" if ":" in host else host
     netloc = f"{shown}:{parts.port}" if parts.port else shown
     return f"{parts.scheme}://{netloc}", headers
-
-
-_HTTPX_ERRORS: tuple[tuple[type[QwenEmbedError], str], ...] = (
-    (PoolTimeout, "PoolTimeout"),
-    (ConnectTimeout, "ConnectTimeout"),
-    (ReadTimeout, "ReadTimeout"),
-    (WriteTimeout, "WriteTimeout"),
-    (ConnectError, "ConnectError"),
-    (RemoteProtocolError, "RemoteProtocolError"),
-)
-
-
-def _httpx_error(error: QwenEmbedError, request: Any) -> Exception:
-    """The ``httpx`` exception the openai SDK understands for ``error``."""
-    text = str(error)
-    if isinstance(error, ConnectError) and "proxy" in text:
-        return httpx.ProxyError(text, request=request)
-    kind: type[Exception] = httpx.TransportError
-    for cls, name in _HTTPX_ERRORS:
-        if isinstance(error, cls):
-            kind = getattr(httpx, name)
-            break
-    else:
-        if isinstance(error, NetworkError):
-            kind = httpx.ReadError
-    return kind(text, request=request)  # type: ignore[call-arg]
-
-
-class _Bridge(httpx.BaseTransport):
-    """``httpx.BaseTransport`` over an ``HTTP1Pool`` (the SDK's requests)."""
-
-    def __init__(self, owner: HTTP1Pool) -> None:
-        self._owner = owner
-
-    def handle_request(self, request: Any) -> Any:
-        return self._owner.handle_httpx(request)
-
-    def close(self) -> None:
-        """Nothing: the pool belongs to its ``SyncTransport``."""

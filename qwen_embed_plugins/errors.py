@@ -84,7 +84,6 @@ __all__ = [
     "error_from_response",
     "from_aiohttp",
     "from_httpx",
-    "from_sdk",
     "from_urllib3",
     "parse_batch_limit",
     "parse_error_body",
@@ -197,6 +196,9 @@ class TransportError(QwenEmbedError):
             and not a sign of ill health.
         received: whether part of a response had arrived (a body that trickled in too
             slowly, or broke off).
+        fresh: whether the exchange ran on a connection opened for it (``False``: on a
+            reused keep-alive connection, which the server may have closed as it was
+            reused: resent once at once).
     """
 
     def __init__(
@@ -207,12 +209,14 @@ class TransportError(QwenEmbedError):
         sent: bool = True,
         refused: bool = False,
         received: bool = False,
+        fresh: bool = True,
     ) -> None:
         super().__init__(message)
         self.url = url
         self.sent = sent
         self.refused = refused
         self.received = received
+        self.fresh = fresh
 
     def with_received(self, received: bool) -> TransportError:
         """This error, marked as having received part of a response (or not)."""
@@ -683,38 +687,3 @@ def from_aiohttp(exc: BaseException, ctx: ErrorContext) -> TransportError:
     if isinstance(exc, aiohttp.InvalidURL):
         return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
     return TransportError(f"request to {label} failed: {text}", url=label)
-
-
-def from_sdk(exc: BaseException, ctx: ErrorContext, *, status_error: Any = None) -> QwenEmbedError:
-    """Translate an ``openai`` SDK exception (the ``use_sdk`` path).
-
-    ``status_error(status, body, headers)`` builds the error of an HTTP error response
-    (so the SDK path and the codec path raise the same ``HTTPStatusError``). A transport
-    failure is translated from its ``httpx`` cause; any other SDK failure (it could not
-    read the body) becomes a ``ResponseError``. Every text is scrubbed of credentials.
-    """
-    import openai
-
-    if isinstance(exc, openai.APIStatusError) and status_error is not None:
-        resp = exc.response
-        built: QwenEmbedError = status_error(resp.status_code, resp.content, resp.headers)
-        return built
-    cause = exc.__cause__
-    if isinstance(cause, QwenEmbedError):
-        return cause
-    inner = cause.__cause__ if cause is not None else None
-    if isinstance(inner, QwenEmbedError):  # the pool's bridge raised it under an httpx error
-        return inner
-    if isinstance(exc, openai.APITimeoutError):
-        return ReadTimeout(f"{ctx.url} timed out", url=ctx.url)
-    if cause is not None and type(cause).__module__.startswith(("httpx", "httpcore")):
-        return from_httpx(cause, ctx)
-    if isinstance(exc, openai.APIConnectionError):
-        return ConnectError(
-            f"request to {ctx.url} failed: {scrub(str(exc), ctx.key())}", url=ctx.url
-        )
-    return ResponseError(
-        f"{ctx.url} sent a response the openai SDK could not read: "
-        f"{type(exc).__name__}: {scrub(str(exc), ctx.key())[:200]}",
-        url=ctx.url,
-    )

@@ -30,6 +30,7 @@ two transports route the same way.
 from __future__ import annotations
 
 import asyncio
+import logging
 import ssl
 import threading
 import time
@@ -45,7 +46,6 @@ from .errors import (
     NetworkError,
     QwenEmbedError,
     ResponseError,
-    from_aiohttp,
     from_httpx,
     pool_timeout_error,
     total_timeout_error,
@@ -116,6 +116,39 @@ class Reply:
     body: bytes
     fresh: bool
     http_version: str = "HTTP/1.1"
+
+
+# --------------------------------------------------------------------------- logs
+
+# The loggers of the ``hpack`` package (HTTP/2 header compression): at DEBUG they print
+# every header block, encoded and decoded, ``Authorization`` included.
+_HEADER_LOGGERS = ("hpack.hpack", "hpack.table")
+
+
+class _NoHeaderBlocks(logging.Filter):
+    """Drops the DEBUG records of the ``hpack`` loggers (header blocks)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.DEBUG
+
+
+_no_header_blocks = _NoHeaderBlocks()
+
+
+def quiet_header_loggers() -> None:
+    """Keep HTTP/2 header blocks (and so the API key) out of the logs, whatever the
+    logging configuration: a ``logging.Filter`` on the ``hpack`` package's own loggers
+    (``hpack.hpack``, ``hpack.table``) drops their DEBUG records, and the ``hpack``
+    logger's level is raised to INFO when nobody set one (so those records are not even
+    built). Installed when the first HTTP/2 transport is built; the ``h2`` package logs
+    through a logger of its own only when given one (httpcore gives none)."""
+    parent = logging.getLogger("hpack")
+    if parent.level == logging.NOTSET:
+        parent.setLevel(logging.INFO)
+    for name in _HEADER_LOGGERS:
+        logger = logging.getLogger(name)
+        if _no_header_blocks not in logger.filters:
+            logger.addFilter(_no_header_blocks)
 
 
 # --------------------------------------------------------------------------- TLS
@@ -393,6 +426,7 @@ class SyncTransport:
         self._client: Any = None
         self._http1: Any = None
         if http2:
+            quiet_header_loggers()
             inner = httpx.HTTPTransport(
                 verify=ctx,
                 http1=not cleartext,
@@ -423,19 +457,6 @@ class SyncTransport:
             trust_env=False,
             headers={"User-Agent": _USER_AGENT},
         )
-
-    @property
-    def client(self) -> Any:
-        """The ``httpx.Client`` of this pool: HTTP/2's own, or (HTTP/1.1) one whose
-        transport sends on the urllib3 pool (``_urllib3.HTTP1Pool.bridge``), used by the
-        openai SDK (``send_httpx``)."""
-        client = self._client
-        if client is None:
-            with self._state:
-                client = self._client
-                if client is None:
-                    client = self._client = self._httpx_client(self._http1.bridge())
-        return client
 
     @property
     def is_closed(self) -> bool:
@@ -508,42 +529,6 @@ class SyncTransport:
             with self._state:
                 self._active -= 1
 
-    def send_httpx(self, request: Any, **kwargs: Any) -> Any:
-        """Send an ``httpx.Request`` built elsewhere (the openai SDK) through this pool:
-        over HTTP/1.1 on the urllib3 pool (same connections, limit, gate, size cap; the
-        body is read before it returns), over HTTP/2 on the ``httpx.Client`` (holding a
-        slot of the gate until its body is closed)."""
-        if self._http1 is not None:
-            return self.client.send(request, **kwargs)
-        timeout = request.extensions.get("timeout", {}).get("pool")
-        ctx = ErrorContext(
-            url=self.key.label, pool=timeout, max_connections=self.key.limits.max_connections
-        )
-        slots, gate = self._slots, self._gate
-        if gate is not None and not gate.acquire(timeout):
-            raise httpx.PoolTimeout(str(pool_timeout_error(ctx)), request=request)
-        if slots is not None and not slots.acquire(timeout=timeout):
-            if gate is not None:
-                gate.release()
-            raise httpx.PoolTimeout(str(pool_timeout_error(ctx)), request=request)
-        metrics = self.metrics
-
-        def trace(name: str, info: dict[str, Any]) -> None:
-            if name.endswith("connect_tcp.complete"):
-                metrics.connection_opened()
-
-        request.extensions.setdefault("trace", trace)
-        try:
-            response = self._client.send(request, **kwargs)
-        except BaseException:
-            self._release()
-            raise
-        if kwargs.get("stream"):
-            response.stream = _ReleasingStream(response.stream, self._release)
-        else:
-            self._release()
-        return response
-
     def _exchange(self, req: Request, deadline: float | None) -> Reply:
         fresh = False
         metrics = self.metrics
@@ -601,26 +586,6 @@ class SyncTransport:
             self._client.close()
 
 
-class _ReleasingStream(httpx.SyncByteStream):
-    """A response body that frees its gate slot once closed (after the connection went
-    back to the pool)."""
-
-    def __init__(self, inner: Any, release: Any) -> None:
-        self._inner = inner
-        self._release: Any = release
-
-    def __iter__(self) -> Any:
-        yield from self._inner
-
-    def close(self) -> None:
-        try:
-            self._inner.close()
-        finally:
-            release, self._release = self._release, None
-            if release is not None:
-                release()
-
-
 _SDK_CAP_FLOOR = 8 << 20
 
 
@@ -650,12 +615,3 @@ def h2_state_error(exc: BaseException, ctx: ErrorContext) -> NetworkError | None
     return NetworkError(
         f"the HTTP/2 connection to {ctx.url} failed: {text[:200]}", url=ctx.url, refused=refused
     )
-
-
-def translate(exc: BaseException, ctx: ErrorContext) -> QwenEmbedError:
-    """The library error for any exception an exchange can raise."""
-    if isinstance(exc, QwenEmbedError):
-        return exc
-    if type(exc).__module__.startswith("aiohttp"):
-        return from_aiohttp(exc, ctx)
-    return from_httpx(exc, ctx)

@@ -87,7 +87,6 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "'error' or 'allow'.",
     "hedge": "Hedge single queries: a second copy after the endpoint's p95 latency, first "
     "answer wins, at most 5% extra requests (default False).",
-    "use_sdk": "Send requests through the openai SDK on the same pool (slower; for comparison).",
     "server": "The server behind base_url: 'auto' (identified from its answers) or 'sglang', "
     "'vllm', 'tei', 'infinity', 'ollama', 'llamacpp', 'dashscope', 'siliconflow', 'openai'.",
 }
@@ -132,7 +131,6 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "trust_env": True,
     "insecure_key": "warn",
     "hedge": False,
-    "use_sdk": False,
     "server": "auto",
 }
 
@@ -211,6 +209,5 @@ def build_config(values: Mapping[str, Any], *, api_key: str | None) -> Embedding
         trust_env=values["trust_env"],
         insecure_key=values["insecure_key"],
         hedge=values["hedge"],
-        use_sdk=values["use_sdk"],
         server=values["server"],
     )

@@ -282,8 +282,6 @@ class QwenPooledEmbeddings(BaseModel, Embeddings):
 
     hedge: bool = setting("hedge")
 
-    use_sdk: bool = setting("use_sdk")
-
     server: str = setting("server")
 
     # ------------------------------------------------------------------ UI

@@ -290,7 +290,6 @@ class QwenPooledEmbedding(BaseEmbedding):
     trust_env: bool = setting("trust_env")
     insecure_key: Literal["warn", "error", "allow"] = setting("insecure_key")
     hedge: bool = setting("hedge")
-    use_sdk: bool = setting("use_sdk")
     server: str = setting("server")
 
     _config: EmbeddingConfig | None = PrivateAttr(default=None)
