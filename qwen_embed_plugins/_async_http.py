@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import time
 import warnings
 import weakref
@@ -33,8 +34,6 @@ from ._http import httpx
 from .config import PoolKey
 from .errors import (
     QwenEmbedError,
-    from_aiohttp,
-    from_httpx,
     pool_timeout_error,
     total_timeout_error,
 )
@@ -44,6 +43,7 @@ from .transport import (
     _CHUNK,
     _USER_AGENT,
     ProcessGate,
+    Progress,
     Reply,
     Request,
     Retired,
@@ -53,12 +53,15 @@ from .transport import (
     _left,
     _limits,
     _timeout_ext,
-    h2_state_error,
+    check_status,
+    mapped,
     quiet_header_loggers,
     ssl_context,
 )
 
 __all__ = ["AsyncTransport", "QuietFlag"]
+
+_LARGE_BODY = 1 << 20  # bytes: aiohttp's threshold for its "large body" warning
 
 
 # --------------------------------------------------------------------------- async
@@ -263,59 +266,63 @@ class AsyncTransport:
 
         session = self._aiohttp()
         t = req.timeouts
-        # the call's deadline is aiohttp's own total timer (it also bounds the body read):
-        # cheaper than a second timer around the exchange
+        # the call's deadline is aiohttp's own total timer (``ClientTimeout.total`` bounds
+        # the whole exchange, body read included): cheaper than a second timer around it
         left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         timeout = aiohttp.ClientTimeout(total=left, sock_connect=t.connect, sock_read=t.read)
         headers = dict(req.headers)
         headers.setdefault("Accept-Encoding", _ACCEPT_ENCODING)
-        received = False
-        try:
-            resp = await session.request(
-                req.method,
-                self._url(req.url),
-                data=req.body or None,
-                headers=headers,
-                allow_redirects=False,
-                timeout=timeout,
-                proxy=self.key.proxy,
-            )
-        except aiohttp.ClientError as exc:
-            raise from_aiohttp(exc, req.ctx) from exc
-        except TimeoutError:  # aiohttp's total timer (its read/connect ones are ClientErrors)
-            raise total_timeout_error(req.ctx, req.total) from None
-        conn = resp.connection
-        fresh = bool(getattr(conn, "_qwen_fresh", True)) if conn is not None else True
+        progress = Progress(deadline)
+        resp: Any = None
         ok = False
         try:
-            _declared_too_big(resp.headers, req.max_bytes, req.ctx)
-            body = _Body(resp.headers.get("Content-Encoding", ""), req.max_bytes, req.ctx)
-            content = resp.content
-            while True:
-                chunk = await content.readany()
-                if not chunk:
-                    break
-                received = True
-                body.feed(chunk)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise total_timeout_error(req.ctx, req.total, received=True)
-            data = body.result()
-            ok = True
-        except aiohttp.ClientError as exc:
-            raise from_aiohttp(exc, req.ctx).with_received(received) from exc
-        except TimeoutError:
-            raise total_timeout_error(req.ctx, req.total, received=received) from None
+            with mapped(req, progress, "aiohttp"):
+                try:
+                    body = req.body
+                    resp = await session.request(
+                        req.method,
+                        self._url(req.url),
+                        # aiohttp warns for a bytes body over 1 MiB ("might lock the event
+                        # loop"): a large one is sent from a file-like object, in pieces
+                        data=(body if len(body) < _LARGE_BODY else io.BytesIO(body)) or None,
+                        headers=headers,
+                        allow_redirects=False,
+                        timeout=timeout,
+                        proxy=self.key.proxy,
+                    )
+                    conn = resp.connection
+                    progress.fresh = bool(getattr(conn, "_qwen_fresh", True)) if conn else True
+                    progress.stage = "read"
+                    check_status(resp.status, req, progress)
+                    _declared_too_big(resp.headers, req.max_bytes, req.ctx)
+                    reader = _Body(resp.headers.get("Content-Encoding", ""), req.max_bytes, req.ctx)
+                    async for chunk in resp.content.iter_any():
+                        progress.received = True
+                        reader.feed(chunk)
+                        if deadline is not None and time.monotonic() > deadline:
+                            raise total_timeout_error(
+                                req.ctx, req.total, received=True, fresh=progress.fresh
+                            )
+                    data = reader.result()
+                    ok = True
+                except TimeoutError as exc:  # aiohttp's total timer
+                    if isinstance(exc, aiohttp.ClientError):
+                        raise
+                    raise total_timeout_error(
+                        req.ctx, req.total, received=progress.received, fresh=progress.fresh
+                    ) from exc
         finally:
-            if ok:
-                resp.release()
-            else:
-                resp.close()  # never reuse a connection with an unread body
+            if resp is not None:
+                if ok:
+                    resp.release()
+                else:
+                    resp.close()  # never reuse a connection with an unread body
         version = resp.version
         return Reply(
             status=resp.status,
             headers=resp.headers,
             body=data,
-            fresh=fresh,
+            fresh=progress.fresh,
             http_version=f"HTTP/{version.major}.{version.minor}" if version else "HTTP/1.1",
         )
 
@@ -341,14 +348,14 @@ class AsyncTransport:
         return client
 
     async def _httpx_exchange(self, req: Request, deadline: float | None) -> Reply:
-        fresh = False
+        progress = Progress(deadline)
+        progress.fresh = False
         metrics = self.metrics
         opened = self._opened_stream
 
         async def trace(name: str, info: dict[str, Any]) -> None:
-            nonlocal fresh
             if name.endswith("connect_tcp.complete"):
-                fresh = True
+                progress.fresh = True
                 metrics.connection_opened()
                 opened(info.get("return_value"))
 
@@ -365,37 +372,26 @@ class AsyncTransport:
             content=req.body or None,
             extensions={"timeout": _timeout_ext(req.timeouts, _left(deadline)), "trace": trace},
         )
-        received = False
+        response: Any = None
         try:
-            response = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise from_httpx(exc, req.ctx) from exc
-        except Exception as exc:
-            error = h2_state_error(exc, req.ctx)
-            if error is None:
-                raise
-            raise error from exc
-        try:
-            _declared_too_big(response.headers, req.max_bytes, req.ctx)
-            body = _Body(response.headers.get("content-encoding", ""), req.max_bytes, req.ctx)
-            async for chunk in response.aiter_raw(_CHUNK):
-                received = True
-                body.feed(chunk)
-            data = body.result()
-        except httpx.HTTPError as exc:
-            raise from_httpx(exc, req.ctx).with_received(received) from exc
-        except Exception as exc:
-            error = h2_state_error(exc, req.ctx)
-            if error is None:
-                raise
-            raise error.with_received(received) from exc
+            with mapped(req, progress, "httpx"):
+                response = await client.send(request, stream=True)
+                progress.stage = "read"
+                check_status(response.status_code, req, progress)
+                _declared_too_big(response.headers, req.max_bytes, req.ctx)
+                body = _Body(response.headers.get("content-encoding", ""), req.max_bytes, req.ctx)
+                async for chunk in response.aiter_raw(_CHUNK):
+                    progress.received = True
+                    body.feed(chunk)
+                data = body.result()
         finally:
-            await response.aclose()
+            if response is not None:
+                await response.aclose()
         return Reply(
             status=response.status_code,
             headers=response.headers,
             body=data,
-            fresh=fresh,
+            fresh=progress.fresh,
             http_version=response.http_version,
         )
 
@@ -416,6 +412,9 @@ class AsyncTransport:
     async def _send(self, req: Request) -> Reply:
         deadline = _deadline(req.total)
         wait = req.timeouts.pool
+        if deadline is not None:  # the pool wait is part of the exchange's budget too
+            left = max(deadline - time.monotonic(), 0.001)
+            wait = left if wait is None else min(wait, left)
         gate = self._gate
         if gate is not None and not await gate.aacquire(wait):
             raise pool_timeout_error(req.ctx)
@@ -464,12 +463,23 @@ class AsyncTransport:
             connector = session.connector
             with contextlib.suppress(Exception):
                 await session.close()
-            if connector is not None and not connector._closed:
+            if connector is not None and not connector.closed:
                 with contextlib.suppress(Exception):
                     await connector.close()
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.aclose()
+        # A connection closed while its request was still being written (a server that
+        # stopped reading, a deadline) waits for its write buffer to drain before its
+        # socket closes: never, if the server does not read. Abort what is left (public
+        # ``asyncio.Transport.abort``; a no-op on closed ones), and let the loop run the
+        # closes before it shuts down.
+        wires = list(self._wires)
+        for wire in wires:
+            with contextlib.suppress(Exception):
+                wire.abort()
+        if wires:
+            await asyncio.sleep(0)
 
     def abandon(self, loop: Any = None) -> None:
         """Drop the session and client without awaiting (their loop is closed or gone):

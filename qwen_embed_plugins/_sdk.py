@@ -14,10 +14,11 @@ header values scrubbed of the API key before the SDK sees them (it logs and keep
 kept by the user keeps working after ``close_all()``, in a forked child, on every event
 loop, and after the cleartext HTTP/2 -> HTTP/1.1 fallback (which it triggers itself).
 
-Failures raise this library's errors (``errors``), except timeouts, which raise the
-``httpx`` timeout class of the same name chained from the library's error (``from``), so
-that the SDK reports ``openai.APITimeoutError`` for them; every other failure reaches the
-caller as ``openai.APIConnectionError`` whose ``__cause__`` is the library's error.
+A failure raises the ``httpx`` exception nearest to the library's error, chained from it
+(``from``): the SDK wraps only ``httpx`` request errors. A timeout thus reaches the
+caller as ``openai.APITimeoutError``, any other failure (the size cap included) as
+``openai.APIConnectionError``; the library's error is the ``__cause__`` of its
+``__cause__``.
 
 ``openai`` is imported only here, and only when an SDK object is asked for: importing it
 costs ~1.7 s of CPU.
@@ -31,9 +32,14 @@ from . import pool
 from ._http import httpx
 from .config import EmbeddingConfig
 from .errors import (
+    ConnectError,
     ConnectTimeout,
     ErrorContext,
+    NetworkError,
     PoolTimeout,
+    QwenEmbedError,
+    RemoteProtocolError,
+    ResponseError,
     TimeoutException,
     TransportError,
     WriteTimeout,
@@ -116,19 +122,28 @@ class _Exchanges:
         return first and exc.fresh and not exc.refused and pool.h2c_fallback(self.config.pool_key)
 
 
-def _as_httpx(exc: TransportError, request: Any) -> Exception:
-    """The exception the SDK sees for a library error: the ``httpx`` timeout of the
-    same kind for a timeout (the SDK turns it into ``APITimeoutError``), else the
-    library's error itself (the SDK wraps it in ``APIConnectionError``)."""
-    if not isinstance(exc, TimeoutException):
-        return exc
-    kind: Any = httpx.ReadTimeout
-    if isinstance(exc, PoolTimeout):
-        kind = httpx.PoolTimeout
-    elif isinstance(exc, ConnectTimeout):
-        kind = httpx.ConnectTimeout
-    elif isinstance(exc, WriteTimeout):
-        kind = httpx.WriteTimeout
+def _as_httpx(exc: QwenEmbedError, request: Any) -> Exception:
+    """The ``httpx`` exception the SDK turns into its own for a library error (it wraps
+    only ``httpx`` request errors): a timeout as the ``httpx`` timeout of the same kind
+    (``openai.APITimeoutError``), any other failure as the nearest ``httpx.RequestError``
+    (``openai.APIConnectionError``); the caller chains it ``from`` the library's error."""
+    kind: Any = httpx.TransportError
+    if isinstance(exc, TimeoutException):
+        kind = httpx.ReadTimeout
+        if isinstance(exc, PoolTimeout):
+            kind = httpx.PoolTimeout
+        elif isinstance(exc, ConnectTimeout):
+            kind = httpx.ConnectTimeout
+        elif isinstance(exc, WriteTimeout):
+            kind = httpx.WriteTimeout
+    elif isinstance(exc, ConnectError):
+        kind = httpx.ConnectError
+    elif isinstance(exc, RemoteProtocolError):
+        kind = httpx.RemoteProtocolError
+    elif isinstance(exc, NetworkError):
+        kind = httpx.ReadError
+    elif isinstance(exc, ResponseError):  # over the size cap, a corrupt encoding
+        kind = httpx.DecodingError
     error: Exception = kind(str(exc), request=request)
     return error
 
@@ -162,8 +177,8 @@ class SDKTransport(httpx.BaseTransport):
                     reply = pool.sync_transport(key).send(req)
                 except Retired:  # closed under us (close_all, reaper): on the new one
                     reply = pool.sync_transport(key).send(req)
-            except TransportError as exc:
-                if ex.resend(exc, first):
+            except QwenEmbedError as exc:
+                if isinstance(exc, TransportError) and ex.resend(exc, first):
                     continue
                 raise _as_httpx(exc, request) from exc
             return ex.response(reply, request)
@@ -192,8 +207,8 @@ class AsyncSDKTransport(httpx.AsyncBaseTransport):
                     reply = await pool.async_transport(key).send(req)
                 except Retired:
                     reply = await pool.async_transport(key).send(req)
-            except TransportError as exc:
-                if ex.resend(exc, first):
+            except QwenEmbedError as exc:
+                if isinstance(exc, TransportError) and ex.resend(exc, first):
                     continue
                 raise _as_httpx(exc, request) from exc
             return ex.response(reply, request)

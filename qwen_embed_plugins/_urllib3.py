@@ -1,342 +1,225 @@
-"""The blocking HTTP/1.1 transport: one urllib3 connection pool per pool key.
+"""The blocking HTTP/1.1 backend: urllib3 through its public API.
 
-``transport.SyncTransport`` sends every HTTP/1.1 exchange through an ``HTTP1Pool``
-(HTTP/2 and cleartext h2c stay on httpx). Why urllib3, and why this way: on this
-workload urllib3's ``HTTPConnectionPool`` is the only blocking pool within 1.3x of the
-stdlib floor (docs/benchmarks.md, "Transport candidates"), and most of what is left of
-its cost is ``urlopen``'s per-request machinery (URL parsing, ``Retry`` and ``Timeout``
-objects, urllib3's response wrapper). So urllib3 manages the **connections** — the
-pool (``maxsize=max_connections``, ``block=True``: never more connections than the
-limit), TCP/TLS set-up, proxies (CONNECT tunnels for https, absolute-form requests
-for http, as ``urllib3.ProxyManager`` builds them), the dropped-connection check — and
-each **exchange** is written here: the request head is built once per
-(method, URL, headers) and sent with the body in one ``sendall``; the response is read
-by the stdlib's ``http.client.HTTPResponse`` (status line and header limits, chunked
-decoding) in 64 KiB chunks into ``transport._Body`` (size cap, bounded gzip/deflate).
+``transport.SyncTransport`` sends every HTTP/1.1 exchange through an ``HTTP1Pool`` (HTTP/2
+and cleartext h2c run on httpx). Why urllib3: it is the blocking library cheapest per
+exchange on this workload (docs/benchmarks.md, "Transport candidates"), and the CPU floors
+(sync <= 1.3x raw httpx, the array path <= 1.3x the stdlib) hold with it.
 
-What urllib3 does not do, added by subclassing its pool (``_get_conn`` / ``_put_conn``):
+Which guarantee comes from where (every call below is urllib3's or the stdlib's public API):
 
-- **keep-alive expiry**: a connection idle longer than ``Limits.keepalive_expiry`` is
-  closed when it is taken from the pool, never reused; idle ones are also swept (closed)
-  at most once a second on the way back to the pool, and the pool registry's reaper
-  closes pools idle for longer than the expiry;
-- ``Limits.max_keepalive_connections``: a connection coming back when that many idle
-  connections are open is closed instead of kept;
-- a closed pool wakes its waiters (urllib3 leaves them blocked until their timeout).
+- **Framing** (request head, ``Content-Length``, status line, headers, chunked bodies,
+  ``Content-Length`` enforcement): ``HTTPConnectionPool.urlopen(..., retries=False,
+  redirect=False, preload_content=False, decode_content=False)`` and
+  ``HTTPResponse.read(amt)``; nothing is parsed or written by hand.
+- **Connections never above the limit**: at most ``max_connections`` requests pass a
+  semaphore in front of the pool (its wait bounded by ``Timeouts.pool`` and the time
+  left; ``close()`` wakes the waiters, which then find the pool closed: ``Retired``).
+- ``Limits.max_keepalive_connections``: the pool's documented ``maxsize`` with
+  ``block=False`` ("more connections will be created but they will not be saved once
+  they've been used"): a connection coming back to a full pool is closed. urllib3 logs a
+  WARNING ("Connection pool is full, discarding connection") each time, so set it below
+  ``max_connections`` only if that is wanted.
+- **No reuse of a socket with bytes left**: ``HTTPResponse.release_conn()`` after the
+  body was read to its end (urllib3 releases it itself at that point); any failure (or
+  a body cut by its cap or deadline) calls ``HTTPResponse.close()`` first, so the
+  connection goes back to the pool closed. urllib3 closes a pooled connection whose
+  socket turned readable while idle (a FIN, or a stray response no request asked for)
+  before reusing it.
+- **The total time budget** (``Request.total``): the connect, write and per-read
+  timeouts and the pool wait are each at most the time left, and a watchdog thread
+  shuts the socket down (``socket.shutdown``) when the deadline passes, so a head,
+  chunk-size line or trailer trickled byte by byte ends too. The watchdog finds the
+  connection because the pool's ``ConnectionCls`` (a documented class attribute) is a
+  subclass of ``urllib3.connection.HTTPConnection`` that overrides its public
+  ``connect()``, ``request()`` and ``getresponse()`` (each calls the original): they
+  register the connection with the exchange under way in this thread, count
+  connections opened once connected (TCP, and TLS for https), note whether the
+  exchange runs on a fresh one, set the connect and write timeouts (urllib3 would send
+  with the connect timeout), and close a kept-alive connection idle for longer than
+  ``Limits.keepalive_expiry`` before it is used again (urllib3 has no keep-alive expiry;
+  the request then opens a new one). Idle connections are not swept while the pool is
+  in use; the pool registry's reaper closes a pool idle for longer than the expiry.
+- **1xx answers**: ``http.client`` skips ``100 Continue`` only; any other 1xx taken as
+  the response raises ``RemoteProtocolError`` and the connection is closed (its final
+  answer is never read as the next request's).
+- Proxies: ``urllib3.ProxyManager`` (CONNECT for https, absolute-form for http), its
+  ``pool_classes_by_scheme`` set to the pool classes above.
 
-urllib3's own check is kept: a kept-alive connection whose socket is readable (the
-server sent a FIN, or bytes no request asked for) is closed and replaced, never reused.
-Connections opened are counted into ``EndpointMetrics.connection_opened`` when their
-TCP connection is established (the connection class's ``_new_conn``).
-
-Errors are translated at this boundary by ``from_urllib3``; every translated
-``TransportError`` carries ``fresh`` (whether the exchange ran on a connection opened
-for it), which the call engine reads to resend once at once after a stale keep-alive
-connection.
-
-``HTTP1Pool.bridge()`` is an ``httpx.BaseTransport`` over the same pool, for the openai
-SDK (``SyncTransport.send_httpx``): SDK requests share the connections and the limit.
+Remaining reliance on behaviour urllib3 does not document: that ``urlopen`` calls the
+connection's ``request()`` then ``getresponse()`` for each exchange (the watchdog and
+the expiry hook there; without it a trickled head would again be bounded only per
+read). ``verify=False`` silences urllib3's ``InsecureRequestWarning`` for that host only
+(a ``warnings`` filter). The TLS handshake is bounded by the connect timeout per read,
+not by the watchdog (the socket is not reachable until ``connect()`` returns).
 """
 
 from __future__ import annotations
 
-import errno
-import http.client
-import queue
+import contextlib
+import os
 import re
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Mapping
+import warnings
 from typing import Any
-from urllib.parse import quote, unquote, urlsplit
+from urllib.parse import unquote, urlsplit
 
 import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import (
-    ClosedPoolError,
-    EmptyPoolError,
-)
-from urllib3.util.connection import is_connection_dropped
+from urllib3.exceptions import ClosedPoolError
 
 from .config import PoolKey
-from .errors import (
-    QwenEmbedError,
-    TransportError,
-    from_urllib3,
-    pool_timeout_error,
-    total_timeout_error,
-)
+from .errors import pool_timeout_error, total_timeout_error
 from .metrics import EndpointMetrics
 from .transport import (
     _ACCEPT_ENCODING,
     _CHUNK,
     _USER_AGENT,
+    Progress,
     Reply,
     Request,
     Retired,
     _Body,
     _declared_too_big,
+    check_status,
+    mapped,
     ssl_context,
 )
 
 __all__ = ["HTTP1Pool"]
 
-_SWEEP_EVERY = 1.0  # seconds between two sweeps of expired idle connections (at most)
-_HEAD_CACHE = 256  # request heads kept (one per method, URL and header set)
-_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_BAD_VALUE = re.compile(r"[\r\n\x00]")
-_PATH_SAFE = "/%:@!$&'()*+,;=-._~?"
-_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_local = threading.local()  # .progress: the exchange under way in this thread
 
 
-def _marked(error: TransportError, fresh: bool, received: bool = False) -> TransportError:
-    error.fresh = fresh  # type: ignore[attr-defined]  # read by the engine (stale resend)
-    return error.with_received(received)
+# --------------------------------------------------------------------------- watchdog
+
+
+class _Watchdog:
+    """One daemon thread per process that shuts down the socket of an exchange whose
+    deadline has passed (the blocked read or write in the exchange's thread then fails
+    at once). It sleeps until the soonest deadline, or while nothing is registered."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition(threading.Lock())
+        self._active: dict[int, Progress] = {}
+        self._soonest = float("inf")
+        self._pid = -1
+
+    def add(self, progress: Progress) -> None:
+        deadline = progress.deadline if progress.deadline is not None else float("inf")
+        with self._cond:
+            if self._pid != os.getpid():  # first use, or a forked child: no thread yet
+                self._pid = os.getpid()
+                self._active.clear()
+                self._soonest = float("inf")
+                threading.Thread(target=self._run, name="qwen-embed-watchdog", daemon=True).start()
+            self._active[id(progress)] = progress
+            if deadline < self._soonest:
+                self._soonest = deadline
+                self._cond.notify()
+
+    def remove(self, progress: Progress) -> None:
+        with self._cond:
+            self._active.pop(id(progress), None)
+
+    def _run(self) -> None:
+        cond = self._cond
+        with cond:
+            while True:
+                if not self._active:
+                    self._soonest = float("inf")
+                    cond.wait()
+                    continue
+                now = time.monotonic()
+                soonest = float("inf")
+                for key, progress in list(self._active.items()):
+                    deadline = progress.deadline or now
+                    if deadline <= now and _shut(progress):
+                        del self._active[key]
+                    else:
+                        # not connected yet: try again shortly
+                        soonest = min(soonest, deadline if deadline > now else now + 0.05)
+                self._soonest = soonest
+                cond.wait(min(max(soonest - now, 0.001), 3600.0))
+
+
+def _shut(progress: Progress) -> bool:
+    """Shut the exchange's socket down; ``False`` if it has none yet. A connection that
+    went back to the pool (its body read to the end) and was taken by another exchange
+    is left alone."""
+    conn = progress.conn
+    if conn is None or conn.qwen_progress is not progress:
+        return conn is not None
+    sock = conn.sock
+    if sock is None:
+        return False
+    progress.expired = True
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
+    return True
+
+
+_watchdog = _Watchdog()
 
 
 # --------------------------------------------------------------------------- urllib3 classes
 
 
-class _Conn(HTTPConnection):
-    """An urllib3 connection that counts the TCP connections it opens."""
+class _ConnMixin:
+    """Public-method overrides of urllib3's connection classes (see the module text)."""
 
-    _qwen_metrics: EndpointMetrics | None = None
-    _qwen_idle: float = 0.0  # monotonic time it went back to the pool
+    qwen_owner: HTTP1Pool  # set on the per-pool subclass
+    qwen_idle_since = 0.0  # monotonic time its last response head arrived
+    qwen_progress: Progress | None = None  # the exchange using it
 
-    def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
-        metrics = self._qwen_metrics
-        if metrics is not None:
-            metrics.connection_opened()
-        return sock
+    def connect(self) -> None:
+        progress: Progress | None = getattr(_local, "progress", None)
+        if progress is not None:
+            progress.stage = "connect"
+            progress.connected = progress.fresh = True
+            self.timeout = progress.connect
+        super().connect()  # type: ignore[misc]
+        self.qwen_owner.metrics.connection_opened()
+        if progress is not None:
+            progress.conn = self
+            self.qwen_progress = progress
+            progress.stage = "write"
+            self.timeout = progress.write
+            self.sock.settimeout(progress.write)  # type: ignore[attr-defined]
 
+    def request(self, *args: Any, **kwargs: Any) -> None:
+        progress: Progress | None = getattr(_local, "progress", None)
+        if progress is not None:
+            if self.sock is not None and not progress.connected:  # type: ignore[attr-defined]
+                progress.fresh = False  # a kept-alive connection
+                if time.monotonic() - self.qwen_idle_since > self.qwen_owner.expiry:
+                    self.close()  # type: ignore[attr-defined]  # expired: reconnected below
+            progress.conn = self
+            self.qwen_progress = progress
+            progress.stage = "write"
+            self.timeout = progress.write
+        super().request(*args, **kwargs)  # type: ignore[misc]
+        if progress is not None:
+            progress.stage = "read"
 
-class _TLSConn(_Conn, HTTPSConnection):
-    """``_Conn`` over TLS (and through CONNECT tunnels)."""
-
-
-class _Pool(HTTPConnectionPool):
-    """urllib3's pool with keep-alive expiry, a cap on idle connections kept, counted
-    connections, open connections handed out first, and waiters woken when it closes.
-
-    ``_get_conn`` / ``_put_conn`` are the methods through which urllib3's pool hands
-    out and takes back its connections (a LIFO queue of ``maxsize`` slots, blocking);
-    they are overridden here because urllib3 has no keep-alive expiry. Its own check is
-    kept: a connection ``is_connection_dropped`` finds readable (a FIN, stray bytes) is
-    closed, never reused."""
-
-    ConnectionCls = _Conn
-    _qwen_metrics: EndpointMetrics | None = None
-    _qwen_expiry = 4.0
-    _qwen_keep = 1
-    _qwen_size = 1
-    _qwen_next_sweep = 0.0
-
-    def qwen_configure(self, metrics: EndpointMetrics, key: PoolKey) -> None:
-        """Set what urllib3 has no parameter for (before the first connection)."""
-        self._qwen_metrics = metrics
-        self._qwen_expiry = key.limits.keepalive_expiry
-        self._qwen_keep = key.limits.keepalive_connections
-        self._qwen_size = key.limits.max_connections
-
-    def _new_conn(self) -> Any:
-        conn: Any = super()._new_conn()
-        conn._qwen_metrics = self._qwen_metrics
-        return conn
-
-    def _get_conn(self, timeout: float | None = None) -> Any:
-        q = self.pool
-        if q is None:
-            raise ClosedPoolError(self, "Pool is closed.")
-        try:
-            conn = q.get(block=True, timeout=timeout)
-        except queue.Empty:
-            raise EmptyPoolError(self, "no connection became free in time") from None
-        if self.pool is None:  # closed while this thread waited
-            if conn is not None:
-                conn.close()
-            raise ClosedPoolError(self, "Pool is closed.")
-        if conn is not None and conn.sock is not None:
-            expired = time.monotonic() - conn._qwen_idle > self._qwen_expiry
-            if expired or is_connection_dropped(conn):
-                conn.close()  # re-opened by the caller: counted, fresh
-        return conn or self._new_conn()
-
-    def _put_conn(self, conn: Any) -> None:
-        q = self.pool
-        if conn is not None and q is not None:
-            if conn.sock is not None:
-                now = conn._qwen_idle = time.monotonic()
-                if self._qwen_keep < self._qwen_size or now >= self._qwen_next_sweep:
-                    self._tidy(q, conn, now)
-            if conn.sock is None:
-                # A closed connection goes to the bottom of the LIFO queue (urllib3 puts
-                # its empty slots there too): open idle ones are taken first.
-                with q.not_full:
-                    if len(q.queue) < q.maxsize:
-                        q.queue.insert(0, conn)
-                        q.unfinished_tasks += 1
-                        q.not_empty.notify()
-                        return
-        super()._put_conn(conn)
-
-    def _tidy(self, q: Any, conn: Any, now: float) -> None:
-        """Close expired idle connections; close ``conn`` if the idle ones kept open
-        already reach ``max_keepalive_connections``."""
-        expiry = self._qwen_expiry
-        with q.mutex:
-            items = q.queue
-            for idle in items:
-                if idle is not None and idle.sock is not None and now - idle._qwen_idle > expiry:
-                    idle.close()
-            # closed connections and empty slots to the bottom: open ones are taken first
-            open_ = [c for c in items if c is not None and c.sock is not None]
-            if open_:
-                items[:] = [c for c in items if c is None or c.sock is None] + open_
-            kept = len(open_)
-        self._qwen_next_sweep = now + min(_SWEEP_EVERY, max(expiry, 0.05))
-        if kept >= self._qwen_keep:
-            conn.close()
-
-    def close(self) -> None:
-        q = self.pool
-        super().close()
-        if q is not None:  # wake the threads waiting for a connection
-            for _ in range(self._qwen_size):
-                try:
-                    q.put_nowait(None)
-                except queue.Full:
-                    break
+    def getresponse(self) -> Any:
+        response = super().getresponse()  # type: ignore[misc]
+        self.qwen_idle_since = time.monotonic()
+        return response
 
 
-class _TLSPool(_Pool, HTTPSConnectionPool):
-    """``_Pool`` over TLS."""
-
-    ConnectionCls = _TLSConn
+class _Conn(_ConnMixin, HTTPConnection):
+    pass
 
 
-# --------------------------------------------------------------------------- responses
-
-
-class _Headers(dict[str, str]):
-    """Response headers: names stored lower-case, lookups case-insensitive, a repeated
-    header's values joined with ``", "`` (RFC 9110 section 5.3)."""
-
-    __slots__ = ()
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return dict.get(self, key.lower(), default)
-
-    def __getitem__(self, key: str) -> str:
-        return dict.__getitem__(self, key.lower())
-
-    def __contains__(self, key: object) -> bool:
-        return dict.__contains__(self, key.lower() if isinstance(key, str) else key)
-
-    def getlist(self, key: str) -> list[str]:
-        """The header's values (``[]`` when absent), split at the joins."""
-        value = dict.get(self, key.lower())
-        return [] if value is None else value.split(", ")
-
-
-_MAX_LINE = 65_536  # bytes per header line, as http.client
-_MAX_HEADERS = 100  # header lines, as http.client
-
-
-def _read_head(fp: Any) -> _Headers:
-    """The header lines of a response up to the blank line, within http.client's limits
-    (``LineTooLong``, ``HTTPException`` past 100 headers)."""
-    headers = _Headers()
-    readline = fp.readline
-    name = ""
-    count = 0
-    while True:
-        raw = readline(_MAX_LINE + 1)
-        if len(raw) > _MAX_LINE:
-            raise http.client.LineTooLong("header line")
-        if raw in (b"\r\n", b"\n", b""):
-            return headers
-        count += 1
-        if count > _MAX_HEADERS:
-            raise http.client.HTTPException(f"got more than {_MAX_HEADERS} headers")
-        line = raw.decode("iso-8859-1").rstrip("\r\n")
-        if line[0] in " \t":  # obsolete line folding: continues the last value
-            if name:
-                dict.__setitem__(headers, name, f"{headers[name]} {line.strip()}")
-            continue
-        name, sep, value = line.partition(":")
-        if not sep:
-            name = ""
-            continue  # not a header line (the email parser would skip it too)
-        name = name.lower()
-        value = value.strip()
-        before = dict.get(headers, name)
-        dict.__setitem__(headers, name, value if before is None else f"{before}, {value}")
-
-
-class _Response(http.client.HTTPResponse):
-    """``http.client.HTTPResponse`` with its headers parsed into ``_Headers``
-    (case-insensitive) instead of through the ``email`` package, which cost about a
-    third of a small exchange's CPU. The status line, the ``100 Continue`` skip, the
-    limits (line length, header count), chunked bodies and the ``Content-Length`` /
-    ``Connection`` rules are the stdlib's (this ``begin`` follows its own). Conflicting
-    ``Content-Length`` values make the body close-delimited (never reused)."""
-
-    qwen_headers: _Headers
-
-    def begin(self) -> None:
-        if self.headers is not None:
-            return
-        while True:
-            version, status, reason = self._read_status()
-            if status != http.client.CONTINUE:
-                break
-            _read_head(self.fp)  # a 100 Continue's headers: skipped
-        self.code = self.status = status
-        self.reason = reason.strip()
-        if version in ("HTTP/1.0", "HTTP/0.9"):
-            self.version = 10
-        elif version.startswith("HTTP/1."):
-            self.version = 11
-        else:
-            raise http.client.UnknownProtocol(version)
-        headers = _read_head(self.fp)
-        self.qwen_headers = headers
-        self.headers = self.msg = headers
-        te = headers.get("transfer-encoding")
-        self.chunked = bool(te) and te.lower() == "chunked"
-        self.chunk_left = None
-        self.will_close = self._check_close()
-        self.length = None
-        length = headers.get("content-length")
-        if length and not self.chunked:
-            try:
-                self.length = int(length)
-            except ValueError:
-                self.length = None
-            else:
-                if self.length < 0:
-                    self.length = None
-        if status in (204, 304) or 100 <= status < 200 or self._method == "HEAD":
-            self.length = 0
-        if not self.will_close and not self.chunked and self.length is None:
-            self.will_close = True
+class _TLSConn(_ConnMixin, HTTPSConnection):
+    pass
 
 
 # --------------------------------------------------------------------------- the pool
-
-
-class _Target:
-    """Where one URL's requests go on this pool, worked out once per URL."""
-
-    __slots__ = ("host_header", "target")
-
-    def __init__(self, target: str, host_header: str) -> None:
-        self.target = target
-        self.host_header = host_header
 
 
 class HTTP1Pool:
@@ -346,64 +229,58 @@ class HTTP1Pool:
         key: the pool's settings (URL, limits, TLS verification, proxy).
         metrics: where connections opened are counted.
         ssl_ctx: the process's SSL context for ``key`` (``transport.ssl_context``).
-        gate: the process-wide gate of the endpoint; SDK requests (``bridge``) take a
-            slot of it (the core path takes it in ``SyncTransport.send``).
     """
 
-    def __init__(
-        self,
-        key: PoolKey,
-        metrics: EndpointMetrics,
-        ssl_ctx: ssl.SSLContext,
-        *,
-        gate: Any = None,
-    ) -> None:
+    def __init__(self, key: PoolKey, metrics: EndpointMetrics, ssl_ctx: ssl.SSLContext) -> None:
         self.key = key
         self.metrics = metrics
-        self._gate = gate
-        parts = urlsplit(key.base_url)
-        self.scheme = parts.scheme
-        self.host = parts.hostname or ""
-        self.port = parts.port or (443 if self.scheme == "https" else 80)
         limits = key.limits
+        self.expiry = limits.keepalive_expiry
+        self._size = limits.max_connections
+        self._slots = threading.Semaphore(self._size)
+        self._targets: dict[str, str] = {}
+        self._closed = False
+        parts = urlsplit(key.base_url)
+        conn_cls: Any = type("_Conn", (_Conn,), {"qwen_owner": self})
+        tls_cls: Any = type("_TLSConn", (_TLSConn,), {"qwen_owner": self})
+        pool_cls = type("_Pool", (HTTPConnectionPool,), {"ConnectionCls": conn_cls})
+        tls_pool_cls = type("_TLSPool", (HTTPSConnectionPool,), {"ConnectionCls": tls_cls})
         kw: dict[str, Any] = {
-            "maxsize": limits.max_connections,
-            "block": True,
+            # at most max_connections requests pass the semaphore; the pool keeps at most
+            # max_keepalive_connections of their connections (block=False: one more is
+            # opened when none is free, and closed when it comes back to a full pool)
+            "maxsize": min(limits.keepalive_connections, self._size),
+            "block": False,
             "retries": False,
-            "timeout": None,
-            "socket_options": list(HTTPConnection.default_socket_options),
+            "headers": {"User-Agent": _USER_AGENT},
         }
-        if self.scheme == "https":
+        if parts.scheme == "https":
             kw["ssl_context"] = ssl_ctx
+            if key.verify is False:
+                # verify=False is the user's explicit choice for this host: urllib3's
+                # per-request InsecureRequestWarning for it is silenced (httpx, the other
+                # backends, warns for none); other hosts keep theirs
+                host = re.escape(parts.hostname or "")
+                warnings.filterwarnings(
+                    "ignore",
+                    message=f"Unverified HTTPS request is being made to host '{host}'",
+                    category=urllib3.exceptions.InsecureRequestWarning,
+                )
         self._manager: Any = None
-        self._proxy_headers: dict[str, str] = {}
-        self.forwarding = False  # plain http through a proxy: absolute-form targets
-        self.tunnel = False  # https through a proxy: CONNECT
-        pool: _Pool
         if key.proxy:
-            proxy_url, self._proxy_headers = _proxy_parts(key.proxy)
+            proxy_url, proxy_headers = _proxy_parts(key.proxy)
             extra: dict[str, Any] = {}
             if proxy_url.startswith("https://"):  # TLS to the proxy, verified as the key says
                 extra["proxy_ssl_context"] = ssl_context(key.verify, http2=False, cleartext=False)
-            manager = urllib3.ProxyManager(
-                proxy_url, proxy_headers=self._proxy_headers, **extra, **kw
-            )
-            manager.pool_classes_by_scheme = {"http": _Pool, "https": _TLSPool}
-            pool = manager.connection_from_host(self.host, self.port, self.scheme)  # type: ignore[assignment]
+            manager = urllib3.ProxyManager(proxy_url, proxy_headers=proxy_headers, **extra, **kw)
+            manager.pool_classes_by_scheme = {"http": pool_cls, "https": tls_pool_cls}
             self._manager = manager
-            self.tunnel = self.scheme == "https"
-            self.forwarding = not self.tunnel
-        elif self.scheme == "https":
-            pool = _TLSPool(self.host, self.port, **kw)
+            self._pool: Any = None
         else:
-            pool = _Pool(self.host, self.port, **kw)
-        pool.qwen_configure(metrics, key)
-        self._pool = pool
-        self._closed = False
-        self._targets: dict[str, _Target] = {}
-        self._heads: dict[tuple[Any, ...], bytes] = {}
-        self._bridge: Any = None
-        self._lock = threading.Lock()
+            host = parts.hostname or ""
+            port = parts.port or (443 if parts.scheme == "https" else 80)
+            cls = tls_pool_cls if parts.scheme == "https" else pool_cls
+            self._pool = cls(host, port, **kw)
 
     @property
     def closed(self) -> bool:
@@ -413,219 +290,113 @@ class HTTP1Pool:
         """Close every idle connection now; those in use close when they come back.
         Threads waiting for a connection get ``Retired``."""
         self._closed = True
-        self._pool.close()
+        if self._pool is not None:
+            self._pool.close()
         if self._manager is not None:
             self._manager.clear()
-
-    # ---------------------------------------------------------------- request heads
-
-    def _target(self, url: str) -> _Target:
-        found = self._targets.get(url)
-        if found is not None:
-            return found
-        parts = urlsplit(url)
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-        host = parts.hostname or ""
-        if (parts.scheme, host.lower(), port) != (self.scheme, self.host.lower(), self.port):
-            raise ValueError(
-                f"the URL {parts.scheme}://{host}:{port} is not this pool's server "
-                f"({self.key.label})"
-            )
-        path = quote(parts.path or "/", safe=_PATH_SAFE)
-        if parts.query:
-            path += "?" + quote(parts.query, safe=_PATH_SAFE)
-        shown = f"[{host}]" if ":" in host else host
-        default = 443 if parts.scheme == "https" else 80
-        host_header = shown if port == default else f"{shown}:{port}"
-        if self.forwarding:
-            path = f"{parts.scheme}://{host_header}{path}"
-        found = _Target(path, host_header)
-        if len(self._targets) < _HEAD_CACHE:
-            self._targets[url] = found
-        return found
-
-    def _head(self, method: str, url: str, headers: Mapping[str, str]) -> bytes:
-        """The request head up to the ``Content-Length`` value (cached)."""
-        cache_key = (method, url, *headers.items())
-        head = self._heads.get(cache_key)
-        if head is None:
-            head = self._build_head(method, url, headers.items(), skip=())
-            if len(self._heads) >= _HEAD_CACHE:
-                self._heads.clear()
-            self._heads[cache_key] = head
-        return head
-
-    def _build_head(self, method: str, url: str, items: Any, *, skip: tuple[str, ...]) -> bytes:
-        where = self._target(url)
-        if not _TOKEN.fullmatch(method):
-            raise ValueError(f"invalid HTTP method {method[:20]!r}")
-        lines = [f"{method} {where.target} HTTP/1.1", f"Host: {where.host_header}"]
-        seen = set()
-        for name, value in items:
-            lower = name.lower()
-            if lower in ("host", "content-length", "transfer-encoding", "connection"):
-                continue
-            if lower in skip:
-                continue
-            if not _TOKEN.fullmatch(name) or _BAD_VALUE.search(value):
-                raise ValueError(f"invalid request header {name[:40]!r} (name or value)")
-            seen.add(lower)
-            lines.append(f"{name}: {value}")
-        if "user-agent" not in seen:
-            lines.append(f"User-Agent: {_USER_AGENT}")
-        if "accept-encoding" not in seen:
-            lines.append(f"Accept-Encoding: {_ACCEPT_ENCODING}")
-        if self.forwarding:
-            for name, value in self._proxy_headers.items():
-                if name.lower() not in seen:
-                    lines.append(f"{name}: {value}")
-        lines.append("Content-Length: ")
-        return "\r\n".join(lines).encode("latin-1")
-
-    # ---------------------------------------------------------------- exchanges
-
-    def _checkout(self, wait: float | None) -> Any:
-        if self._closed:
-            raise Retired
-        try:
-            return self._pool._get_conn(timeout=wait)
-        except ClosedPoolError:
-            raise Retired from None
-
-    def _give_back(self, conn: Any, reusable: bool) -> None:
-        if not reusable:
-            conn.close()
-        self._pool._put_conn(conn)
-
-    def _connect(self, conn: Any, timeout: float | None) -> None:
-        conn.timeout = timeout
-        if self.tunnel:
-            self._pool._prepare_proxy(conn)  # CONNECT host:port, then TLS inside
-        else:
-            conn.connect()
-
-    def _start(
-        self,
-        conn: Any,
-        head: bytes,
-        body: bytes,
-        method: str,
-        connect: float | None,
-        write: float | None,
-        read: float | None,
-        fresh: bool,
-        stage: list[str],
-    ) -> _Response:
-        """Connect ``conn`` if it is new, send the request, read the status and headers.
-        ``stage[0]`` says how far it got (for the error translation)."""
-        if fresh:
-            self._connect(conn, connect)
-        sock = conn.sock
-        stage[0] = "write"
-        sock.settimeout(write)
-        try:
-            sock.sendall(b"".join((head, str(len(body)).encode(), b"\r\n\r\n", body)))
-        except OSError as exc:
-            # As urllib3: the server may close as it answers (a 413 before reading the
-            # body); read what it sent. Nothing: the read fails with a clear error.
-            if not isinstance(exc, BrokenPipeError) and exc.errno not in (
-                errno.ECONNRESET,
-                errno.EPROTOTYPE,
-            ):
-                raise
-        stage[0] = "read"
-        sock.settimeout(read)
-        resp = _Response(sock, method=method)
-        try:
-            resp.begin()
-        except BaseException:
-            resp.close()
-            raise
-        return resp
+        for _ in range(self._size):  # wake the waiters: they find the pool closed
+            self._slots.release()
 
     def exchange(self, req: Request, deadline: float | None) -> Reply:
         """Perform ``req`` (HTTP/1.1) within its size cap and ``deadline`` (a
         ``time.monotonic()`` value or ``None``).
 
         Raises:
-            QwenEmbedError: a translated error (``TransportError``s carry ``fresh``).
-            Retired: the pool was closed while this request waited for a connection.
+            QwenEmbedError: a translated error (``TransportError`` s carry ``fresh``).
+            Retired: the pool was closed before or while this request waited.
         """
-        ctx = req.ctx
+        if self._closed:
+            raise Retired
         t = req.timeouts
+        wait = t.pool
+        left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
+        if left is not None:
+            wait = left if wait is None else min(wait, left)
+        if not self._slots.acquire(timeout=wait):
+            raise pool_timeout_error(req.ctx)
         try:
-            head = self._head(req.method, req.url, req.headers)
-        except ValueError as exc:
-            raise from_urllib3(exc, ctx) from None
+            if self._closed:
+                raise Retired
+            return self._exchange(req, deadline, left)
+        finally:
+            self._slots.release()
+
+    def _exchange(self, req: Request, deadline: float | None, left: float | None) -> Reply:
+        t = req.timeouts
+        connect, read, write = t.connect, t.read, t.write
+        if left is not None:
+            connect = left if connect is None else min(connect, left)
+            read = left if read is None else min(read, left)
+            write = left if write is None else min(write, left)
+        progress = Progress(deadline, connect, write)
+        headers = dict(req.headers)
+        headers.setdefault("Accept-Encoding", _ACCEPT_ENCODING)
+        resp: Any = None
+        complete = False
+        _local.progress = progress
+        if deadline is not None:
+            _watchdog.add(progress)
         try:
-            conn = self._checkout(t.pool)
-        except EmptyPoolError:
-            raise pool_timeout_error(ctx) from None
-        fresh = conn.sock is None
-        stage = ["connect"]
-        resp: _Response | None = None
-        received = False
-        try:
-            read_timeout = t.read
+            with mapped(req, progress, "urllib3", proxy=self._manager is not None):
+                try:
+                    resp = self._urlopen(req, headers, urllib3.Timeout(connect=connect, read=read))
+                except ClosedPoolError:
+                    raise Retired from None
+                check_status(resp.status, req, progress)
+                resp_headers = resp.headers
+                _declared_too_big(resp_headers, req.max_bytes, req.ctx)
+                body = _Body(resp_headers.get("content-encoding", ""), req.max_bytes, req.ctx)
+                read_chunk = resp.read
+                while True:
+                    chunk = read_chunk(_CHUNK, decode_content=False)
+                    if not chunk:
+                        break
+                    progress.received = True
+                    body.feed(chunk)
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise total_timeout_error(
+                            req.ctx, req.total, received=True, fresh=progress.fresh
+                        )
+                data = body.result()
+                complete = True
+        finally:
+            _local.progress = None
             if deadline is not None:
-                left = max(deadline - time.monotonic(), 0.001)
-                read_timeout = left if read_timeout is None else min(read_timeout, left)
-            resp = self._start(
-                conn, head, req.body, req.method, t.connect, t.write, read_timeout, fresh, stage
-            )
-            headers = resp.qwen_headers
-            _declared_too_big(headers, req.max_bytes, ctx)
-            body = _Body(headers.get("content-encoding", ""), req.max_bytes, ctx)
-            read = resp.read1  # what has arrived (at most one recv): the deadline is
-            while True:  # checked as a trickling body comes in, as on the httpx path
-                chunk = read(_CHUNK)
-                if not chunk:
-                    break
-                received = True
-                body.feed(chunk)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise total_timeout_error(ctx, req.total, received=True)
-            if resp.length:  # Content-Length not reached: the server closed early
-                raise http.client.IncompleteRead(b"", resp.length)
-            data = body.result()
-        except QwenEmbedError as exc:
-            self._give_back(conn, False)
+                _watchdog.remove(progress)
             if resp is not None:
-                resp.close()
-            if isinstance(exc, TransportError):
-                _marked(exc, fresh, received)
-            raise
-        except Exception as exc:
-            self._give_back(conn, False)
-            if resp is not None:
-                resp.close()
-            if (
-                stage[0] == "read"
-                and isinstance(exc, TimeoutError)
-                and deadline is not None
-                and time.monotonic() >= deadline - 0.001
-            ):
-                error: TransportError = total_timeout_error(ctx, req.total, received=received)
-            else:
-                error = from_urllib3(exc, ctx, stage=stage[0], proxy=self._manager is not None)
-            raise _marked(error, fresh, received) from exc
-        except BaseException:  # KeyboardInterrupt and the like: never reuse the socket
-            self._give_back(conn, False)
-            if resp is not None:
-                resp.close()
-            raise
-        resp.close()  # its buffered reader (the socket stays open for reuse)
-        self._give_back(conn, not resp.will_close)
+                if not complete or progress.expired:
+                    resp.close()  # never reuse a socket with bytes left
+                resp.release_conn()
+        version = resp.version
         return Reply(
             status=resp.status,
-            headers=headers,
+            headers=resp_headers,
             body=data,
-            fresh=fresh,
-            http_version="HTTP/1.0" if resp.version == 10 else "HTTP/1.1",
+            fresh=progress.fresh,
+            http_version="HTTP/1.0" if version == 10 else "HTTP/1.1",
         )
 
-
-_SDK_CAP_FLOOR = 8 << 20
+    def _urlopen(self, req: Request, headers: dict[str, str], timeout: Any) -> Any:
+        kw: dict[str, Any] = {
+            "body": req.body or None,
+            "headers": headers,
+            "retries": False,
+            "redirect": False,
+            "timeout": timeout,
+            "preload_content": False,
+            "decode_content": False,
+            "release_conn": False,
+        }
+        if self._manager is not None:
+            return self._manager.urlopen(req.method, req.url, **kw)
+        target = self._targets.get(req.url)
+        if target is None:
+            if not self._pool.is_same_host(req.url):
+                raise ValueError(f"the URL is not this pool's server ({self.key.label})")
+            target = urllib3.util.parse_url(req.url).request_uri
+            if len(self._targets) < 256:
+                self._targets[req.url] = target
+        return self._pool.urlopen(req.method, target, **kw)
 
 
 def _proxy_parts(proxy: str) -> tuple[str, dict[str, str]]:

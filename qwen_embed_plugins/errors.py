@@ -82,9 +82,6 @@ __all__ = [
     "WriteTimeout",
     "endpoint_label",
     "error_from_response",
-    "from_aiohttp",
-    "from_httpx",
-    "from_urllib3",
     "parse_batch_limit",
     "parse_error_body",
     "parse_token_limit",
@@ -92,6 +89,7 @@ __all__ = [
     "response_request_id",
     "scrub",
     "total_timeout_error",
+    "translate",
 ]
 
 
@@ -217,11 +215,6 @@ class TransportError(QwenEmbedError):
         self.refused = refused
         self.received = received
         self.fresh = fresh
-
-    def with_received(self, received: bool) -> TransportError:
-        """This error, marked as having received part of a response (or not)."""
-        self.received = self.received or received
-        return self
 
 
 class ConnectError(TransportError):
@@ -503,17 +496,18 @@ def _tls_hint(text: str, label: str) -> ConnectError | None:
 
 
 def pool_timeout_error(ctx: ErrorContext) -> PoolTimeout:
-    """The ``PoolTimeout`` for a request that waited ``ctx.pool`` seconds for a slot."""
+    """The ``PoolTimeout`` for a request that waited ``ctx.pool`` seconds (or the time
+    left of its deadline) for a connection."""
     return PoolTimeout(
         f"no free connection to {ctx.url} within {ctx.pool} s (Timeouts.pool; "
-        f"Limits.max_connections={ctx.max_connections}): more requests were queued in "
-        "this process than the pool carries",
+        f"Limits.max_connections={ctx.max_connections}) or the call's deadline: more "
+        "requests were queued in this process than the pool carries",
         url=ctx.url,
     )
 
 
 def total_timeout_error(
-    ctx: ErrorContext, seconds: float | None, *, received: bool = False
+    ctx: ErrorContext, seconds: float | None, *, received: bool = False, fresh: bool = True
 ) -> ReadTimeout:
     """The error for an exchange cut by its total time budget (``Timeouts.total`` or the
     call's deadline, whichever came first)."""
@@ -523,15 +517,65 @@ def total_timeout_error(
         "the call's deadline): the response was too slow to arrive",
         url=ctx.url,
         received=received,
+        fresh=fresh,
     )
 
 
-def from_httpx(exc: BaseException, ctx: ErrorContext) -> TransportError:
-    """Translate an ``httpx``/``httpx2`` exception into this library's tree.
+def translate(
+    exc: BaseException,
+    ctx: ErrorContext,
+    *,
+    backend: str,
+    stage: str = "read",
+    proxy: bool = False,
+    fresh: bool = True,
+    received: bool = False,
+) -> QwenEmbedError:
+    """The library error for an exception an HTTP backend raised: the one map from
+    ``httpx``/``httpx2`` (and the ``h2`` exceptions that escape it), ``urllib3`` /
+    ``http.client`` / ``socket`` and ``aiohttp`` to this tree (as httpx maps httpcore's
+    in ``map_httpcore_exceptions``). The caller raises the result ``from exc``
+    (``transport.mapped`` does, for every backend).
 
-    The one place the HTTP library's errors are mapped (as httpx maps httpcore's in
-    ``map_httpcore_exceptions``); the caller raises the result ``from exc``.
+    Args:
+        exc: what the backend raised.
+        ctx: how the error describes the endpoint; its key is scrubbed from every text.
+        backend: ``"httpx"``, ``"urllib3"`` or ``"aiohttp"``: whose exception it is (a
+            builtin ``ValueError`` means different things in each).
+        stage: how far the exchange got, for exceptions that carry no stage of their own
+            (the builtin ``TimeoutError``/``OSError``): ``"connect"`` (TCP, TLS, proxy
+            tunnel: nothing sent), ``"write"`` or ``"read"``.
+        proxy: the connection goes through a proxy (a connect failure is the proxy's).
+        fresh: the exchange ran on a connection opened for it.
+        received: part of the response had arrived.
     """
+    if isinstance(exc, QwenEmbedError):
+        return exc
+    marks: dict[str, Any] = {"fresh": fresh, "received": received}
+    if type(exc).__module__.startswith("h2."):
+        return _from_h2(exc, ctx, marks)
+    if backend == "aiohttp":
+        return _from_aiohttp(exc, ctx, marks)
+    if backend == "httpx":
+        return _from_httpx(exc, ctx, marks)
+    return _from_urllib3(exc, ctx, marks, stage=stage, proxy=proxy)
+
+
+def _from_h2(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> NetworkError:
+    """An ``h2`` exception that escaped the HTTP library: a frame arrived on a
+    connection h2's state machine considers closed (after a GOAWAY), so the stream was
+    not answered: resend it (``refused``)."""
+    text = scrub(str(exc), ctx.key())
+    refused = "ConnectionState.CLOSED" in text
+    return NetworkError(
+        f"the HTTP/2 connection to {ctx.url} failed: {text[:200]}",
+        url=ctx.url,
+        refused=refused,
+        **marks,
+    )
+
+
+def _from_httpx(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> TransportError:
     from ._http import httpx
 
     label = ctx.url
@@ -540,25 +584,30 @@ def from_httpx(exc: BaseException, ctx: ErrorContext) -> TransportError:
         return ConnectTimeout(
             f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
             url=label,
+            **marks,
         )
     if isinstance(exc, httpx.ReadTimeout):
-        return ReadTimeout(f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label)
+        return ReadTimeout(
+            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
+        )
     if isinstance(exc, httpx.WriteTimeout):
         return WriteTimeout(
-            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)", url=label
+            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)",
+            url=label,
+            **marks,
         )
     if isinstance(exc, httpx.PoolTimeout):
         return pool_timeout_error(ctx)
     if isinstance(exc, httpx.ProxyError):
-        return ConnectError(f"the proxy for {label} failed: {text}", url=label)
+        return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
     if isinstance(exc, httpx.ConnectError):
         return _tls_hint(text, label) or ConnectError(
-            f"cannot connect to {label}: {text}", url=label
+            f"cannot connect to {label}: {text}", url=label, **marks
         )
     if isinstance(exc, httpx.RemoteProtocolError):
         refused = _REFUSED.search(text) is not None
         what = "refused the HTTP/2 stream" if refused else "closed the connection"
-        return RemoteProtocolError(f"{label} {what}: {text}", url=label, refused=refused)
+        return RemoteProtocolError(f"{label} {what}: {text}", url=label, refused=refused, **marks)
     if isinstance(exc, httpx.LocalProtocolError):
         # The connection's protocol state refused the request (an HTTP/2 connection that
         # received GOAWAY, a frame h2's state machine rejects): it was not answered.
@@ -566,30 +615,31 @@ def from_httpx(exc: BaseException, ctx: ErrorContext) -> TransportError:
             f"the connection to {label} could not carry the request: {text}",
             url=label,
             refused=True,
+            **marks,
         )
     if isinstance(exc, httpx.NetworkError | httpx.ProtocolError):
-        return NetworkError(f"connection to {label} broke: {text}", url=label)
+        return NetworkError(f"connection to {label} broke: {text}", url=label, **marks)
     if isinstance(exc, httpx.TooManyRedirects | httpx.UnsupportedProtocol | httpx.InvalidURL):
         return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
-    return TransportError(f"request to {label} failed: {text}", url=label)
+    if not isinstance(exc, httpx.HTTPError):
+        # raised through httpx unwrapped: httpcore's ``int()`` of a malformed HTTP/2
+        # ``:status`` (ValueError), and the like: the server's answer was not HTTP
+        return RemoteProtocolError(
+            f"{label} sent a malformed answer: {type(exc).__name__}: {text[:200]}",
+            url=label,
+            **marks,
+        )
+    return TransportError(f"request to {label} failed: {text}", url=label, **marks)
 
 
-def from_urllib3(
-    exc: BaseException, ctx: ErrorContext, *, stage: str = "read", proxy: bool = False
+def _from_urllib3(
+    exc: BaseException,
+    ctx: ErrorContext,
+    marks: dict[str, Any],
+    *,
+    stage: str,
+    proxy: bool,
 ) -> TransportError:
-    """Translate an exception of the urllib3 / ``http.client`` / socket stack into this
-    library's tree (the blocking HTTP/1.1 transport's boundary; see ``from_httpx``).
-
-    Args:
-        exc: what the exchange raised.
-        ctx: how the error describes the endpoint.
-        stage: where it was raised: ``"connect"`` (TCP, TLS, proxy tunnel: nothing was
-            sent), ``"write"`` (sending the request) or ``"read"`` (waiting for or
-            reading the response). It tells the builtin ``TimeoutError`` / ``OSError``
-            apart, which carry no stage of their own.
-        proxy: the connection goes through a proxy (a failure while connecting is the
-            proxy's).
-    """
     import http.client
     import ssl
 
@@ -597,6 +647,9 @@ def from_urllib3(
         ClosedPoolError,
         ConnectTimeoutError,
         EmptyPoolError,
+        HeaderParsingError,
+        InvalidChunkLength,
+        InvalidHeader,
         NewConnectionError,
         ProtocolError,
         ProxyError,
@@ -608,10 +661,12 @@ def from_urllib3(
 
     label = ctx.url
     text = scrub(str(exc), ctx.key()) or type(exc).__name__
-    if isinstance(exc, ProtocolError) and len(exc.args) > 1:
+    if isinstance(exc, ProtocolError | ProxyError) and len(exc.args) > 1:
         inner = exc.args[1]
         if isinstance(inner, BaseException):
-            return from_urllib3(inner, ctx, stage=stage, proxy=proxy)
+            if isinstance(exc, ProxyError):
+                stage, proxy = "connect", True
+            return _from_urllib3(inner, ctx, marks, stage=stage, proxy=proxy)
     if isinstance(exc, EmptyPoolError):
         return pool_timeout_error(ctx)
     if isinstance(exc, ClosedPoolError):
@@ -624,13 +679,19 @@ def from_urllib3(
     if (isinstance(exc, ConnectTimeoutError) and timeout) or (timeout and stage == "connect"):
         what = "connecting to the proxy of" if proxy else "connecting to"
         return ConnectTimeout(
-            f"{what} {label} took longer than {ctx.connect} s (Timeouts.connect)", url=label
+            f"{what} {label} took longer than {ctx.connect} s (Timeouts.connect)",
+            url=label,
+            **marks,
         )
     if isinstance(exc, ReadTimeoutError) or (timeout and stage == "read"):
-        return ReadTimeout(f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label)
+        return ReadTimeout(
+            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
+        )
     if timeout and stage == "write":
         return WriteTimeout(
-            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)", url=label
+            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)",
+            url=label,
+            **marks,
         )
     tls = isinstance(exc, ssl.SSLError | CertificateError | Urllib3SSLError)
     if stage == "connect" or isinstance(exc, NewConnectionError | ProxyError):
@@ -638,26 +699,27 @@ def from_urllib3(
         if hint is not None:
             return hint
         if proxy or isinstance(exc, ProxyError):
-            return ConnectError(f"the proxy for {label} failed: {text}", url=label)
-        return ConnectError(f"cannot connect to {label}: {text}", url=label)
+            return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
+        return ConnectError(f"cannot connect to {label}: {text}", url=label, **marks)
     if isinstance(exc, http.client.RemoteDisconnected):
         return RemoteProtocolError(
             f"{label} closed the connection: Server disconnected without sending a response",
             url=label,
+            **marks,
         )
-    if isinstance(exc, http.client.HTTPException):
-        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label)
+    if isinstance(
+        exc, http.client.HTTPException | InvalidHeader | InvalidChunkLength | HeaderParsingError
+    ):
+        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label, **marks)
     if isinstance(exc, OSError):
         when = "sending the request" if stage == "write" else "reading the response"
-        return NetworkError(f"connection to {label} broke while {when}: {text}", url=label)
+        return NetworkError(f"connection to {label} broke while {when}: {text}", url=label, **marks)
     if isinstance(exc, ValueError | UnicodeError):
         return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
-    return TransportError(f"request to {label} failed: {text}", url=label)
+    return TransportError(f"request to {label} failed: {text}", url=label, **marks)
 
 
-def from_aiohttp(exc: BaseException, ctx: ErrorContext) -> TransportError:
-    """Translate an ``aiohttp`` client exception into this library's tree (the async
-    transport's boundary; see ``from_httpx``)."""
+def _from_aiohttp(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> TransportError:
     import aiohttp
 
     label = ctx.url
@@ -666,24 +728,28 @@ def from_aiohttp(exc: BaseException, ctx: ErrorContext) -> TransportError:
         return ConnectTimeout(
             f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
             url=label,
+            **marks,
         )
     if isinstance(exc, aiohttp.ServerTimeoutError):
-        return ReadTimeout(f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label)
+        return ReadTimeout(
+            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
+        )
     if isinstance(exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
-        return ConnectError(f"the proxy for {label} failed: {text}", url=label)
+        return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return _tls_hint(text, label) or ConnectError(
-            f"cannot connect to {label}: {text}", url=label
+            f"cannot connect to {label}: {text}", url=label, **marks
         )
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return RemoteProtocolError(
             f"{label} closed the connection: Server disconnected without sending a response",
             url=label,
+            **marks,
         )
     if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
-        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label)
+        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label, **marks)
     if isinstance(exc, aiohttp.ClientOSError | aiohttp.ClientConnectionError):
-        return NetworkError(f"connection to {label} broke: {text}", url=label)
+        return NetworkError(f"connection to {label} broke: {text}", url=label, **marks)
     if isinstance(exc, aiohttp.InvalidURL):
         return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
-    return TransportError(f"request to {label} failed: {text}", url=label)
+    return TransportError(f"request to {label} failed: {text}", url=label, **marks)

@@ -30,12 +30,13 @@ two transports route the same way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 import threading
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,12 +44,15 @@ from ._http import httpx
 from .config import PoolKey, Timeouts
 from .errors import (
     ErrorContext,
-    NetworkError,
+    PoolTimeout,
     QwenEmbedError,
+    RemoteProtocolError,
     ResponseError,
-    from_httpx,
+    TimeoutException,
     pool_timeout_error,
+    scrub,
     total_timeout_error,
+    translate,
 )
 from .metrics import EndpointMetrics
 
@@ -58,7 +62,8 @@ __all__ = [
     "Request",
     "Retired",
     "SyncTransport",
-    "h2_state_error",
+    "check_status",
+    "mapped",
     "ssl_context",
 ]
 
@@ -211,8 +216,9 @@ class _Body:
         elif encoding == "deflate":
             self._inflater = zlib.decompressobj()
         else:
+            shown = scrub(encoding, ctx.key())[:40]
             raise ResponseError(
-                f"{ctx.url} answered with Content-Encoding {encoding[:40]!r}, which this "
+                f"{ctx.url} answered with Content-Encoding {shown!r}, which this "
                 "client did not ask for (it accepts gzip and deflate)",
                 url=ctx.url,
             )
@@ -286,6 +292,104 @@ def _deadline(total: float | None) -> float | None:
 
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
+
+
+# --------------------------------------------------------------------------- one exchange
+
+
+class Progress:
+    """How far one exchange got, for the error it may end in (``mapped``) and for the
+    sync backend's watchdog.
+
+    Attributes:
+        deadline: the ``time.monotonic()`` the exchange must end by (``None``: none).
+        connect, write: the connect and write timeouts in force (seconds).
+        stage: ``"connect"``, ``"write"`` or ``"read"``.
+        fresh: the exchange runs on a connection opened for it.
+        connected: a connection was opened during this exchange.
+        received: part of the response has arrived.
+        conn: the backend's connection object (sync HTTP/1.1), once known.
+        expired: the watchdog shut the connection down at the deadline.
+    """
+
+    __slots__ = (
+        "conn",
+        "connect",
+        "connected",
+        "deadline",
+        "expired",
+        "fresh",
+        "received",
+        "stage",
+        "write",
+    )
+
+    def __init__(
+        self,
+        deadline: float | None,
+        connect: float | None = None,
+        write: float | None = None,
+    ) -> None:
+        self.deadline = deadline
+        self.connect = connect
+        self.write = write
+        self.stage = "connect"
+        self.fresh = True
+        self.connected = False
+        self.received = False
+        self.conn: Any = None
+        self.expired = False
+
+
+@contextlib.contextmanager
+def mapped(
+    req: Request, progress: Progress, backend: str, *, proxy: bool = False
+) -> Iterator[None]:
+    """Translate what the backend raises inside the block into the library's error,
+    raised ``from`` it (``errors.translate``, the one map), built once with how far the
+    exchange got (``fresh``, ``received``). A timeout at or past the deadline (a
+    per-read timeout set to the time left), and any failure of a read the watchdog cut at
+    the deadline, is the total budget's ``ReadTimeout``."""
+    try:
+        yield
+    except (QwenEmbedError, Retired):
+        raise
+    except Exception as exc:
+        error = translate(
+            exc,
+            req.ctx,
+            backend=backend,
+            stage=progress.stage,
+            proxy=proxy,
+            fresh=progress.fresh,
+            received=progress.received,
+        )
+        deadline = progress.deadline
+        if progress.expired or (
+            isinstance(error, TimeoutException)
+            and not isinstance(error, PoolTimeout)
+            and deadline is not None
+            and time.monotonic() >= deadline - 0.002
+        ):
+            error = total_timeout_error(
+                req.ctx, req.total, received=progress.received, fresh=progress.fresh
+            )
+        raise error from exc
+
+
+def check_status(status: int, req: Request, progress: Progress) -> None:
+    """Refuse a status that is not a final HTTP answer (``200``-``599`` after the
+    backend skipped interim ``1xx`` answers): the connection is then closed, never
+    reused, and no body is read as an answer."""
+    if 200 <= status <= 599:
+        return
+    what = "an interim (1xx) answer" if 100 <= status <= 199 else "a malformed status"
+    raise RemoteProtocolError(
+        f"{req.ctx.url} answered with {what} ({status}) where the final response was due",
+        url=req.ctx.url,
+        fresh=progress.fresh,
+        received=True,
+    )
 
 
 # --------------------------------------------------------------------------- gates
@@ -388,19 +492,27 @@ def _limits(key: PoolKey) -> Any:
 
 
 def _timeout_ext(t: Timeouts, left: float | None) -> dict[str, float | None]:
-    read = t.read
-    if left is not None:
-        read = left if read is None else min(read, left)
-    return {"connect": t.connect, "read": read, "write": t.write, "pool": t.pool}
+    """httpx's per-request timeouts, each at most the time left (``left``)."""
+
+    def bounded(value: float | None) -> float | None:
+        if left is None:
+            return value
+        return left if value is None else min(value, left)
+
+    return {
+        "connect": bounded(t.connect),
+        "read": bounded(t.read),
+        "write": bounded(t.write),
+        "pool": bounded(t.pool),
+    }
 
 
 class SyncTransport:
     """The blocking transport of one pool (all threads).
 
-    HTTP/1.1 runs on urllib3 (``_urllib3.HTTP1Pool``: one connection pool of at most
-    ``max_connections`` connections, keep-alive expiry, proxies, ~1.0x the stdlib's
-    CPU per exchange); HTTP/2 and cleartext h2c on an ``httpx.Client`` (httpx2 under
-    openai 3.x), which multiplexes requests on its connections.
+    HTTP/1.1 runs on urllib3 (``_urllib3.HTTP1Pool``, public API; at most
+    ``max_connections`` connections); HTTP/2 and cleartext h2c on an ``httpx.Client``
+    (``httpx2`` under openai 3.x), which multiplexes requests on its connections.
 
     Args:
         key: the pool's settings (URL, limits, HTTP/2, TLS, proxy).
@@ -434,29 +546,22 @@ class SyncTransport:
                 limits=_limits(key),
                 proxy=key.proxy,
             )
-            self._client = self._httpx_client(inner)
+            self._client = httpx.Client(
+                transport=inner,
+                timeout=httpx.Timeout(5.0),
+                follow_redirects=False,
+                trust_env=False,
+                headers={"User-Agent": _USER_AGENT},
+            )
         else:
             from ._urllib3 import HTTP1Pool
 
-            self._http1 = HTTP1Pool(key, metrics, ctx, gate=gate)
-        # No per-connection slots: HTTP/2 multiplexes, and HTTP/1.1 requests are
-        # bounded by the urllib3 pool itself (maxsize=max_connections, blocking).
-        self._slots: threading.BoundedSemaphore | None = None
+            self._http1 = HTTP1Pool(key, metrics, ctx)
         self._gate = gate
         self._urls: dict[str, Any] = {}
         self._state = threading.Lock()
         self._active = 0
         self._retired = False
-
-    @staticmethod
-    def _httpx_client(inner: Any) -> Any:
-        return httpx.Client(
-            transport=inner,
-            timeout=httpx.Timeout(5.0),
-            follow_redirects=False,
-            trust_env=False,
-            headers={"User-Agent": _USER_AGENT},
-        )
 
     @property
     def is_closed(self) -> bool:
@@ -479,23 +584,6 @@ class SyncTransport:
             found = self._urls[url] = httpx.URL(url)
         return found
 
-    def _acquire(self, req: Request) -> None:
-        wait = req.timeouts.pool
-        gate = self._gate
-        if gate is not None and not gate.acquire(wait):
-            raise pool_timeout_error(req.ctx)
-        slots = self._slots
-        if slots is not None and not slots.acquire(timeout=wait):
-            if gate is not None:
-                gate.release()
-            raise pool_timeout_error(req.ctx)
-
-    def _release(self) -> None:
-        if self._slots is not None:
-            self._slots.release()
-        if self._gate is not None:
-            self._gate.release()
-
     def send(self, req: Request) -> Reply:
         """Perform ``req``; raise a translated ``QwenEmbedError`` on failure, or
         ``Retired`` when the transport was closed under it."""
@@ -505,22 +593,21 @@ class SyncTransport:
             self._active += 1
         try:
             deadline = _deadline(req.total)
-            http1 = self._http1
-            if http1 is not None:
-                gate = self._gate
-                if gate is None:
-                    return http1.exchange(req, deadline)  # type: ignore[no-any-return]
-                if not gate.acquire(req.timeouts.pool):
+            gate = self._gate
+            if gate is not None:
+                wait = req.timeouts.pool
+                left = _left(deadline)
+                if left is not None:
+                    wait = left if wait is None else min(wait, left)
+                if not gate.acquire(wait):
                     raise pool_timeout_error(req.ctx)
-                try:
-                    return http1.exchange(req, deadline)  # type: ignore[no-any-return]
-                finally:
-                    gate.release()
-            self._acquire(req)
             try:
+                if self._http1 is not None:
+                    return self._http1.exchange(req, deadline)  # type: ignore[no-any-return]
                 return self._exchange(req, deadline)
             finally:
-                self._release()
+                if gate is not None:
+                    gate.release()
         except QwenEmbedError as exc:
             if self._retired:
                 raise Retired from exc
@@ -530,13 +617,15 @@ class SyncTransport:
                 self._active -= 1
 
     def _exchange(self, req: Request, deadline: float | None) -> Reply:
-        fresh = False
+        """One exchange on the HTTP/2 client. Its deadline: every httpx timeout is at
+        most the time left, and the body loop checks it between frames."""
+        progress = Progress(deadline)
+        progress.fresh = False
         metrics = self.metrics
 
         def trace(name: str, info: dict[str, Any]) -> None:
-            nonlocal fresh
             if name.endswith("connect_tcp.complete"):
-                fresh = True
+                progress.fresh = True
                 metrics.connection_opened()
 
         headers = dict(req.headers)
@@ -548,30 +637,31 @@ class SyncTransport:
             content=req.body or None,
             extensions={"timeout": _timeout_ext(req.timeouts, _left(deadline)), "trace": trace},
         )
-        received = False
+        response: Any = None
         try:
-            response = self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise from_httpx(exc, req.ctx) from exc
-        try:
-            resp_headers = response.headers
-            _declared_too_big(resp_headers, req.max_bytes, req.ctx)
-            body = _Body(resp_headers.get("content-encoding", ""), req.max_bytes, req.ctx)
-            for chunk in response.iter_raw(_CHUNK):
-                received = True
-                body.feed(chunk)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise total_timeout_error(req.ctx, req.total, received=True)
-            data = body.result()
-        except httpx.HTTPError as exc:
-            raise from_httpx(exc, req.ctx).with_received(received) from exc
+            with mapped(req, progress, "httpx"):
+                response = self._client.send(request, stream=True)
+                progress.stage = "read"
+                check_status(response.status_code, req, progress)
+                resp_headers = response.headers
+                _declared_too_big(resp_headers, req.max_bytes, req.ctx)
+                body = _Body(resp_headers.get("content-encoding", ""), req.max_bytes, req.ctx)
+                for chunk in response.iter_raw(_CHUNK):
+                    progress.received = True
+                    body.feed(chunk)
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise total_timeout_error(
+                            req.ctx, req.total, received=True, fresh=progress.fresh
+                        )
+                data = body.result()
         finally:
-            response.close()
+            if response is not None:
+                response.close()
         return Reply(
             status=response.status_code,
             headers=resp_headers,
             body=data,
-            fresh=fresh,
+            fresh=progress.fresh,
             http_version=response.http_version,
         )
 
@@ -602,16 +692,3 @@ def sdk_cap(body: bytes) -> int:
     inputs = data.get("input") if isinstance(data, dict) else None
     count = len(inputs) if isinstance(inputs, list) else 1
     return max(_SDK_CAP_FLOOR, count * 8192 * 32 + 65_536)
-
-
-def h2_state_error(exc: BaseException, ctx: ErrorContext) -> NetworkError | None:
-    """An ``h2`` exception that escaped the HTTP library: a frame arrived on a
-    connection h2's state machine considers closed (after a GOAWAY), so the stream was
-    not answered: resend it (``refused``). ``None`` for any other exception."""
-    if not type(exc).__module__.startswith("h2."):
-        return None
-    text = str(exc)
-    refused = "ConnectionState.CLOSED" in text
-    return NetworkError(
-        f"the HTTP/2 connection to {ctx.url} failed: {text[:200]}", url=ctx.url, refused=refused
-    )

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import _sdk, pool
+from qwen_embed_plugins import pool
 from qwen_embed_plugins.testing import EmbeddingServer, expected_embedding
 
 TEXTS_1000 = [f"passage number {i}: the quick brown fox {i * 7919 % 1000}" for i in range(1000)]
