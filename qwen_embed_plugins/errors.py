@@ -540,8 +540,9 @@ def translate(
     Args:
         exc: what the backend raised.
         ctx: how the error describes the endpoint; its key is scrubbed from every text.
-        backend: ``"httpx"``, ``"urllib3"`` or ``"aiohttp"``: whose exception it is (a
-            builtin ``ValueError`` means different things in each).
+        backend: ``"httpx"``, ``"aiohttp"`` or ``"stdlib"`` (``http.client``, ``ssl``,
+            ``socket``; urllib3's exceptions are recognised too): whose exception it is
+            (a builtin ``ValueError`` means different things in each).
         stage: how far the exchange got, for exceptions that carry no stage of their own
             (the builtin ``TimeoutError``/``OSError``): ``"connect"`` (TCP, TLS, proxy
             tunnel: nothing sent), ``"write"`` or ``"read"``.

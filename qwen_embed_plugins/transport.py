@@ -1,30 +1,36 @@
 """One HTTP exchange through a pool's connection: bounded in size and time, errors
-translated at the boundary.
+translated at the boundary, written once above the backends.
 
 Two implementations of the same contract, ``send(Request) -> Reply``:
 
-- ``SyncTransport`` (blocking, all threads): urllib3 for HTTP/1.1 (``_urllib3.py``:
-  one connection pool per key, ~1.0x the stdlib's CPU per exchange) and an
-  ``httpx.Client`` (``httpx2`` under openai 3.x) when HTTP/2 is asked.
-- ``AsyncTransport`` (one per event loop): ``aiohttp`` for HTTP/1.1 — 3-5x less CPU
-  per request than httpx's async stack on this workload (docs/benchmarks.md) — and an
-  ``httpx.AsyncClient`` when HTTP/2 is asked (aiohttp speaks HTTP/1.1 only).
+- ``SyncTransport`` (blocking, all threads): the stdlib's ``http.client`` for HTTP/1.1
+  (``_http11.py``, public API, a pool of its own) and an ``httpx.Client`` (``httpx2``
+  under openai 3.x) when HTTP/2 is asked.
+- ``AsyncTransport`` (one per event loop, ``_async_http.py``): ``aiohttp`` for HTTP/1.1
+  (docs/benchmarks.md, "Transport candidates") and an ``httpx.AsyncClient`` when HTTP/2
+  is asked (aiohttp speaks HTTP/1.1 only).
 
-Both read the body as a stream and enforce, while reading:
+What every backend shares is here, once:
 
-- a size cap (``Request.max_bytes``) on the bytes received AND on the bytes after
-  ``Content-Encoding`` decoding (gzip/deflate decoded here, bounded: a small gzip body
-  cannot inflate past the cap), so a hostile ``Content-Length``, an endless chunked
-  body or a gzip bomb ends in ``ResponseError`` with bounded memory;
-- a total time budget (``Request.total``: ``Timeouts.total`` or the call's deadline,
-  whichever is sooner), so a body trickling in just fast enough to beat the read
-  timeout still ends;
-- connection reuse only of sockets with nothing unread on them (a stray response that
-  no request asked for is never taken as the next request's answer).
+- ``_Body``: the size cap (``Request.max_bytes``) on the bytes received AND on the bytes
+  after ``Content-Encoding`` decoding (gzip/deflate decoded here, bounded: a small gzip
+  body cannot inflate past the cap), so a hostile ``Content-Length``, an endless chunked
+  body or a gzip bomb ends in ``ResponseError`` with bounded memory; an unasked-for
+  encoding is refused (its name scrubbed of the key);
+- ``Progress`` and ``mapped``: how far an exchange got, and the one place a backend's
+  exception becomes the library's (``errors.translate``), raised ``from`` it; a timeout
+  at the deadline is the total budget's ``ReadTimeout``;
+- ``check_status``: a status outside 200-599 (after the backend skipped 1xx answers) is
+  a ``RemoteProtocolError``, never success;
+- the total time budget (``Request.total``: ``Timeouts.total`` or the call's deadline,
+  whichever is sooner): each backend bounds its connect, write, pool wait and reads by
+  the time left, and the whole exchange as its module says;
+- ``ProcessGate`` (``Limits.max_connections_per_process``), ``ssl_context``, and
+  ``quiet_header_loggers`` (no HTTP/2 header block in the logs).
 
-Redirects are never followed (a 3xx is returned as it is). Proxies are passed
-explicitly (resolved once from the config; see ``EmbeddingConfig.proxy_for``), so the
-two transports route the same way.
+Connection reuse only of sockets with nothing unread on them; redirects are never
+followed (a 3xx is returned as it is). Proxies are passed explicitly (resolved once from
+the config; see ``EmbeddingConfig.proxy_for``), so the transports route the same way.
 """
 
 from __future__ import annotations
@@ -510,8 +516,8 @@ def _timeout_ext(t: Timeouts, left: float | None) -> dict[str, float | None]:
 class SyncTransport:
     """The blocking transport of one pool (all threads).
 
-    HTTP/1.1 runs on urllib3 (``_urllib3.HTTP1Pool``, public API; at most
-    ``max_connections`` connections); HTTP/2 and cleartext h2c on an ``httpx.Client``
+    HTTP/1.1 runs on the stdlib's ``http.client`` (``_http11.HTTP1Pool``, public API; at
+    most ``max_connections`` connections); HTTP/2 and cleartext h2c on an ``httpx.Client``
     (``httpx2`` under openai 3.x), which multiplexes requests on its connections.
 
     Args:
@@ -554,7 +560,7 @@ class SyncTransport:
                 headers={"User-Agent": _USER_AGENT},
             )
         else:
-            from ._urllib3 import HTTP1Pool
+            from ._http11 import HTTP1Pool
 
             self._http1 = HTTP1Pool(key, metrics, ctx)
         self._gate = gate

@@ -1,4 +1,4 @@
-"""The blocking HTTP/1.1 transport on urllib3 (``qwen_embed_plugins._urllib3``).
+"""The blocking HTTP/1.1 transport on ``http.client`` (``qwen_embed_plugins._http11``).
 
 Against loopback servers: `EmbeddingServer`s (uvicorn), and, for what a real server
 cannot do on cue (stray bytes, endless or trickling bodies, gzip bombs, a server that
@@ -31,7 +31,7 @@ import pytest
 from urllib3.exceptions import EmptyPoolError, NewConnectionError, ProtocolError
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import _urllib3, pool
+from qwen_embed_plugins import _http11, pool
 from qwen_embed_plugins._http import httpx
 from qwen_embed_plugins.config import PoolKey
 from qwen_embed_plugins.errors import ErrorContext, endpoint_label, translate
@@ -108,9 +108,7 @@ def vectors(reply: Reply) -> np.ndarray:
 
 def open_idle(t: SyncTransport) -> int:
     """Connections kept open in the transport's pool, idle (client-side count)."""
-    q_ = t._http1._pool.pool
-    with q_.mutex:
-        return sum(1 for c in q_.queue if c is not None and c.sock is not None)
+    return sum(1 for c, _ in t._http1._idle if c.sock is not None)
 
 
 # --------------------------------------------------------------------------- raw server
@@ -366,7 +364,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
-    monkeypatch.setattr(_urllib3, "time", types.SimpleNamespace(monotonic=fake.monotonic))
+    monkeypatch.setattr(_http11, "time", types.SimpleNamespace(monotonic=fake.monotonic))
     return fake
 
 
@@ -542,9 +540,7 @@ def test_connection_with_stray_bytes_is_never_reused() -> None:
 
 
 def _readable(t: SyncTransport) -> bool:
-    q_ = t._http1._pool.pool
-    with q_.mutex:
-        socks = [c.sock for c in q_.queue if c is not None and c.sock is not None]
+    socks = [c.sock for c, _ in t._http1._idle if c.sock is not None]
     return bool(socks) and bool(select.select(socks, [], [], 0)[0])
 
 
@@ -979,7 +975,7 @@ def test_translate_urllib3(exc: BaseException, stage: str, cls: type, sent: bool
         pool=4.0,
         max_connections=7,
     )
-    error = translate(exc, ctx, backend="urllib3", stage=stage)
+    error = translate(exc, ctx, backend="stdlib", stage=stage)
     assert type(error) is cls
     assert error.sent is sent
     assert KEY not in str(error)
