@@ -54,6 +54,7 @@ from .transport import (
     _limits,
     _timeout_ext,
     check_status,
+    failure,
     mapped,
     quiet_header_loggers,
     ssl_context,
@@ -276,41 +277,43 @@ class AsyncTransport:
         resp: Any = None
         ok = False
         try:
-            with mapped(req, progress, "aiohttp"):
-                try:
-                    body = req.body
-                    resp = await session.request(
-                        req.method,
-                        self._url(req.url),
-                        # aiohttp warns for a bytes body over 1 MiB ("might lock the event
-                        # loop"): a large one is sent from a file-like object, in pieces
-                        data=(body if len(body) < _LARGE_BODY else io.BytesIO(body)) or None,
-                        headers=headers,
-                        allow_redirects=False,
-                        timeout=timeout,
-                        proxy=self.key.proxy,
-                    )
-                    conn = resp.connection
-                    progress.fresh = bool(getattr(conn, "_qwen_fresh", True)) if conn else True
-                    progress.stage = "read"
-                    check_status(resp.status, req, progress)
-                    _declared_too_big(resp.headers, req.max_bytes, req.ctx)
-                    reader = _Body(resp.headers.get("Content-Encoding", ""), req.max_bytes, req.ctx)
-                    async for chunk in resp.content.iter_any():
-                        progress.received = True
-                        reader.feed(chunk)
-                        if deadline is not None and time.monotonic() > deadline:
-                            raise total_timeout_error(
-                                req.ctx, req.total, received=True, fresh=progress.fresh
-                            )
-                    data = reader.result()
-                    ok = True
-                except TimeoutError as exc:  # aiohttp's total timer
-                    if isinstance(exc, aiohttp.ClientError):
-                        raise
+            body = req.body
+            resp = await session.request(
+                req.method,
+                self._url(req.url),
+                # aiohttp warns for a bytes body over 1 MiB ("might lock the event loop"):
+                # a large one is sent from a file-like object, in pieces
+                data=(body if len(body) < _LARGE_BODY else io.BytesIO(body)) or None,
+                headers=headers,
+                allow_redirects=False,
+                timeout=timeout,
+                proxy=self.key.proxy,
+            )
+            conn = resp.connection
+            progress.fresh = bool(getattr(conn, "_qwen_fresh", True)) if conn else True
+            progress.stage = "read"
+            check_status(resp.status, req, progress)
+            _declared_too_big(resp.headers, req.max_bytes, req.ctx)
+            reader = _Body(resp.headers.get("Content-Encoding", ""), req.max_bytes, req.ctx)
+            content = resp.content
+            while chunk := await content.readany():
+                progress.received = True
+                reader.feed(chunk)
+                if deadline is not None and time.monotonic() > deadline:
                     raise total_timeout_error(
-                        req.ctx, req.total, received=progress.received, fresh=progress.fresh
-                    ) from exc
+                        req.ctx, req.total, received=True, fresh=progress.fresh
+                    )
+            data = reader.result()
+            ok = True
+        except (QwenEmbedError, Retired):
+            raise
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
+                # aiohttp's total timer (ClientTimeout.total): the deadline
+                raise total_timeout_error(
+                    req.ctx, req.total, received=progress.received, fresh=progress.fresh
+                ) from exc
+            raise failure(exc, req, progress, "aiohttp") from exc
         finally:
             if resp is not None:
                 if ok:

@@ -532,8 +532,8 @@ def translate(
     received: bool = False,
 ) -> QwenEmbedError:
     """The library error for an exception an HTTP backend raised: the one map from
-    ``httpx``/``httpx2`` (and the ``h2`` exceptions that escape it), ``urllib3`` /
-    ``http.client`` / ``socket`` and ``aiohttp`` to this tree (as httpx maps httpcore's
+    ``httpx``/``httpx2`` (and the ``h2`` exceptions that escape it), ``http.client`` /
+    ``ssl`` / ``socket`` and ``aiohttp`` to this tree (as httpx maps httpcore's
     in ``map_httpcore_exceptions``). The caller raises the result ``from exc``
     (``transport.mapped`` does, for every backend).
 
@@ -541,8 +541,8 @@ def translate(
         exc: what the backend raised.
         ctx: how the error describes the endpoint; its key is scrubbed from every text.
         backend: ``"httpx"``, ``"aiohttp"`` or ``"stdlib"`` (``http.client``, ``ssl``,
-            ``socket``; urllib3's exceptions are recognised too): whose exception it is
-            (a builtin ``ValueError`` means different things in each).
+            ``socket``): whose exception it is (a builtin ``ValueError`` means different
+            things in each).
         stage: how far the exchange got, for exceptions that carry no stage of their own
             (the builtin ``TimeoutError``/``OSError``): ``"connect"`` (TCP, TLS, proxy
             tunnel: nothing sent), ``"write"`` or ``"read"``.
@@ -559,7 +559,7 @@ def translate(
         return _from_aiohttp(exc, ctx, marks)
     if backend == "httpx":
         return _from_httpx(exc, ctx, marks)
-    return _from_urllib3(exc, ctx, marks, stage=stage, proxy=proxy)
+    return _from_stdlib(exc, ctx, marks, stage=stage, proxy=proxy)
 
 
 def _from_h2(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> NetworkError:
@@ -633,7 +633,7 @@ def _from_httpx(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) ->
     return TransportError(f"request to {label} failed: {text}", url=label, **marks)
 
 
-def _from_urllib3(
+def _from_stdlib(
     exc: BaseException,
     ctx: ErrorContext,
     marks: dict[str, Any],
@@ -644,62 +644,31 @@ def _from_urllib3(
     import http.client
     import ssl
 
-    from urllib3.exceptions import (
-        ClosedPoolError,
-        ConnectTimeoutError,
-        EmptyPoolError,
-        HeaderParsingError,
-        InvalidChunkLength,
-        InvalidHeader,
-        NewConnectionError,
-        ProtocolError,
-        ProxyError,
-        ReadTimeoutError,
-    )
-    from urllib3.exceptions import SSLError as Urllib3SSLError
-    from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
-    from urllib3.util.ssl_match_hostname import CertificateError
-
     label = ctx.url
     text = scrub(str(exc), ctx.key()) or type(exc).__name__
-    if isinstance(exc, ProtocolError | ProxyError) and len(exc.args) > 1:
-        inner = exc.args[1]
-        if isinstance(inner, BaseException):
-            if isinstance(exc, ProxyError):
-                stage, proxy = "connect", True
-            return _from_urllib3(inner, ctx, marks, stage=stage, proxy=proxy)
-    if isinstance(exc, EmptyPoolError):
-        return pool_timeout_error(ctx)
-    if isinstance(exc, ClosedPoolError):
-        return TransportError(f"the pool of {label} was closed: {text}", url=label, sent=False)
-    # urllib3's NewConnectionError subclasses ConnectTimeoutError (for compatibility):
-    # a refused connection is not a timeout.
-    timeout = isinstance(exc, TimeoutError | Urllib3TimeoutError) and not isinstance(
-        exc, NewConnectionError
-    )
-    if (isinstance(exc, ConnectTimeoutError) and timeout) or (timeout and stage == "connect"):
+    if isinstance(exc, TimeoutError) and stage == "connect":
         what = "connecting to the proxy of" if proxy else "connecting to"
         return ConnectTimeout(
             f"{what} {label} took longer than {ctx.connect} s (Timeouts.connect)",
             url=label,
             **marks,
         )
-    if isinstance(exc, ReadTimeoutError) or (timeout and stage == "read"):
-        return ReadTimeout(
-            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
-        )
-    if timeout and stage == "write":
+    if isinstance(exc, TimeoutError) and stage == "write":
         return WriteTimeout(
             f"sending to {label} took longer than {ctx.write} s (Timeouts.write)",
             url=label,
             **marks,
         )
-    tls = isinstance(exc, ssl.SSLError | CertificateError | Urllib3SSLError)
-    if stage == "connect" or isinstance(exc, NewConnectionError | ProxyError):
+    if isinstance(exc, TimeoutError):
+        return ReadTimeout(
+            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
+        )
+    tls = isinstance(exc, ssl.SSLError | ssl.CertificateError)
+    if stage == "connect":
         hint = _tls_hint(text, label) if tls or "CERTIFICATE" in text else None
         if hint is not None:
             return hint
-        if proxy or isinstance(exc, ProxyError):
+        if proxy:
             return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
         return ConnectError(f"cannot connect to {label}: {text}", url=label, **marks)
     if isinstance(exc, http.client.RemoteDisconnected):
@@ -708,9 +677,7 @@ def _from_urllib3(
             url=label,
             **marks,
         )
-    if isinstance(
-        exc, http.client.HTTPException | InvalidHeader | InvalidChunkLength | HeaderParsingError
-    ):
+    if isinstance(exc, http.client.HTTPException):
         return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label, **marks)
     if isinstance(exc, OSError):
         when = "sending the request" if stage == "write" else "reading the response"

@@ -17,9 +17,9 @@ What every backend shares is here, once:
   body cannot inflate past the cap), so a hostile ``Content-Length``, an endless chunked
   body or a gzip bomb ends in ``ResponseError`` with bounded memory; an unasked-for
   encoding is refused (its name scrubbed of the key);
-- ``Progress`` and ``mapped``: how far an exchange got, and the one place a backend's
-  exception becomes the library's (``errors.translate``), raised ``from`` it; a timeout
-  at the deadline is the total budget's ``ReadTimeout``;
+- ``Progress``, ``failure`` and ``mapped``: how far an exchange got, and the one place a
+  backend's exception becomes the library's (``errors.translate``), raised ``from`` it;
+  a timeout at the deadline is the total budget's ``ReadTimeout``;
 - ``check_status``: a status outside 200-599 (after the backend skipped 1xx answers) is
   a ``RemoteProtocolError``, never success;
 - the total time budget (``Request.total``: ``Timeouts.total`` or the call's deadline,
@@ -69,6 +69,7 @@ __all__ = [
     "Retired",
     "SyncTransport",
     "check_status",
+    "failure",
     "mapped",
     "ssl_context",
 ]
@@ -347,40 +348,48 @@ class Progress:
         self.expired = False
 
 
+def failure(
+    exc: Exception, req: Request, progress: Progress, backend: str, *, proxy: bool = False
+) -> QwenEmbedError:
+    """The library's error for what a backend raised during ``req`` (``errors.translate``,
+    the one map), built once with how far the exchange got (``fresh``, ``received``); a
+    timeout at or past the deadline (a per-read timeout set to the time left), and any
+    failure of a read the watchdog cut at the deadline, is the total budget's
+    ``ReadTimeout``. The caller raises it ``from exc``."""
+    error = translate(
+        exc,
+        req.ctx,
+        backend=backend,
+        stage=progress.stage,
+        proxy=proxy,
+        fresh=progress.fresh,
+        received=progress.received,
+    )
+    deadline = progress.deadline
+    if progress.expired or (
+        isinstance(error, TimeoutException)
+        and not isinstance(error, PoolTimeout)
+        and deadline is not None
+        and time.monotonic() >= deadline - 0.002
+    ):
+        error = total_timeout_error(
+            req.ctx, req.total, received=progress.received, fresh=progress.fresh
+        )
+    return error
+
+
 @contextlib.contextmanager
 def mapped(
     req: Request, progress: Progress, backend: str, *, proxy: bool = False
 ) -> Iterator[None]:
-    """Translate what the backend raises inside the block into the library's error,
-    raised ``from`` it (``errors.translate``, the one map), built once with how far the
-    exchange got (``fresh``, ``received``). A timeout at or past the deadline (a
-    per-read timeout set to the time left), and any failure of a read the watchdog cut at
-    the deadline, is the total budget's ``ReadTimeout``."""
+    """Raise ``failure(...)`` ``from`` whatever the backend raises inside the block (the
+    library's own errors and ``Retired`` pass through)."""
     try:
         yield
     except (QwenEmbedError, Retired):
         raise
     except Exception as exc:
-        error = translate(
-            exc,
-            req.ctx,
-            backend=backend,
-            stage=progress.stage,
-            proxy=proxy,
-            fresh=progress.fresh,
-            received=progress.received,
-        )
-        deadline = progress.deadline
-        if progress.expired or (
-            isinstance(error, TimeoutException)
-            and not isinstance(error, PoolTimeout)
-            and deadline is not None
-            and time.monotonic() >= deadline - 0.002
-        ):
-            error = total_timeout_error(
-                req.ctx, req.total, received=progress.received, fresh=progress.fresh
-            )
-        raise error from exc
+        raise failure(exc, req, progress, backend, proxy=proxy) from exc
 
 
 def check_status(status: int, req: Request, progress: Progress) -> None:

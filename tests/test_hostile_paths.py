@@ -200,7 +200,10 @@ def test_a_wait_for_the_pool_ends_at_the_deadline(hostile: HostileServer, path: 
     # far longer than the deadline
     limits = q.Limits(max_connections=1, max_connections_per_process=1)
     extra = {"limits": limits, "timeout": q.Timeouts(pool=60.0, read=60.0)}
-    holder = threading.Thread(target=call, args=("sync", hostile.base_url), kwargs=extra)
+    # the holder keeps the connection longer than the caller's whole deadline
+    holder = threading.Thread(
+        target=call, args=("sync", hostile.base_url), kwargs={**extra, "deadline": 4 * DEADLINE}
+    )
     holder.start()
     try:
         hostile.wait_for("requests", 1)  # the holder's request is at the server
