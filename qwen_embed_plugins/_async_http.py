@@ -14,15 +14,45 @@ every connection's socket is closed directly, so the server sees the connections
 and no "Unclosed client session" / "Unclosed connector" / "unclosed transport" message
 is printed for a loop the user dropped.
 
-aiohttp was chosen after measuring the candidates side by side: client CPU per request
-within 1.0-1.3x of raw aiohttp with every guarantee on, against 2.4-4.6x for httpx2's
-async stack, tuned or not (docs/benchmarks.md, "Transport candidates").
+aiohttp was chosen after measuring the candidates side by side (docs/benchmarks.md,
+"Transport candidates"): httpx2's async stack costs 2.4-4.6x raw aiohttp per request.
+
+Which guarantee comes from where:
+
+- the total time budget: aiohttp's ``ClientTimeout(total=...)`` (the time left) bounds
+  the whole aiohttp exchange, head and body included (a trickled head, chunk-size line
+  or trailer ends there); the HTTP/2 exchange is awaited under ``asyncio.timeout_at``;
+  the pool wait is bounded by the time left too;
+- the size cap: ``StreamReader.readany()`` / ``Response.aiter_raw`` into
+  ``transport._Body``;
+- no reuse of a socket with bytes left: ``ClientResponse.release()`` only after the body
+  was read to its end, ``ClientResponse.close()`` otherwise; interim 1xx answers are
+  skipped by aiohttp and httpx; statuses outside 200-599 are refused
+  (``transport.check_status``);
+- errors: ``transport.failure`` / ``mapped`` (``errors.translate``), chained ``from``;
+- keep-alive: ``TCPConnector(limit=max_connections, keepalive_timeout=
+  keepalive_expiry)``; httpx's ``Limits``. aiohttp has no cap on idle connections kept
+  below ``limit``: ``max_keepalive_connections`` applies to the HTTP/2 client only.
+
+Remaining reliance on aiohttp's, httpx's and asyncio's private attributes (issue 19
+item 1 is not finished here): the quiet close of a loop dropped without being closed
+(``QuietFlag``, ``_close_connector_quietly``, ``_close_dead_transport``,
+``_quiet_when_collected``: ``connector._conns`` / ``_acquired`` / ``_closed``,
+``session._connector``, asyncio transports' ``_sock`` / ``_ssl_protocol`` and the
+loop's ``_transports``, a ``__class__`` swap), the connector subclass's ``connect``
+override (reads ``_closed`` / ``_loop``, marks connections ``_qwen_fresh``) and the
+HTTP/2 socket lookup in ``_opened_stream``. No public API closes a socket whose event
+loop is gone without a ResourceWarning; the candidate is to drop that guarantee (a loop
+must be closed, as aiohttp itself requires) or to open the sockets ourselves
+(``TCPConnector(socket_factory=...)``, public since aiohttp 3.12) and close them
+directly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import io
 import time
 import warnings
 import weakref
@@ -30,12 +60,9 @@ from collections.abc import Callable
 from typing import Any
 
 from ._http import httpx
-from .config import PoolKey, Timeouts
+from .config import PoolKey
 from .errors import (
-    ErrorContext,
     QwenEmbedError,
-    from_aiohttp,
-    from_httpx,
     pool_timeout_error,
     total_timeout_error,
 )
@@ -45,6 +72,7 @@ from .transport import (
     _CHUNK,
     _USER_AGENT,
     ProcessGate,
+    Progress,
     Reply,
     Request,
     Retired,
@@ -54,11 +82,16 @@ from .transport import (
     _left,
     _limits,
     _timeout_ext,
-    h2_state_error,
+    check_status,
+    failure,
+    mapped,
+    quiet_header_loggers,
     ssl_context,
 )
 
 __all__ = ["AsyncTransport", "QuietFlag"]
+
+_LARGE_BODY = 1 << 20  # bytes: aiohttp's threshold for its "large body" warning
 
 
 # --------------------------------------------------------------------------- async
@@ -263,59 +296,65 @@ class AsyncTransport:
 
         session = self._aiohttp()
         t = req.timeouts
-        # the call's deadline is aiohttp's own total timer (it also bounds the body read):
-        # cheaper than a second timer around the exchange
+        # the call's deadline is aiohttp's own total timer (``ClientTimeout.total`` bounds
+        # the whole exchange, body read included): cheaper than a second timer around it
         left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
         timeout = aiohttp.ClientTimeout(total=left, sock_connect=t.connect, sock_read=t.read)
         headers = dict(req.headers)
         headers.setdefault("Accept-Encoding", _ACCEPT_ENCODING)
-        received = False
+        progress = Progress(deadline)
+        resp: Any = None
+        ok = False
         try:
+            body = req.body
             resp = await session.request(
                 req.method,
                 self._url(req.url),
-                data=req.body or None,
+                # aiohttp warns for a bytes body over 1 MiB ("might lock the event loop"):
+                # a large one is sent from a file-like object, in pieces
+                data=(body if len(body) < _LARGE_BODY else io.BytesIO(body)) or None,
                 headers=headers,
                 allow_redirects=False,
                 timeout=timeout,
                 proxy=self.key.proxy,
             )
-        except aiohttp.ClientError as exc:
-            raise from_aiohttp(exc, req.ctx) from exc
-        except TimeoutError:  # aiohttp's total timer (its read/connect ones are ClientErrors)
-            raise total_timeout_error(req.ctx, req.total) from None
-        conn = resp.connection
-        fresh = bool(getattr(conn, "_qwen_fresh", True)) if conn is not None else True
-        ok = False
-        try:
+            conn = resp.connection
+            progress.fresh = bool(getattr(conn, "_qwen_fresh", True)) if conn else True
+            progress.stage = "read"
+            check_status(resp.status, req, progress)
             _declared_too_big(resp.headers, req.max_bytes, req.ctx)
-            body = _Body(resp.headers.get("Content-Encoding", ""), req.max_bytes, req.ctx)
+            reader = _Body(resp.headers.get("Content-Encoding", ""), req.max_bytes, req.ctx)
             content = resp.content
-            while True:
-                chunk = await content.readany()
-                if not chunk:
-                    break
-                received = True
-                body.feed(chunk)
+            while chunk := await content.readany():
+                progress.received = True
+                reader.feed(chunk)
                 if deadline is not None and time.monotonic() > deadline:
-                    raise total_timeout_error(req.ctx, req.total, received=True)
-            data = body.result()
+                    raise total_timeout_error(
+                        req.ctx, req.total, received=True, fresh=progress.fresh
+                    )
+            data = reader.result()
             ok = True
-        except aiohttp.ClientError as exc:
-            raise from_aiohttp(exc, req.ctx).with_received(received) from exc
-        except TimeoutError:
-            raise total_timeout_error(req.ctx, req.total, received=received) from None
+        except (QwenEmbedError, Retired):
+            raise
+        except Exception as exc:
+            if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
+                # aiohttp's total timer (ClientTimeout.total): the deadline
+                raise total_timeout_error(
+                    req.ctx, req.total, received=progress.received, fresh=progress.fresh
+                ) from exc
+            raise failure(exc, req, progress, "aiohttp") from exc
         finally:
-            if ok:
-                resp.release()
-            else:
-                resp.close()  # never reuse a connection with an unread body
+            if resp is not None:
+                if ok:
+                    resp.release()
+                else:
+                    resp.close()  # never reuse a connection with an unread body
         version = resp.version
         return Reply(
             status=resp.status,
             headers=resp.headers,
             body=data,
-            fresh=fresh,
+            fresh=progress.fresh,
             http_version=f"HTTP/{version.major}.{version.minor}" if version else "HTTP/1.1",
         )
 
@@ -324,6 +363,7 @@ class AsyncTransport:
     def _httpx(self) -> Any:
         client = self._client
         if client is None:
+            quiet_header_loggers()
             inner = httpx.AsyncHTTPTransport(
                 verify=self._ssl,
                 http1=not self._h2c,
@@ -340,14 +380,14 @@ class AsyncTransport:
         return client
 
     async def _httpx_exchange(self, req: Request, deadline: float | None) -> Reply:
-        fresh = False
+        progress = Progress(deadline)
+        progress.fresh = False
         metrics = self.metrics
         opened = self._opened_stream
 
         async def trace(name: str, info: dict[str, Any]) -> None:
-            nonlocal fresh
             if name.endswith("connect_tcp.complete"):
-                fresh = True
+                progress.fresh = True
                 metrics.connection_opened()
                 opened(info.get("return_value"))
 
@@ -364,37 +404,26 @@ class AsyncTransport:
             content=req.body or None,
             extensions={"timeout": _timeout_ext(req.timeouts, _left(deadline)), "trace": trace},
         )
-        received = False
+        response: Any = None
         try:
-            response = await client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise from_httpx(exc, req.ctx) from exc
-        except Exception as exc:
-            error = h2_state_error(exc, req.ctx)
-            if error is None:
-                raise
-            raise error from exc
-        try:
-            _declared_too_big(response.headers, req.max_bytes, req.ctx)
-            body = _Body(response.headers.get("content-encoding", ""), req.max_bytes, req.ctx)
-            async for chunk in response.aiter_raw(_CHUNK):
-                received = True
-                body.feed(chunk)
-            data = body.result()
-        except httpx.HTTPError as exc:
-            raise from_httpx(exc, req.ctx).with_received(received) from exc
-        except Exception as exc:
-            error = h2_state_error(exc, req.ctx)
-            if error is None:
-                raise
-            raise error.with_received(received) from exc
+            with mapped(req, progress, "httpx"):
+                response = await client.send(request, stream=True)
+                progress.stage = "read"
+                check_status(response.status_code, req, progress)
+                _declared_too_big(response.headers, req.max_bytes, req.ctx)
+                body = _Body(response.headers.get("content-encoding", ""), req.max_bytes, req.ctx)
+                async for chunk in response.aiter_raw(_CHUNK):
+                    progress.received = True
+                    body.feed(chunk)
+                data = body.result()
         finally:
-            await response.aclose()
+            if response is not None:
+                await response.aclose()
         return Reply(
             status=response.status_code,
             headers=response.headers,
             body=data,
-            fresh=fresh,
+            fresh=progress.fresh,
             http_version=response.http_version,
         )
 
@@ -415,6 +444,9 @@ class AsyncTransport:
     async def _send(self, req: Request) -> Reply:
         deadline = _deadline(req.total)
         wait = req.timeouts.pool
+        if deadline is not None:  # the pool wait is part of the exchange's budget too
+            left = max(deadline - time.monotonic(), 0.001)
+            wait = left if wait is None else min(wait, left)
         gate = self._gate
         if gate is not None and not await gate.aacquire(wait):
             raise pool_timeout_error(req.ctx)
@@ -447,47 +479,6 @@ class AsyncTransport:
             if gate is not None:
                 gate.release()
 
-    async def send_httpx(self, request: Any, **kwargs: Any) -> Any:
-        """Send an ``httpx.Request`` built elsewhere (the openai SDK) through this pool:
-        its HTTP/2 client, or a bridge onto its aiohttp session (same connections)."""
-        if self.http2:
-            metrics = self.metrics
-            opened = self._opened_stream
-
-            async def trace(name: str, info: dict[str, Any]) -> None:
-                if name.endswith("connect_tcp.complete"):
-                    metrics.connection_opened()
-                    opened(info.get("return_value"))
-
-            request.extensions.setdefault("trace", trace)
-            return await self._httpx().send(request, **kwargs)
-        ext = request.extensions.get("timeout", {})
-        t = Timeouts(
-            connect=ext.get("connect"),
-            read=ext.get("read"),
-            write=ext.get("write"),
-            pool=ext.get("pool"),
-            total=None,
-        )
-        ctx = ErrorContext(
-            url=self.key.label,
-            connect=t.connect,
-            read=t.read,
-            pool=t.pool,
-            max_connections=self.key.limits.max_connections,
-        )
-        body = await request.aread()
-        headers = [(k, v) for k, v in request.headers.multi_items() if k.lower() != "host"]
-        req = Request(request.method, str(request.url), body, dict(headers), t, None, 1 << 30, ctx)
-        reply = await self.send(req)
-        dropped = ("content-encoding", "content-length", "transfer-encoding")
-        return httpx.Response(
-            status_code=reply.status,
-            headers=[(k, v) for k, v in reply.headers.items() if k.lower() not in dropped],
-            content=reply.body,
-            request=request,
-        )
-
     def retire(self) -> None:
         """No new request may use this transport (``close_all``): its close is left to
         its own loop, and if the loop never runs again it closes quietly when
@@ -504,12 +495,23 @@ class AsyncTransport:
             connector = session.connector
             with contextlib.suppress(Exception):
                 await session.close()
-            if connector is not None and not connector._closed:
+            if connector is not None and not connector.closed:
                 with contextlib.suppress(Exception):
                     await connector.close()
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.aclose()
+        # A connection closed while its request was still being written (a server that
+        # stopped reading, a deadline) waits for its write buffer to drain before its
+        # socket closes: never, if the server does not read. Abort what is left (public
+        # ``asyncio.Transport.abort``; a no-op on closed ones), and let the loop run the
+        # closes before it shuts down.
+        wires = list(self._wires)
+        for wire in wires:
+            with contextlib.suppress(Exception):
+                wire.abort()
+        if wires:
+            await asyncio.sleep(0)
 
     def abandon(self, loop: Any = None) -> None:
         """Drop the session and client without awaiting (their loop is closed or gone):

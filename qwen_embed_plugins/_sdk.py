@@ -1,39 +1,152 @@
-"""The openai SDK on the shared pools: ``openai.OpenAI`` / ``openai.AsyncOpenAI`` whose
-HTTP client sends through the endpoint's pool.
+"""The openai SDK on the shared pools: one public ``httpx.BaseTransport`` /
+``httpx.AsyncBaseTransport`` per mode whose ``handle_request`` sends through the
+library's transport contract (``transport.Request -> Reply``).
 
-``openai`` is imported only here, and only when an SDK object is asked for
-(``openai_client()`` or ``use_sdk=True``): importing it costs ~1.7 s of CPU.
+``openai_client()`` is ``openai.OpenAI(http_client=httpx.Client(transport=SDKTransport(
+...)), max_retries=0)`` (``AsyncOpenAI`` / ``httpx.AsyncClient`` / ``AsyncSDKTransport``
+for the async client). Each SDK request therefore gets what every other request of the
+library gets, written once in ``transport``/``_async_http``: the endpoint's pool and
+process gate, the response size cap (received and after decoding), one total time
+budget (``Timeouts.total`` and ``RetryConfig.deadline``, whichever is sooner; the SDK's
+own ``timeout=`` is ignored), connections with unread bytes never reused, and response
+header values scrubbed of the API key before the SDK sees them (it logs and keeps
+``x-request-id``). The transport looks the pool up on each request, so an SDK object
+kept by the user keeps working after ``close_all()``, in a forked child, on every event
+loop, and after the cleartext HTTP/2 -> HTTP/1.1 fallback (which it triggers itself).
+
+A failure raises the ``httpx`` exception nearest to the library's error, chained from it
+(``from``): the SDK wraps only ``httpx`` request errors. A timeout thus reaches the
+caller as ``openai.APITimeoutError``, any other failure (the size cap included) as
+``openai.APIConnectionError``; the library's error is the ``__cause__`` of its
+``__cause__``.
+
+``openai`` is imported only here, and only when an SDK object is asked for: importing it
+costs ~1.7 s of CPU.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any, cast
-
-import orjson
 
 from . import pool
 from ._http import httpx
-from .config import RESERVED_BODY_KEYS, PoolKey
-from .errors import ErrorContext, QwenEmbedError, from_sdk, scrub
-from .transport import Reply
+from .config import EmbeddingConfig
+from .errors import (
+    ConnectError,
+    ConnectTimeout,
+    ErrorContext,
+    NetworkError,
+    PoolTimeout,
+    QwenEmbedError,
+    RemoteProtocolError,
+    ResponseError,
+    TimeoutException,
+    TransportError,
+    WriteTimeout,
+    scrub,
+)
+from .transport import Reply, Request, Retired, sdk_cap
 
-__all__ = ["AsyncSDKHTTPClient", "SDKHTTPClient", "async_openai", "sdk_reply", "sync_openai"]
+__all__ = ["AsyncSDKTransport", "SDKTransport", "async_openai", "sync_openai"]
 
-# Errors that mean "no HTTP exchange happened" on a cleartext HTTP/2 attempt: the server
-# does not speak h2c (prior knowledge) and dropped the connection.
-_H2C_FAILURES = (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError, httpx.WriteError)
 _NO_KEY = "EMPTY"  # the api_key given to the SDK when there is none
+# Request headers the transport contract sets itself (framing, target).
+_DROPPED_REQUEST = frozenset({"host", "content-length", "transfer-encoding", "connection"})
+# Response headers that described the body as it was on the wire (it is decoded here).
+_DROPPED_RESPONSE = frozenset({"content-encoding", "content-length", "transfer-encoding"})
 
 
-class _NoTransport(httpx.BaseTransport, httpx.AsyncBaseTransport):
-    """The transport of an SDK-facing client: never used (its ``send`` goes to the pool)."""
+class _Exchanges:
+    """What the two SDK transports share: how an ``httpx.Request`` of the SDK becomes a
+    ``Request`` of the library, and a ``Reply`` an ``httpx.Response``."""
 
-    def handle_request(self, request: Any) -> Any:
-        raise RuntimeError("requests of this client go through the shared pool")
+    __slots__ = ("cap", "config", "ctx", "secret", "total")
 
-    async def handle_async_request(self, request: Any) -> Any:
-        raise RuntimeError("requests of this client go through the shared pool")
+    def __init__(self, config: EmbeddingConfig, secret: str | None) -> None:
+        self.config = config
+        self.secret = secret
+        t = config.timeouts
+        deadline = config.retry.deadline
+        total = t.total
+        if deadline is not None:
+            total = deadline if total is None else min(total, deadline)
+        self.total = total
+        self.cap = config.max_response_bytes
+        self.ctx = ErrorContext(
+            url=config.pool_key.label,
+            secret=config.api_key,
+            connect=t.connect,
+            read=t.read,
+            write=t.write,
+            pool=t.pool,
+            total=self.total,
+            max_connections=config.limits.max_connections,
+            headers=config.headers,
+        )
+
+    def request(self, request: Any, body: bytes) -> Request:
+        headers = {
+            k: v for k, v in request.headers.multi_items() if k.lower() not in _DROPPED_REQUEST
+        }
+        cap = self.cap if self.cap is not None else sdk_cap(body)
+        return Request(
+            request.method,
+            str(request.url),
+            body,
+            headers,
+            self.config.timeouts,
+            self.total,
+            cap,
+            self.ctx,
+        )
+
+    def response(self, reply: Reply, request: Any) -> Any:
+        secrets = (_request_secret(request), *self.ctx.secrets())  # credential-like headers too
+        headers = [
+            (k, scrub(v, *secrets))
+            for k, v in reply.headers.items()
+            if k.lower() not in _DROPPED_RESPONSE
+        ]
+        if reply.http_version == "HTTP/2" and self.config.http2:
+            pool.h2c_succeeded(self.config.pool_key)
+        return httpx.Response(
+            status_code=reply.status,
+            headers=headers,
+            content=reply.body,
+            request=request,
+            extensions={"http_version": reply.http_version.encode("ascii")},
+        )
+
+    def resend(self, exc: TransportError, first: bool) -> bool:
+        """Whether a failed SDK request is sent again at once: on the pool's next
+        transport after a cleartext HTTP/2 attempt the server did not speak."""
+        return first and exc.fresh and not exc.refused and pool.h2c_fallback(self.config.pool_key)
+
+
+def _as_httpx(exc: QwenEmbedError, request: Any) -> Exception:
+    """The ``httpx`` exception the SDK turns into its own for a library error (it wraps
+    only ``httpx`` request errors): a timeout as the ``httpx`` timeout of the same kind
+    (``openai.APITimeoutError``), any other failure as the nearest ``httpx.RequestError``
+    (``openai.APIConnectionError``); the caller chains it ``from`` the library's error."""
+    kind: Any = httpx.TransportError
+    if isinstance(exc, TimeoutException):
+        kind = httpx.ReadTimeout
+        if isinstance(exc, PoolTimeout):
+            kind = httpx.PoolTimeout
+        elif isinstance(exc, ConnectTimeout):
+            kind = httpx.ConnectTimeout
+        elif isinstance(exc, WriteTimeout):
+            kind = httpx.WriteTimeout
+    elif isinstance(exc, ConnectError):
+        kind = httpx.ConnectError
+    elif isinstance(exc, RemoteProtocolError):
+        kind = httpx.RemoteProtocolError
+    elif isinstance(exc, NetworkError):
+        kind = httpx.ReadError
+    elif isinstance(exc, ResponseError):  # over the size cap, a corrupt encoding
+        kind = httpx.DecodingError
+    error: Exception = kind(str(exc), request=request)
+    return error
 
 
 def _request_secret(request: Any) -> str | None:
@@ -47,144 +160,90 @@ def _request_secret(request: Any) -> str | None:
     return None if secret == _NO_KEY else secret
 
 
-def scrub_response_headers(response: Any, request: Any) -> Any:
-    """``response`` with every header value scrubbed of the request's API key (exact,
-    case-changed or truncated echoes, and any ``Bearer``/``Basic``/``token`` value; see
-    ``errors.scrub``), before the SDK sees it: ``openai._base_client`` logs the
-    ``x-request-id`` value at DEBUG and keeps it on its exceptions (``request_id``)."""
-    secret = _request_secret(request)
-    items = response.headers.multi_items()
-    cleaned = [(name, scrub(value, secret)) for name, value in items]
-    if cleaned != items:
-        response.headers = httpx.Headers(cleaned)
-    return response
+class SDKTransport(httpx.BaseTransport):
+    """The ``httpx.BaseTransport`` of ``openai_client()``: each request goes through the
+    endpoint's current blocking transport (``pool.sync_transport``). ``close()`` closes
+    nothing: the pool is shared (see ``close_all()``)."""
 
+    def __init__(self, config: EmbeddingConfig, secret: str | None) -> None:
+        self._exchanges = _Exchanges(config, secret)
 
-class SDKHTTPClient(httpx.Client):
-    """The ``httpx.Client`` handed to ``openai.OpenAI``: a stable handle on the pool's
-    *current* transport.
-
-    Each ``send`` goes through ``pool.sync_transport(key)`` (gated like every request of
-    the pool), so an SDK object kept by the user keeps working after ``close_all()``, in a
-    forked child (which gets its own sockets) and after the cleartext HTTP/2 -> HTTP/1.1
-    fallback (which this client also triggers, resending once). ``close()`` does nothing:
-    the shared pool is not the SDK object's to close.
-    """
-
-    def __init__(self, key: PoolKey) -> None:
-        super().__init__(transport=_NoTransport(), trust_env=False)
-        self._pool_key = key
-
-    def send(self, request: Any, **kwargs: Any) -> Any:
-        try:
-            response = pool.sync_transport(self._pool_key).send_httpx(request, **kwargs)
-        except _H2C_FAILURES:
-            if not pool.h2c_fallback(self._pool_key):
-                raise
-            response = pool.sync_transport(self._pool_key).send_httpx(request, **kwargs)
-        return scrub_response_headers(response, request)
+    def handle_request(self, request: Any) -> Any:
+        ex = self._exchanges
+        req = ex.request(request, request.read())
+        key = ex.config.pool_key
+        for first in (True, False):
+            try:
+                try:
+                    reply = pool.sync_transport(key).send(req)
+                except Retired:  # closed under us (close_all, reaper): on the new one
+                    reply = pool.sync_transport(key).send(req)
+            except QwenEmbedError as exc:
+                if isinstance(exc, TransportError) and ex.resend(exc, first):
+                    continue
+                raise _as_httpx(exc, request) from exc
+            return ex.response(reply, request)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     def close(self) -> None:
         """Nothing to close (the pool is shared; see ``close_all()``)."""
 
 
-class AsyncSDKHTTPClient(httpx.AsyncClient):
-    """The ``httpx.AsyncClient`` handed to ``openai.AsyncOpenAI``: each ``send`` goes
-    through the running loop's pool (its aiohttp session, or its HTTP/2 client), so one
-    SDK object works on any event loop, after ``close_all()`` and after the h2c fallback.
-    ``aclose()`` does nothing."""
+class AsyncSDKTransport(httpx.AsyncBaseTransport):
+    """The ``httpx.AsyncBaseTransport`` of the async ``openai_client()``: each request
+    goes through the running event loop's transport of the endpoint
+    (``pool.async_transport``), so one SDK object works on every loop. ``aclose()``
+    closes nothing."""
 
-    def __init__(self, key: PoolKey) -> None:
-        super().__init__(transport=_NoTransport(), trust_env=False)
-        self._pool_key = key
+    def __init__(self, config: EmbeddingConfig, secret: str | None) -> None:
+        self._exchanges = _Exchanges(config, secret)
 
-    async def send(self, request: Any, **kwargs: Any) -> Any:
-        try:
-            response = await pool.async_transport(self._pool_key).send_httpx(request, **kwargs)
-        except _H2C_FAILURES:
-            if not pool.h2c_fallback(self._pool_key):
-                raise
-            response = await pool.async_transport(self._pool_key).send_httpx(request, **kwargs)
-        return scrub_response_headers(response, request)
+    async def handle_async_request(self, request: Any) -> Any:
+        ex = self._exchanges
+        req = ex.request(request, await request.aread())
+        key = ex.config.pool_key
+        for first in (True, False):
+            try:
+                try:
+                    reply = await pool.async_transport(key).send(req)
+                except Retired:
+                    reply = await pool.async_transport(key).send(req)
+            except QwenEmbedError as exc:
+                if isinstance(exc, TransportError) and ex.resend(exc, first):
+                    continue
+                raise _as_httpx(exc, request) from exc
+            return ex.response(reply, request)
+        raise AssertionError("unreachable")  # pragma: no cover
 
     async def aclose(self) -> None:
         """Nothing to close (the pool is shared; see ``aclose_all()``)."""
 
 
-def sync_openai(
-    key: PoolKey,
-    *,
-    base_url: str,
-    api_key: str | None,
-    headers: Mapping[str, str] | None = None,
-) -> Any:
-    """An ``openai.OpenAI`` on ``key``'s pool, SDK retries off (``max_retries=0``),
-    sending ``headers`` (``EmbeddingConfig.headers``) with every request."""
+def sync_openai(config: EmbeddingConfig, *, api_key: str | None) -> Any:
+    """An ``openai.OpenAI`` on ``config``'s pool, SDK retries off (``max_retries=0``),
+    sending ``config.headers`` with every request."""
     import openai
 
+    client = httpx.Client(transport=SDKTransport(config, api_key), trust_env=False)
     return openai.OpenAI(
         api_key=api_key or _NO_KEY,
-        base_url=base_url,
-        http_client=cast(Any, SDKHTTPClient(key)),
+        base_url=config.replicas[0],
+        http_client=cast(Any, client),
         max_retries=0,
-        default_headers=dict(headers) if headers else None,
+        default_headers=dict(config.headers) if config.headers else None,
     )
 
 
-def async_openai(
-    key: PoolKey,
-    *,
-    base_url: str,
-    api_key: str | None,
-    headers: Mapping[str, str] | None = None,
-) -> Any:
-    """An ``openai.AsyncOpenAI`` on ``key``'s pools, SDK retries off, sending
-    ``headers`` with every request."""
+def async_openai(config: EmbeddingConfig, *, api_key: str | None) -> Any:
+    """An ``openai.AsyncOpenAI`` on ``config``'s pools, SDK retries off, sending
+    ``config.headers`` with every request."""
     import openai
 
+    client = httpx.AsyncClient(transport=AsyncSDKTransport(config, api_key), trust_env=False)
     return openai.AsyncOpenAI(
         api_key=api_key or _NO_KEY,
-        base_url=base_url,
-        http_client=cast(Any, AsyncSDKHTTPClient(key)),
+        base_url=config.replicas[0],
+        http_client=cast(Any, client),
         max_retries=0,
-        default_headers=dict(headers) if headers else None,
+        default_headers=dict(config.headers) if config.headers else None,
     )
-
-
-def sdk_kwargs(model: str, body: bytes) -> dict[str, Any]:
-    """The ``embeddings.create`` arguments equivalent to a request body of ours."""
-    data = orjson.loads(body)
-    kwargs: dict[str, Any] = {"input": data["input"], "model": model}
-    # Without encoding_format the SDK asks for base64 and decodes it itself.
-    if data.get("encoding_format") == "float":
-        kwargs["encoding_format"] = "float"
-    if data.get("dimensions") is not None:
-        kwargs["dimensions"] = data["dimensions"]
-    extra = {k: v for k, v in data.items() if k not in RESERVED_BODY_KEYS}
-    if extra:  # EmbeddingConfig.extra_body
-        kwargs["extra_body"] = extra
-    return kwargs
-
-
-def sdk_reply(raw: Any) -> Reply:
-    """The answer of ``embeddings.with_raw_response.create`` as the ``Reply`` the engine
-    decodes: the SDK built and sent the request; the body is read by this package's
-    codec, so a malformed answer (``{"error": ...}`` in a 200, booleans or strings as
-    components) is refused with the same ``ResponseError`` as on the codec path rather
-    than coerced by the SDK's models."""
-    http = raw.http_response
-    return Reply(status=http.status_code, headers=http.headers, body=http.content, fresh=True)
-
-
-class SDKError(Exception):
-    """The scrubbed text of an openai SDK exception: the ``__cause__`` of the library error
-    raised for it, so a traceback never prints a server echo of the key."""
-
-
-def translate(exc: BaseException, ctx: ErrorContext, status_error: Any) -> QwenEmbedError:
-    """An SDK failure as this library's error (see ``errors.from_sdk``), chained to a
-    scrubbed copy of the SDK exception (raise it ``from error.__cause__``)."""
-    error = from_sdk(exc, ctx, status_error=status_error)
-    cause = SDKError(f"{type(exc).__module__}.{type(exc).__name__}: {scrub(str(exc), ctx.key())}")
-    error.__cause__ = cause
-    return error

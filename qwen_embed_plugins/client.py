@@ -8,9 +8,9 @@ the pool's ``SyncTransport`` (concurrent batches on a shared thread pool),
 
 The hot path posts JSON through the pooled HTTP client with this package's codec
 (orjson, base64 -> numpy): the openai SDK costs ~3 ms of CPU per request on top of
-~1 ms for the raw call (DESIGN.md section 5). ``use_sdk=True`` routes embedding calls
-through an ``openai.OpenAI`` on the same pool instead, and ``openai_client()`` hands
-that SDK client to users who want its surface.
+~1 ms for the raw call (DESIGN.md section 5). ``openai_client()`` hands an
+``openai.OpenAI`` on the same pool (same caps and deadline; ``_sdk``) to users who want
+the SDK's surface.
 """
 
 from __future__ import annotations
@@ -501,17 +501,13 @@ class EmbeddingClient(_ClientBase):
     def openai_client(self) -> openai.OpenAI:
         """An ``openai.OpenAI`` on the shared pool (SDK retries off: ``max_retries=0``).
 
-        Its HTTP client (``_sdk.SDKHTTPClient``) sends through the endpoint's current
-        pool, so the object can be kept: it survives ``close_all()``, ``fork`` and the
+        Its HTTP client's transport (``_sdk.SDKTransport``) sends through the endpoint's
+        current pool with the client's timeouts, deadline (``RetryConfig.deadline``) and
+        response size cap, so the object can be kept: it survives ``close_all()``, ``fork`` and the
         h2c fallback, and closing it closes nothing shared.
         """
         if self._sdk is None:
-            self._sdk = _sdk.sync_openai(
-                self._config.pool_key,
-                base_url=self._config.replicas[0],
-                api_key=self._engine.secret,
-                headers=self._config.headers,
-            )
+            self._sdk = _sdk.sync_openai(self._config, api_key=self._engine.secret)
         sdk: openai.OpenAI = self._sdk
         return sdk
 
@@ -545,36 +541,11 @@ class EmbeddingClient(_ClientBase):
                 gate.release()
 
     def _exchange(self, op: Send) -> Reply:
-        if self._config.use_sdk:
-            return self._send_sdk(op)
         key = op.replica.key
         try:
             return pool.sync_transport(key).send(op.request)
         except Retired:  # closed under us (close_all, reaper): once more, on the new one
             return pool.sync_transport(key).send(op.request)
-
-    def _send_sdk(self, op: Send) -> Reply:
-        engine = self._engine
-        ctx = engine.ctx(op.replica)
-        try:
-            raw = self.openai_client().embeddings.with_raw_response.create(
-                **_sdk.sdk_kwargs(engine.model, op.request.body)
-            )
-            return _sdk.sdk_reply(raw)
-        except Exception as exc:
-            error = self._sdk_error(exc, op, ctx)
-            raise error from error.__cause__
-
-    def _sdk_error(self, exc: Exception, op: Send, ctx: Any) -> QwenEmbedError:
-        engine = self._engine
-
-        def status_error(status: int, body: bytes, headers: Any) -> Any:
-            reply = Reply(status=status, headers=headers, body=body, fresh=True)
-            return engine.status_error(
-                reply, op.replica, engine.profile(op.replica, op.replica.state(engine.model))
-            )
-
-        return _sdk.translate(exc, ctx, status_error)
 
     def _embed_one(self, text: str, *, query: bool) -> FloatArray:
         engine = self._engine
@@ -712,17 +683,13 @@ class AsyncEmbeddingClient(_ClientBase):
     def openai_client(self) -> openai.AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` on the shared pools (``max_retries=0``).
 
-        Its HTTP client (``_sdk.AsyncSDKHTTPClient``) sends through the running event
-        loop's pool, so one object works on every loop (``asyncio.run()`` many times),
-        after ``close_all()`` and the h2c fallback; closing it closes nothing shared.
+        Its HTTP client's transport (``_sdk.AsyncSDKTransport``) sends through the running
+        event loop's pool with the client's timeouts, deadline and size cap, so one
+        object works on every loop (``asyncio.run()`` many times), after ``close_all()``
+        and the h2c fallback; closing it closes nothing shared.
         """
         if self._sdk is None:
-            self._sdk = _sdk.async_openai(
-                self._config.pool_key,
-                base_url=self._config.replicas[0],
-                api_key=self._engine.secret,
-                headers=self._config.headers,
-            )
+            self._sdk = _sdk.async_openai(self._config, api_key=self._engine.secret)
         async_sdk: openai.AsyncOpenAI = self._sdk
         return async_sdk
 
@@ -756,25 +723,11 @@ class AsyncEmbeddingClient(_ClientBase):
                 gate.release()
 
     async def _exchange(self, op: Send) -> Reply:
-        if self._config.use_sdk:
-            return await self._send_sdk(op)
         key = op.replica.key
         try:
             return await pool.async_transport(key).send(op.request)
         except Retired:
             return await pool.async_transport(key).send(op.request)
-
-    async def _send_sdk(self, op: Send) -> Reply:
-        engine = self._engine
-        ctx = engine.ctx(op.replica)
-        try:
-            raw = await self.openai_client().embeddings.with_raw_response.create(
-                **_sdk.sdk_kwargs(engine.model, op.request.body)
-            )
-            return _sdk.sdk_reply(raw)
-        except Exception as exc:
-            error = EmbeddingClient._sdk_error(self, exc, op, ctx)  # type: ignore[arg-type]
-            raise error from error.__cause__
 
     async def _embed_one(self, text: str, *, query: bool) -> FloatArray:
         engine = self._engine

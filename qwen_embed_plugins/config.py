@@ -586,8 +586,6 @@ class EmbeddingConfig(_Replaceable):
         hedge: send a second copy of a slow ``embed_query`` request after the
             endpoint's observed 95th-percentile latency and keep the first answer
             (extra load capped at 5% of requests). Default ``False``.
-        use_sdk: send embedding requests through the ``openai`` SDK (on the same pool)
-            instead of the built-in codec. Slower; for comparison and SDK-only features.
         server: the server behind ``base_url``: ``"auto"`` (default: identified from its
             answers, see ``qwen_embed_plugins.servers``) or one of ``SERVER_NAMES``;
             naming it sets its known limits at once.
@@ -630,7 +628,6 @@ class EmbeddingConfig(_Replaceable):
     insecure_key: Literal["warn", "error", "allow"] = "warn"
     retry: RetryConfig = field(default_factory=RetryConfig)
     hedge: bool = False
-    use_sdk: bool = False
     server: str = NOT_GIVEN  # type: ignore[assignment]
     headers: Mapping[str, str] | None = None
     extra_body: Mapping[str, Any] | None = None

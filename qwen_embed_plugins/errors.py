@@ -84,10 +84,6 @@ __all__ = [
     "WriteTimeout",
     "endpoint_label",
     "error_from_response",
-    "from_aiohttp",
-    "from_httpx",
-    "from_sdk",
-    "from_urllib3",
     "parse_batch_limit",
     "parse_error_body",
     "parse_token_limit",
@@ -95,6 +91,7 @@ __all__ = [
     "response_request_id",
     "scrub",
     "total_timeout_error",
+    "translate",
 ]
 
 
@@ -199,6 +196,9 @@ class TransportError(QwenEmbedError):
             and not a sign of ill health.
         received: whether part of a response had arrived (a body that trickled in too
             slowly, or broke off).
+        fresh: whether the exchange ran on a connection opened for it (``False``: on a
+            reused keep-alive connection, which the server may have closed as it was
+            reused: resent once at once).
     """
 
     def __init__(
@@ -209,17 +209,14 @@ class TransportError(QwenEmbedError):
         sent: bool = True,
         refused: bool = False,
         received: bool = False,
+        fresh: bool = True,
     ) -> None:
         super().__init__(message)
         self.url = url
         self.sent = sent
         self.refused = refused
         self.received = received
-
-    def with_received(self, received: bool) -> TransportError:
-        """This error, marked as having received part of a response (or not)."""
-        self.received = self.received or received
-        return self
+        self.fresh = fresh
 
 
 class ConnectError(TransportError):
@@ -512,17 +509,18 @@ def _tls_hint(text: str, label: str) -> ConnectError | None:
 
 
 def pool_timeout_error(ctx: ErrorContext) -> PoolTimeout:
-    """The ``PoolTimeout`` for a request that waited ``ctx.pool`` seconds for a slot."""
+    """The ``PoolTimeout`` for a request that waited ``ctx.pool`` seconds (or the time
+    left of its deadline) for a connection."""
     return PoolTimeout(
         f"no free connection to {ctx.url} within {ctx.pool} s (Timeouts.pool; "
-        f"Limits.max_connections={ctx.max_connections}): more requests were queued in "
-        "this process than the pool carries",
+        f"Limits.max_connections={ctx.max_connections}) or the call's deadline: more "
+        "requests were queued in this process than the pool carries",
         url=ctx.url,
     )
 
 
 def total_timeout_error(
-    ctx: ErrorContext, seconds: float | None, *, received: bool = False
+    ctx: ErrorContext, seconds: float | None, *, received: bool = False, fresh: bool = True
 ) -> ReadTimeout:
     """The error for an exchange cut by its total time budget (``Timeouts.total`` or the
     call's deadline, whichever came first)."""
@@ -532,15 +530,66 @@ def total_timeout_error(
         "the call's deadline): the response was too slow to arrive",
         url=ctx.url,
         received=received,
+        fresh=fresh,
     )
 
 
-def from_httpx(exc: BaseException, ctx: ErrorContext) -> TransportError:
-    """Translate an ``httpx``/``httpx2`` exception into this library's tree.
+def translate(
+    exc: BaseException,
+    ctx: ErrorContext,
+    *,
+    backend: str,
+    stage: str = "read",
+    proxy: bool = False,
+    fresh: bool = True,
+    received: bool = False,
+) -> QwenEmbedError:
+    """The library error for an exception an HTTP backend raised: the one map from
+    ``httpx``/``httpx2`` (and the ``h2`` exceptions that escape it), ``http.client`` /
+    ``ssl`` / ``socket`` and ``aiohttp`` to this tree (as httpx maps httpcore's
+    in ``map_httpcore_exceptions``). The caller raises the result ``from exc``
+    (``transport.mapped`` does, for every backend).
 
-    The one place the HTTP library's errors are mapped (as httpx maps httpcore's in
-    ``map_httpcore_exceptions``); the caller raises the result ``from exc``.
+    Args:
+        exc: what the backend raised.
+        ctx: how the error describes the endpoint; its key is scrubbed from every text.
+        backend: ``"httpx"``, ``"aiohttp"`` or ``"stdlib"`` (``http.client``, ``ssl``,
+            ``socket``): whose exception it is (a builtin ``ValueError`` means different
+            things in each).
+        stage: how far the exchange got, for exceptions that carry no stage of their own
+            (the builtin ``TimeoutError``/``OSError``): ``"connect"`` (TCP, TLS, proxy
+            tunnel: nothing sent), ``"write"`` or ``"read"``.
+        proxy: the connection goes through a proxy (a connect failure is the proxy's).
+        fresh: the exchange ran on a connection opened for it.
+        received: part of the response had arrived.
     """
+    if isinstance(exc, QwenEmbedError):
+        return exc
+    marks: dict[str, Any] = {"fresh": fresh, "received": received}
+    if type(exc).__module__.startswith("h2."):
+        return _from_h2(exc, ctx, marks)
+    if backend == "aiohttp":
+        return _from_aiohttp(exc, ctx, marks)
+    if backend == "httpx":
+        return _from_httpx(exc, ctx, marks)
+    return _from_stdlib(exc, ctx, marks, stage=stage, proxy=proxy)
+
+
+def _from_h2(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> NetworkError:
+    """An ``h2`` exception that escaped the HTTP library: a frame arrived on a
+    connection h2's state machine considers closed (after a GOAWAY), so the stream was
+    not answered: resend it (``refused``)."""
+    text = scrub(str(exc), *ctx.secrets())
+    refused = "ConnectionState.CLOSED" in text
+    return NetworkError(
+        f"the HTTP/2 connection to {ctx.url} failed: {text[:200]}",
+        url=ctx.url,
+        refused=refused,
+        **marks,
+    )
+
+
+def _from_httpx(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> TransportError:
     from ._http import httpx
 
     label = ctx.url
@@ -549,25 +598,30 @@ def from_httpx(exc: BaseException, ctx: ErrorContext) -> TransportError:
         return ConnectTimeout(
             f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
             url=label,
+            **marks,
         )
     if isinstance(exc, httpx.ReadTimeout):
-        return ReadTimeout(f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label)
+        return ReadTimeout(
+            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
+        )
     if isinstance(exc, httpx.WriteTimeout):
         return WriteTimeout(
-            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)", url=label
+            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)",
+            url=label,
+            **marks,
         )
     if isinstance(exc, httpx.PoolTimeout):
         return pool_timeout_error(ctx)
     if isinstance(exc, httpx.ProxyError):
-        return ConnectError(f"the proxy for {label} failed: {text}", url=label)
+        return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
     if isinstance(exc, httpx.ConnectError):
         return _tls_hint(text, label) or ConnectError(
-            f"cannot connect to {label}: {text}", url=label
+            f"cannot connect to {label}: {text}", url=label, **marks
         )
     if isinstance(exc, httpx.RemoteProtocolError):
         refused = _REFUSED.search(text) is not None
         what = "refused the HTTP/2 stream" if refused else "closed the connection"
-        return RemoteProtocolError(f"{label} {what}: {text}", url=label, refused=refused)
+        return RemoteProtocolError(f"{label} {what}: {text}", url=label, refused=refused, **marks)
     if isinstance(exc, httpx.LocalProtocolError):
         # The connection's protocol state refused the request (an HTTP/2 connection that
         # received GOAWAY, a frame h2's state machine rejects): it was not answered.
@@ -575,108 +629,78 @@ def from_httpx(exc: BaseException, ctx: ErrorContext) -> TransportError:
             f"the connection to {label} could not carry the request: {text}",
             url=label,
             refused=True,
+            **marks,
         )
     if isinstance(exc, httpx.NetworkError | httpx.ProtocolError):
-        return NetworkError(f"connection to {label} broke: {text}", url=label)
+        return NetworkError(f"connection to {label} broke: {text}", url=label, **marks)
     if isinstance(exc, httpx.TooManyRedirects | httpx.UnsupportedProtocol | httpx.InvalidURL):
         return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
-    return TransportError(f"request to {label} failed: {text}", url=label)
+    if not isinstance(exc, httpx.HTTPError):
+        # raised through httpx unwrapped: httpcore's ``int()`` of a malformed HTTP/2
+        # ``:status`` (ValueError), and the like: the server's answer was not HTTP
+        return RemoteProtocolError(
+            f"{label} sent a malformed answer: {type(exc).__name__}: {text[:200]}",
+            url=label,
+            **marks,
+        )
+    return TransportError(f"request to {label} failed: {text}", url=label, **marks)
 
 
-def from_urllib3(
-    exc: BaseException, ctx: ErrorContext, *, stage: str = "read", proxy: bool = False
+def _from_stdlib(
+    exc: BaseException,
+    ctx: ErrorContext,
+    marks: dict[str, Any],
+    *,
+    stage: str,
+    proxy: bool,
 ) -> TransportError:
-    """Translate an exception of the urllib3 / ``http.client`` / socket stack into this
-    library's tree (the blocking HTTP/1.1 transport's boundary; see ``from_httpx``).
-
-    Args:
-        exc: what the exchange raised.
-        ctx: how the error describes the endpoint.
-        stage: where it was raised: ``"connect"`` (TCP, TLS, proxy tunnel: nothing was
-            sent), ``"write"`` (sending the request) or ``"read"`` (waiting for or
-            reading the response). It tells the builtin ``TimeoutError`` / ``OSError``
-            apart, which carry no stage of their own.
-        proxy: the connection goes through a proxy (a failure while connecting is the
-            proxy's).
-    """
     import http.client
     import ssl
 
-    from urllib3.exceptions import (
-        ClosedPoolError,
-        ConnectTimeoutError,
-        EmptyPoolError,
-        NewConnectionError,
-        ProtocolError,
-        ProxyError,
-        ReadTimeoutError,
-    )
-    from urllib3.exceptions import SSLError as Urllib3SSLError
-    from urllib3.exceptions import TimeoutError as Urllib3TimeoutError
-    from urllib3.util.ssl_match_hostname import CertificateError
-
     label = ctx.url
-    text = scrub(_urllib3_text(exc), *ctx.secrets()) or type(exc).__name__
-    if isinstance(exc, ProtocolError) and len(exc.args) > 1:
-        inner = exc.args[1]
-        if isinstance(inner, BaseException):
-            return from_urllib3(inner, ctx, stage=stage, proxy=proxy)
-    if isinstance(exc, EmptyPoolError):
-        return pool_timeout_error(ctx)
-    if isinstance(exc, ClosedPoolError):
-        return TransportError(f"the pool of {label} was closed: {text}", url=label, sent=False)
-    # urllib3's NewConnectionError subclasses ConnectTimeoutError (for compatibility):
-    # a refused connection is not a timeout.
-    timeout = isinstance(exc, TimeoutError | Urllib3TimeoutError) and not isinstance(
-        exc, NewConnectionError
-    )
-    if (isinstance(exc, ConnectTimeoutError) and timeout) or (timeout and stage == "connect"):
+    text = scrub(str(exc), *ctx.secrets()) or type(exc).__name__
+    if isinstance(exc, TimeoutError) and stage == "connect":
         what = "connecting to the proxy of" if proxy else "connecting to"
         return ConnectTimeout(
-            f"{what} {label} took longer than {ctx.connect} s (Timeouts.connect)", url=label
+            f"{what} {label} took longer than {ctx.connect} s (Timeouts.connect)",
+            url=label,
+            **marks,
         )
-    if isinstance(exc, ReadTimeoutError) or (timeout and stage == "read"):
-        return ReadTimeout(f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label)
-    if timeout and stage == "write":
+    if isinstance(exc, TimeoutError) and stage == "write":
         return WriteTimeout(
-            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)", url=label
+            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)",
+            url=label,
+            **marks,
         )
-    tls = isinstance(exc, ssl.SSLError | CertificateError | Urllib3SSLError)
-    if stage == "connect" or isinstance(exc, NewConnectionError | ProxyError):
+    if isinstance(exc, TimeoutError):
+        return ReadTimeout(
+            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
+        )
+    tls = isinstance(exc, ssl.SSLError | ssl.CertificateError)
+    if stage == "connect":
         hint = _tls_hint(text, label) if tls or "CERTIFICATE" in text else None
         if hint is not None:
             return hint
-        if proxy or isinstance(exc, ProxyError):
-            return ConnectError(f"the proxy for {label} failed: {text}", url=label)
-        return ConnectError(f"cannot connect to {label}: {text}", url=label)
+        if proxy:
+            return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
+        return ConnectError(f"cannot connect to {label}: {text}", url=label, **marks)
     if isinstance(exc, http.client.RemoteDisconnected):
         return RemoteProtocolError(
             f"{label} closed the connection: Server disconnected without sending a response",
             url=label,
+            **marks,
         )
     if isinstance(exc, http.client.HTTPException):
-        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label)
+        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label, **marks)
     if isinstance(exc, OSError):
         when = "sending the request" if stage == "write" else "reading the response"
-        return NetworkError(f"connection to {label} broke while {when}: {text}", url=label)
+        return NetworkError(f"connection to {label} broke while {when}: {text}", url=label, **marks)
     if isinstance(exc, ValueError | UnicodeError):
         return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
-    return TransportError(f"request to {label} failed: {text}", url=label)
+    return TransportError(f"request to {label} failed: {text}", url=label, **marks)
 
 
-def _urllib3_text(exc: BaseException) -> str:
-    """``str(exc)`` without the connection object urllib3 puts in front of a
-    ``NewConnectionError`` (its repr names a class: ``<conn>: Failed to establish...``)."""
-    text = str(exc)
-    conn = getattr(exc, "conn", None)
-    if conn is not None:
-        text = text.removeprefix(f"{conn}: ")
-    return text
-
-
-def from_aiohttp(exc: BaseException, ctx: ErrorContext) -> TransportError:
-    """Translate an ``aiohttp`` client exception into this library's tree (the async
-    transport's boundary; see ``from_httpx``)."""
+def _from_aiohttp(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> TransportError:
     import aiohttp
 
     label = ctx.url
@@ -685,59 +709,28 @@ def from_aiohttp(exc: BaseException, ctx: ErrorContext) -> TransportError:
         return ConnectTimeout(
             f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
             url=label,
+            **marks,
         )
     if isinstance(exc, aiohttp.ServerTimeoutError):
-        return ReadTimeout(f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label)
+        return ReadTimeout(
+            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
+        )
     if isinstance(exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
-        return ConnectError(f"the proxy for {label} failed: {text}", url=label)
+        return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
     if isinstance(exc, aiohttp.ClientConnectorError):
         return _tls_hint(text, label) or ConnectError(
-            f"cannot connect to {label}: {text}", url=label
+            f"cannot connect to {label}: {text}", url=label, **marks
         )
     if isinstance(exc, aiohttp.ServerDisconnectedError):
         return RemoteProtocolError(
             f"{label} closed the connection: Server disconnected without sending a response",
             url=label,
+            **marks,
         )
     if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
-        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label)
+        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label, **marks)
     if isinstance(exc, aiohttp.ClientOSError | aiohttp.ClientConnectionError):
-        return NetworkError(f"connection to {label} broke: {text}", url=label)
+        return NetworkError(f"connection to {label} broke: {text}", url=label, **marks)
     if isinstance(exc, aiohttp.InvalidURL):
         return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
-    return TransportError(f"request to {label} failed: {text}", url=label)
-
-
-def from_sdk(exc: BaseException, ctx: ErrorContext, *, status_error: Any = None) -> QwenEmbedError:
-    """Translate an ``openai`` SDK exception (the ``use_sdk`` path).
-
-    ``status_error(status, body, headers)`` builds the error of an HTTP error response
-    (so the SDK path and the codec path raise the same ``HTTPStatusError``). A transport
-    failure is translated from its ``httpx`` cause; any other SDK failure (it could not
-    read the body) becomes a ``ResponseError``. Every text is scrubbed of credentials.
-    """
-    import openai
-
-    if isinstance(exc, openai.APIStatusError) and status_error is not None:
-        resp = exc.response
-        built: QwenEmbedError = status_error(resp.status_code, resp.content, resp.headers)
-        return built
-    cause = exc.__cause__
-    if isinstance(cause, QwenEmbedError):
-        return cause
-    inner = cause.__cause__ if cause is not None else None
-    if isinstance(inner, QwenEmbedError):  # the pool's bridge raised it under an httpx error
-        return inner
-    if isinstance(exc, openai.APITimeoutError):
-        return ReadTimeout(f"{ctx.url} timed out", url=ctx.url)
-    if cause is not None and type(cause).__module__.startswith(("httpx", "httpcore")):
-        return from_httpx(cause, ctx)
-    if isinstance(exc, openai.APIConnectionError):
-        return ConnectError(
-            f"request to {ctx.url} failed: {scrub(str(exc), *ctx.secrets())}", url=ctx.url
-        )
-    return ResponseError(
-        f"{ctx.url} sent a response the openai SDK could not read: "
-        f"{type(exc).__name__}: {scrub(str(exc), *ctx.secrets())[:200]}",
-        url=ctx.url,
-    )
+    return TransportError(f"request to {label} failed: {text}", url=label, **marks)

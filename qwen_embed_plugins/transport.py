@@ -1,40 +1,48 @@
 """One HTTP exchange through a pool's connection: bounded in size and time, errors
-translated at the boundary.
+translated at the boundary, written once above the backends.
 
 Two implementations of the same contract, ``send(Request) -> Reply``:
 
-- ``SyncTransport`` (blocking, all threads): urllib3 for HTTP/1.1 (``_urllib3.py``:
-  one connection pool per key, ~1.0x the stdlib's CPU per exchange) and an
-  ``httpx.Client`` (``httpx2`` under openai 3.x) when HTTP/2 is asked.
-- ``AsyncTransport`` (one per event loop): ``aiohttp`` for HTTP/1.1 — 3-5x less CPU
-  per request than httpx's async stack on this workload (docs/benchmarks.md) — and an
-  ``httpx.AsyncClient`` when HTTP/2 is asked (aiohttp speaks HTTP/1.1 only).
+- ``SyncTransport`` (blocking, all threads): the stdlib's ``http.client`` for HTTP/1.1
+  (``_http11.py``, public API, a pool of its own) and an ``httpx.Client`` (``httpx2``
+  under openai 3.x) when HTTP/2 is asked.
+- ``AsyncTransport`` (one per event loop, ``_async_http.py``): ``aiohttp`` for HTTP/1.1
+  (docs/benchmarks.md, "Transport candidates") and an ``httpx.AsyncClient`` when HTTP/2
+  is asked (aiohttp speaks HTTP/1.1 only).
 
-Both read the body as a stream and enforce, while reading:
+What every backend shares is here, once:
 
-- a size cap (``Request.max_bytes``) on the bytes received AND on the bytes after
-  ``Content-Encoding`` decoding (gzip/deflate decoded here, bounded: a small gzip body
-  cannot inflate past the cap), so a hostile ``Content-Length``, an endless chunked
-  body or a gzip bomb ends in ``ResponseError`` with bounded memory;
-- a total time budget (``Request.total``: ``Timeouts.total`` or the call's deadline,
-  whichever is sooner), so a body trickling in just fast enough to beat the read
-  timeout still ends;
-- connection reuse only of sockets with nothing unread on them (a stray response that
-  no request asked for is never taken as the next request's answer).
+- ``_Body``: the size cap (``Request.max_bytes``) on the bytes received AND on the bytes
+  after ``Content-Encoding`` decoding (gzip/deflate decoded here, bounded: a small gzip
+  body cannot inflate past the cap), so a hostile ``Content-Length``, an endless chunked
+  body or a gzip bomb ends in ``ResponseError`` with bounded memory; an unasked-for
+  encoding is refused (its name scrubbed of the key);
+- ``Progress``, ``failure`` and ``mapped``: how far an exchange got, and the one place a
+  backend's exception becomes the library's (``errors.translate``), raised ``from`` it;
+  a timeout at the deadline is the total budget's ``ReadTimeout``;
+- ``check_status``: a status outside 200-599 (after the backend skipped 1xx answers) is
+  a ``RemoteProtocolError``, never success;
+- the total time budget (``Request.total``: ``Timeouts.total`` or the call's deadline,
+  whichever is sooner): each backend bounds its connect, write, pool wait and reads by
+  the time left, and the whole exchange as its module says;
+- ``ProcessGate`` (``Limits.max_connections_per_process``), ``ssl_context``, and
+  ``quiet_header_loggers`` (no HTTP/2 header block in the logs).
 
-Redirects are never followed (a 3xx is returned as it is). Proxies are passed
-explicitly (resolved once from the config; see ``EmbeddingConfig.proxy_for``), so the
-two transports route the same way.
+Connection reuse only of sockets with nothing unread on them; redirects are never
+followed (a 3xx is returned as it is). Proxies are passed explicitly (resolved once from
+the config; see ``EmbeddingConfig.proxy_for``), so the transports route the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import ssl
 import threading
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,12 +50,15 @@ from ._http import httpx
 from .config import PoolKey, Timeouts
 from .errors import (
     ErrorContext,
-    NetworkError,
+    PoolTimeout,
     QwenEmbedError,
+    RemoteProtocolError,
     ResponseError,
-    from_httpx,
+    TimeoutException,
     pool_timeout_error,
+    scrub,
     total_timeout_error,
+    translate,
 )
 from .metrics import EndpointMetrics
 
@@ -57,7 +68,9 @@ __all__ = [
     "Request",
     "Retired",
     "SyncTransport",
-    "h2_state_error",
+    "check_status",
+    "failure",
+    "mapped",
     "ssl_context",
 ]
 
@@ -115,6 +128,39 @@ class Reply:
     body: bytes
     fresh: bool
     http_version: str = "HTTP/1.1"
+
+
+# --------------------------------------------------------------------------- logs
+
+# The loggers of the ``hpack`` package (HTTP/2 header compression): at DEBUG they print
+# every header block, encoded and decoded, ``Authorization`` included.
+_HEADER_LOGGERS = ("hpack.hpack", "hpack.table")
+
+
+class _NoHeaderBlocks(logging.Filter):
+    """Drops the DEBUG records of the ``hpack`` loggers (header blocks)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.DEBUG
+
+
+_no_header_blocks = _NoHeaderBlocks()
+
+
+def quiet_header_loggers() -> None:
+    """Keep HTTP/2 header blocks (and so the API key) out of the logs, whatever the
+    logging configuration: a ``logging.Filter`` on the ``hpack`` package's own loggers
+    (``hpack.hpack``, ``hpack.table``) drops their DEBUG records, and the ``hpack``
+    logger's level is raised to INFO when nobody set one (so those records are not even
+    built). Installed when the first HTTP/2 transport is built; the ``h2`` package logs
+    through a logger of its own only when given one (httpcore gives none)."""
+    parent = logging.getLogger("hpack")
+    if parent.level == logging.NOTSET:
+        parent.setLevel(logging.INFO)
+    for name in _HEADER_LOGGERS:
+        logger = logging.getLogger(name)
+        if _no_header_blocks not in logger.filters:
+            logger.addFilter(_no_header_blocks)
 
 
 # --------------------------------------------------------------------------- TLS
@@ -177,8 +223,9 @@ class _Body:
         elif encoding == "deflate":
             self._inflater = zlib.decompressobj()
         else:
+            shown = scrub(encoding, *ctx.secrets())[:40]
             raise ResponseError(
-                f"{ctx.url} answered with Content-Encoding {encoding[:40]!r}, which this "
+                f"{ctx.url} answered with Content-Encoding {shown!r}, which this "
                 "client did not ask for (it accepts gzip and deflate)",
                 url=ctx.url,
             )
@@ -252,6 +299,112 @@ def _deadline(total: float | None) -> float | None:
 
 def _left(deadline: float | None) -> float | None:
     return None if deadline is None else deadline - time.monotonic()
+
+
+# --------------------------------------------------------------------------- one exchange
+
+
+class Progress:
+    """How far one exchange got, for the error it may end in (``mapped``) and for the
+    sync backend's watchdog.
+
+    Attributes:
+        deadline: the ``time.monotonic()`` the exchange must end by (``None``: none).
+        connect, write: the connect and write timeouts in force (seconds).
+        stage: ``"connect"``, ``"write"`` or ``"read"``.
+        fresh: the exchange runs on a connection opened for it.
+        connected: a connection was opened during this exchange.
+        received: part of the response has arrived.
+        conn: the backend's connection object (sync HTTP/1.1), once known.
+        expired: the watchdog shut the connection down at the deadline.
+    """
+
+    __slots__ = (
+        "conn",
+        "connect",
+        "connected",
+        "deadline",
+        "expired",
+        "fresh",
+        "received",
+        "stage",
+        "write",
+    )
+
+    def __init__(
+        self,
+        deadline: float | None,
+        connect: float | None = None,
+        write: float | None = None,
+    ) -> None:
+        self.deadline = deadline
+        self.connect = connect
+        self.write = write
+        self.stage = "connect"
+        self.fresh = True
+        self.connected = False
+        self.received = False
+        self.conn: Any = None
+        self.expired = False
+
+
+def failure(
+    exc: Exception, req: Request, progress: Progress, backend: str, *, proxy: bool = False
+) -> QwenEmbedError:
+    """The library's error for what a backend raised during ``req`` (``errors.translate``,
+    the one map), built once with how far the exchange got (``fresh``, ``received``); a
+    timeout at or past the deadline (a per-read timeout set to the time left), and any
+    failure of a read the watchdog cut at the deadline, is the total budget's
+    ``ReadTimeout``. The caller raises it ``from exc``."""
+    error = translate(
+        exc,
+        req.ctx,
+        backend=backend,
+        stage=progress.stage,
+        proxy=proxy,
+        fresh=progress.fresh,
+        received=progress.received,
+    )
+    deadline = progress.deadline
+    if progress.expired or (
+        isinstance(error, TimeoutException)
+        and not isinstance(error, PoolTimeout)
+        and deadline is not None
+        and time.monotonic() >= deadline - 0.002
+    ):
+        error = total_timeout_error(
+            req.ctx, req.total, received=progress.received, fresh=progress.fresh
+        )
+    return error
+
+
+@contextlib.contextmanager
+def mapped(
+    req: Request, progress: Progress, backend: str, *, proxy: bool = False
+) -> Iterator[None]:
+    """Raise ``failure(...)`` ``from`` whatever the backend raises inside the block (the
+    library's own errors and ``Retired`` pass through)."""
+    try:
+        yield
+    except (QwenEmbedError, Retired):
+        raise
+    except Exception as exc:
+        raise failure(exc, req, progress, backend, proxy=proxy) from exc
+
+
+def check_status(status: int, req: Request, progress: Progress) -> None:
+    """Refuse a status that is not a final HTTP answer (``200``-``599`` after the
+    backend skipped interim ``1xx`` answers): the connection is then closed, never
+    reused, and no body is read as an answer."""
+    if 200 <= status <= 599:
+        return
+    what = "an interim (1xx) answer" if 100 <= status <= 199 else "a malformed status"
+    raise RemoteProtocolError(
+        f"{req.ctx.url} answered with {what} ({status}) where the final response was due",
+        url=req.ctx.url,
+        fresh=progress.fresh,
+        received=True,
+    )
 
 
 # --------------------------------------------------------------------------- gates
@@ -354,19 +507,27 @@ def _limits(key: PoolKey) -> Any:
 
 
 def _timeout_ext(t: Timeouts, left: float | None) -> dict[str, float | None]:
-    read = t.read
-    if left is not None:
-        read = left if read is None else min(read, left)
-    return {"connect": t.connect, "read": read, "write": t.write, "pool": t.pool}
+    """httpx's per-request timeouts, each at most the time left (``left``)."""
+
+    def bounded(value: float | None) -> float | None:
+        if left is None:
+            return value
+        return left if value is None else min(value, left)
+
+    return {
+        "connect": bounded(t.connect),
+        "read": bounded(t.read),
+        "write": bounded(t.write),
+        "pool": bounded(t.pool),
+    }
 
 
 class SyncTransport:
     """The blocking transport of one pool (all threads).
 
-    HTTP/1.1 runs on urllib3 (``_urllib3.HTTP1Pool``: one connection pool of at most
-    ``max_connections`` connections, keep-alive expiry, proxies, ~1.0x the stdlib's
-    CPU per exchange); HTTP/2 and cleartext h2c on an ``httpx.Client`` (httpx2 under
-    openai 3.x), which multiplexes requests on its connections.
+    HTTP/1.1 runs on the stdlib's ``http.client`` (``_http11.HTTP1Pool``, public API; at
+    most ``max_connections`` connections); HTTP/2 and cleartext h2c on an ``httpx.Client``
+    (``httpx2`` under openai 3.x), which multiplexes requests on its connections.
 
     Args:
         key: the pool's settings (URL, limits, HTTP/2, TLS, proxy).
@@ -392,6 +553,7 @@ class SyncTransport:
         self._client: Any = None
         self._http1: Any = None
         if http2:
+            quiet_header_loggers()
             inner = httpx.HTTPTransport(
                 verify=ctx,
                 http1=not cleartext,
@@ -399,42 +561,22 @@ class SyncTransport:
                 limits=_limits(key),
                 proxy=key.proxy,
             )
-            self._client = self._httpx_client(inner)
+            self._client = httpx.Client(
+                transport=inner,
+                timeout=httpx.Timeout(5.0),
+                follow_redirects=False,
+                trust_env=False,
+                headers={"User-Agent": _USER_AGENT},
+            )
         else:
-            from ._urllib3 import HTTP1Pool
+            from ._http11 import HTTP1Pool
 
-            self._http1 = HTTP1Pool(key, metrics, ctx, gate=gate)
-        # No per-connection slots: HTTP/2 multiplexes, and HTTP/1.1 requests are
-        # bounded by the urllib3 pool itself (maxsize=max_connections, blocking).
-        self._slots: threading.BoundedSemaphore | None = None
+            self._http1 = HTTP1Pool(key, metrics, ctx)
         self._gate = gate
         self._urls: dict[str, Any] = {}
         self._state = threading.Lock()
         self._active = 0
         self._retired = False
-
-    @staticmethod
-    def _httpx_client(inner: Any) -> Any:
-        return httpx.Client(
-            transport=inner,
-            timeout=httpx.Timeout(5.0),
-            follow_redirects=False,
-            trust_env=False,
-            headers={"User-Agent": _USER_AGENT},
-        )
-
-    @property
-    def client(self) -> Any:
-        """The ``httpx.Client`` of this pool: HTTP/2's own, or (HTTP/1.1) one whose
-        transport sends on the urllib3 pool (``_urllib3.HTTP1Pool.bridge``), used by the
-        openai SDK (``send_httpx``)."""
-        client = self._client
-        if client is None:
-            with self._state:
-                client = self._client
-                if client is None:
-                    client = self._client = self._httpx_client(self._http1.bridge())
-        return client
 
     @property
     def is_closed(self) -> bool:
@@ -457,23 +599,6 @@ class SyncTransport:
             found = self._urls[url] = httpx.URL(url)
         return found
 
-    def _acquire(self, req: Request) -> None:
-        wait = req.timeouts.pool
-        gate = self._gate
-        if gate is not None and not gate.acquire(wait):
-            raise pool_timeout_error(req.ctx)
-        slots = self._slots
-        if slots is not None and not slots.acquire(timeout=wait):
-            if gate is not None:
-                gate.release()
-            raise pool_timeout_error(req.ctx)
-
-    def _release(self) -> None:
-        if self._slots is not None:
-            self._slots.release()
-        if self._gate is not None:
-            self._gate.release()
-
     def send(self, req: Request) -> Reply:
         """Perform ``req``; raise a translated ``QwenEmbedError`` on failure, or
         ``Retired`` when the transport was closed under it."""
@@ -483,22 +608,21 @@ class SyncTransport:
             self._active += 1
         try:
             deadline = _deadline(req.total)
-            http1 = self._http1
-            if http1 is not None:
-                gate = self._gate
-                if gate is None:
-                    return http1.exchange(req, deadline)  # type: ignore[no-any-return]
-                if not gate.acquire(req.timeouts.pool):
+            gate = self._gate
+            if gate is not None:
+                wait = req.timeouts.pool
+                left = _left(deadline)
+                if left is not None:
+                    wait = left if wait is None else min(wait, left)
+                if not gate.acquire(wait):
                     raise pool_timeout_error(req.ctx)
-                try:
-                    return http1.exchange(req, deadline)  # type: ignore[no-any-return]
-                finally:
-                    gate.release()
-            self._acquire(req)
             try:
+                if self._http1 is not None:
+                    return self._http1.exchange(req, deadline)  # type: ignore[no-any-return]
                 return self._exchange(req, deadline)
             finally:
-                self._release()
+                if gate is not None:
+                    gate.release()
         except QwenEmbedError as exc:
             if self._retired:
                 raise Retired from exc
@@ -507,50 +631,16 @@ class SyncTransport:
             with self._state:
                 self._active -= 1
 
-    def send_httpx(self, request: Any, **kwargs: Any) -> Any:
-        """Send an ``httpx.Request`` built elsewhere (the openai SDK) through this pool:
-        over HTTP/1.1 on the urllib3 pool (same connections, limit, gate, size cap; the
-        body is read before it returns), over HTTP/2 on the ``httpx.Client`` (holding a
-        slot of the gate until its body is closed)."""
-        if self._http1 is not None:
-            return self.client.send(request, **kwargs)
-        timeout = request.extensions.get("timeout", {}).get("pool")
-        ctx = ErrorContext(
-            url=self.key.label, pool=timeout, max_connections=self.key.limits.max_connections
-        )
-        slots, gate = self._slots, self._gate
-        if gate is not None and not gate.acquire(timeout):
-            raise httpx.PoolTimeout(str(pool_timeout_error(ctx)), request=request)
-        if slots is not None and not slots.acquire(timeout=timeout):
-            if gate is not None:
-                gate.release()
-            raise httpx.PoolTimeout(str(pool_timeout_error(ctx)), request=request)
-        metrics = self.metrics
-
-        def trace(name: str, info: dict[str, Any]) -> None:
-            if name.endswith("connect_tcp.complete"):
-                metrics.connection_opened()
-
-        request.extensions.setdefault("trace", trace)
-        try:
-            response = self._client.send(request, **kwargs)
-        except BaseException:
-            self._release()
-            raise
-        if kwargs.get("stream"):
-            response.stream = _ReleasingStream(response.stream, self._release)
-        else:
-            self._release()
-        return response
-
     def _exchange(self, req: Request, deadline: float | None) -> Reply:
-        fresh = False
+        """One exchange on the HTTP/2 client. Its deadline: every httpx timeout is at
+        most the time left, and the body loop checks it between frames."""
+        progress = Progress(deadline)
+        progress.fresh = False
         metrics = self.metrics
 
         def trace(name: str, info: dict[str, Any]) -> None:
-            nonlocal fresh
             if name.endswith("connect_tcp.complete"):
-                fresh = True
+                progress.fresh = True
                 metrics.connection_opened()
 
         headers = dict(req.headers)
@@ -562,30 +652,31 @@ class SyncTransport:
             content=req.body or None,
             extensions={"timeout": _timeout_ext(req.timeouts, _left(deadline)), "trace": trace},
         )
-        received = False
+        response: Any = None
         try:
-            response = self._client.send(request, stream=True)
-        except httpx.HTTPError as exc:
-            raise from_httpx(exc, req.ctx) from exc
-        try:
-            resp_headers = response.headers
-            _declared_too_big(resp_headers, req.max_bytes, req.ctx)
-            body = _Body(resp_headers.get("content-encoding", ""), req.max_bytes, req.ctx)
-            for chunk in response.iter_raw(_CHUNK):
-                received = True
-                body.feed(chunk)
-                if deadline is not None and time.monotonic() > deadline:
-                    raise total_timeout_error(req.ctx, req.total, received=True)
-            data = body.result()
-        except httpx.HTTPError as exc:
-            raise from_httpx(exc, req.ctx).with_received(received) from exc
+            with mapped(req, progress, "httpx"):
+                response = self._client.send(request, stream=True)
+                progress.stage = "read"
+                check_status(response.status_code, req, progress)
+                resp_headers = response.headers
+                _declared_too_big(resp_headers, req.max_bytes, req.ctx)
+                body = _Body(resp_headers.get("content-encoding", ""), req.max_bytes, req.ctx)
+                for chunk in response.iter_raw(_CHUNK):
+                    progress.received = True
+                    body.feed(chunk)
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise total_timeout_error(
+                            req.ctx, req.total, received=True, fresh=progress.fresh
+                        )
+                data = body.result()
         finally:
-            response.close()
+            if response is not None:
+                response.close()
         return Reply(
             status=response.status_code,
             headers=resp_headers,
             body=data,
-            fresh=fresh,
+            fresh=progress.fresh,
             http_version=response.http_version,
         )
 
@@ -598,26 +689,6 @@ class SyncTransport:
             self._http1.close()
         if self._client is not None:
             self._client.close()
-
-
-class _ReleasingStream(httpx.SyncByteStream):
-    """A response body that frees its gate slot once closed (after the connection went
-    back to the pool)."""
-
-    def __init__(self, inner: Any, release: Any) -> None:
-        self._inner = inner
-        self._release: Any = release
-
-    def __iter__(self) -> Any:
-        yield from self._inner
-
-    def close(self) -> None:
-        try:
-            self._inner.close()
-        finally:
-            release, self._release = self._release, None
-            if release is not None:
-                release()
 
 
 _SDK_CAP_FLOOR = 8 << 20
@@ -636,16 +707,3 @@ def sdk_cap(body: bytes) -> int:
     inputs = data.get("input") if isinstance(data, dict) else None
     count = len(inputs) if isinstance(inputs, list) else 1
     return max(_SDK_CAP_FLOOR, count * 8192 * 32 + 65_536)
-
-
-def h2_state_error(exc: BaseException, ctx: ErrorContext) -> NetworkError | None:
-    """An ``h2`` exception that escaped the HTTP library: a frame arrived on a
-    connection h2's state machine considers closed (after a GOAWAY), so the stream was
-    not answered: resend it (``refused``). ``None`` for any other exception."""
-    if not type(exc).__module__.startswith("h2."):
-        return None
-    text = str(exc)
-    refused = "ConnectionState.CLOSED" in text
-    return NetworkError(
-        f"the HTTP/2 connection to {ctx.url} failed: {text[:200]}", url=ctx.url, refused=refused
-    )

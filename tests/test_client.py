@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import _sdk, pool
+from qwen_embed_plugins import pool
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding
 
 TEXTS_1000 = [f"passage number {i}: the quick brown fox {i * 7919 % 1000}" for i in range(1000)]
@@ -246,13 +246,13 @@ def test_fork_child_embeds_and_parent_still_works(srv: EmbeddingServer) -> None:
     client = q.EmbeddingClient(base_url=srv.base_url)
     want = expected(["parent", "child"])
     np.testing.assert_array_equal(client.embed_documents_array(["parent"]), want[:1])
-    parent_client = pool.sync_transport(client.config.pool_key).client
+    parent_client = pool.sync_transport(client.config.pool_key)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # child: must not reuse the parent's sockets
         code = 1
         try:
-            child_http = pool.sync_transport(client.config.pool_key).client
+            child_http = pool.sync_transport(client.config.pool_key)
             arr = client.embed_documents_array(["child"])
             ok = child_http is not parent_client and np.array_equal(arr, want[1:])
             code = 0 if ok else 2
@@ -415,28 +415,26 @@ def test_openai_sdk_shares_the_pool(srv: EmbeddingServer) -> None:
     client = q.EmbeddingClient(base_url=srv.base_url, limits=q.Limits(max_connections=2))
     sdk = client.openai_client()
     assert sdk.max_retries == 0
-    key = client.config.pool_key
-    assert isinstance(sdk._client, _sdk.SDKHTTPClient)  # sends through the shared client
-    shared = pool.sync_transport(key).client
     before = q.pool_stats()[client.config.endpoint]["connections_opened"]
     for _ in range(5):
-        sdk.embeddings.create(input=["sdk text"], model="m")
+        got = sdk.embeddings.create(input=["sdk text"], model="m")
+        np.testing.assert_allclose(got.data[0].embedding, expected(["sdk text"])[0], atol=1e-6)
     opened = q.pool_stats()[client.config.endpoint]["connections_opened"] - before
     assert opened == srv.connections_opened <= 1
-    assert pool.sync_transport(key).client is shared
     sdk.close()  # closes nothing shared
-    assert not shared.is_closed
     assert len(client.embed_query("pool still open")) == 1024
-    via_sdk = q.EmbeddingClient(client.config, use_sdk=True)
-    np.testing.assert_array_equal(
-        via_sdk.embed_documents_array(["s1", "s2"]), expected(["s1", "s2"])
-    )
+    assert srv.connections_opened <= 1  # the same connection, still open
 
 
 async def test_async_openai_sdk_on_loop_pool(srv: EmbeddingServer) -> None:
-    client = q.AsyncEmbeddingClient(base_url=srv.base_url, use_sdk=True)
+    client = q.AsyncEmbeddingClient(base_url=srv.base_url)
+    sdk = client.openai_client()
+    assert sdk.max_retries == 0
+    got = await sdk.embeddings.create(input=["x1"], model="m")
+    np.testing.assert_allclose(got.data[0].embedding, expected(["x1"])[0], atol=1e-6)
+    await sdk.close()  # closes nothing shared
     np.testing.assert_array_equal(await client.embed_documents_array(["x1"]), expected(["x1"]))
-    assert client.openai_client().max_retries == 0
+    assert srv.connections_opened == 1
 
 
 def test_close_all_then_reuse(srv: EmbeddingServer) -> None:
@@ -593,8 +591,7 @@ def test_kept_sdk_object_falls_back_from_h2c(srv: EmbeddingServer) -> None:
     sdk = client.openai_client()
     for i in range(3):
         assert len(sdk.embeddings.create(input=[f"h2c {i}"], model="m").data) == 1
-    via_sdk = q.EmbeddingClient(base_url=srv.base_url, http2=True, use_sdk=True)
-    np.testing.assert_array_equal(via_sdk.embed_documents_array(["s1"]), expected(["s1"]))
+    np.testing.assert_array_equal(client.embed_documents_array(["s1"]), expected(["s1"]))
 
 
 def test_one_async_sdk_object_on_many_event_loops(srv: EmbeddingServer) -> None:
@@ -608,16 +605,6 @@ def test_one_async_sdk_object_on_many_event_loops(srv: EmbeddingServer) -> None:
         assert asyncio.run(call(f"loop {i}")) == 1
         sdks.add(id(client.openai_client()))
     assert len(sdks) == 1
-
-
-@pytest.mark.parametrize("fault", ["malformed", "wrong_count"])
-def test_sdk_path_unreadable_body_is_a_response_error(srv: EmbeddingServer, fault: str) -> None:
-    client = q.EmbeddingClient(
-        base_url=srv.base_url, use_sdk=True, retry=q.RetryConfig(max_attempts=1)
-    )
-    srv.inject(fault)
-    with pytest.raises(q.ResponseError):
-        client.embed_documents(["only one"])
 
 
 def test_a_context_length_error_tells_the_servers_index_from_the_callers() -> None:

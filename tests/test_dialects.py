@@ -95,17 +95,18 @@ def srv(module_server: EmbeddingServer) -> EmbeddingServer:
 
 
 def probes(key: Any) -> list[str]:
-    """Requests other than embeddings sent through the sync pool of ``key`` (an
-    ordinary httpx request hook on the shared client, not a mock)."""
+    """Requests other than embeddings sent through the sync pool of ``key`` (a spy on
+    the shared transport's ``send``, which every request of the pool goes through)."""
     seen: list[str] = []
-    client = pool.sync_transport(key).client
-    client.event_hooks["request"].append(
-        lambda request: (
-            seen.append(f"{request.method} {request.url.path}")
-            if not request.url.path.endswith("/embeddings")
-            else None
-        )
-    )
+    transport = pool.sync_transport(key)
+    send = transport.send
+
+    def spy(req: Any) -> Any:
+        if not req.url.endswith("/embeddings"):
+            seen.append(f"{req.method} {req.url}")
+        return send(req)
+
+    transport.send = spy  # type: ignore[method-assign]
     return seen
 
 

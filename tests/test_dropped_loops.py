@@ -143,8 +143,9 @@ def test_dropped_loops_are_collected_and_their_connections_closed(
 def test_dropped_loops_through_the_sdk_path(
     srv: EmbeddingServer, mode: str, noise: Callable[[], list[str]]
 ) -> None:
-    client = q.AsyncEmbeddingClient(**client_options(srv, mode), use_sdk=True)
-    refs = drop_loops(lambda i: client.embed_query(f"sdk loop {i}"))
+    client = q.AsyncEmbeddingClient(**client_options(srv, mode))
+    sdk = client.openai_client()
+    refs = drop_loops(lambda i: sdk.embeddings.create(input=[f"sdk loop {i}"], model="m"))
     assert_collected_and_closed(srv, refs)
     assert_still_works(client, srv)
     assert noise() == []

@@ -213,7 +213,6 @@ def test_fields_map_one_to_one_onto_the_core_config(tmp_path: Path) -> None:
         keepalive_expiry=2.5,
         http2=True,
         verify=str(ca),
-        use_sdk=True,
     )
     assert emb.config == q.EmbeddingConfig(
         base_url="https://gpu-box.invalid:30000/v1",
@@ -231,7 +230,6 @@ def test_fields_map_one_to_one_onto_the_core_config(tmp_path: Path) -> None:
         http2=True,
         verify=str(ca),
         retry=q.RetryConfig(max_attempts=1),
-        use_sdk=True,
     )
 
 

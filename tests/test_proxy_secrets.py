@@ -69,7 +69,7 @@ def test_requests_go_through_the_proxy_and_the_password_shows_nowhere(
     with _behind_proxy() as (srv, proxy, remote, authed):
         client = q.EmbeddingClient(base_url=remote, proxy=authed, trust_env=False)
         aclient = q.AsyncEmbeddingClient(client.config)
-        sdk = q.EmbeddingClient(client.config, use_sdk=True)
+        sdk = client.openai_client()
         langchain = QwenPooledEmbeddings(base_url=remote, proxy=authed, trust_env=False)
         llama = QwenPooledEmbedding(base_url=remote, proxy=authed, trust_env=False)
         texts = ["through the proxy", "with credentials"]
@@ -78,7 +78,8 @@ def test_requests_go_through_the_proxy_and_the_password_shows_nowhere(
         )
         got = asyncio.run(aclient.embed_documents(texts))
         np.testing.assert_array_equal(np.asarray(got, np.float32), expected_embeddings(texts))
-        assert len(sdk.embed_query("sdk")) == 1024
+        sdk_answer = sdk.embeddings.create(input=["sdk"], model=q.DEFAULT_MODEL)
+        assert len(sdk_answer.data[0].embedding) == 1024
         assert len(langchain.embed_query("lc")) == 1024
         assert len(asyncio.run(langchain.aembed_documents(["lc async"]))[0]) == 1024
         assert len(llama.get_text_embedding("li")) == 1024

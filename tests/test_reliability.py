@@ -333,8 +333,7 @@ def test_http2_over_tls_is_negotiated() -> None:
         retries_before = _retries(client.config.endpoint)
         try:
             arr = client.embed_documents_array(texts)
-            shared = pool.sync_transport(client.config.pool_key).client
-            version = shared.get(srv.url + "/health").http_version
+            version = health_version(client, srv.url + "/health")
         finally:
             q.close_all()  # let the server shut down without waiting for our connections
         np.testing.assert_array_equal(arr, expected_embeddings(texts))
@@ -386,3 +385,14 @@ def test_any_input_gives_a_clear_error_or_a_correct_result(
             client.embed_documents(items)  # type: ignore[arg-type]
         bad = next(i for i, t in enumerate(items) if not (isinstance(t, str) and t.strip()))
         assert info.value.index == bad
+
+
+def health_version(client: q.EmbeddingClient, url: str) -> str:
+    """The HTTP version of a ``GET /health`` sent through the client's shared pool."""
+    from qwen_embed_plugins.errors import ErrorContext
+    from qwen_embed_plugins.transport import Request
+
+    config = client.config
+    ctx = ErrorContext(url=config.endpoint)
+    req = Request("GET", url, b"", {}, config.timeouts, 30.0, 1 << 20, ctx)
+    return pool.sync_transport(config.pool_key).send(req).http_version

@@ -169,7 +169,6 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "trust_env": True,
     "insecure_key": "warn",
     "hedge": False,
-    "use_sdk": False,
     "server": "auto",
     "headers": None,
     "extra_body": None,
@@ -278,7 +277,6 @@ def build_config(
         trust_env=values["trust_env"],
         insecure_key=values["insecure_key"],
         hedge=values["hedge"],
-        use_sdk=values["use_sdk"],
         server=values["server"],
         headers=values.get("headers"),
         extra_body=values.get("extra_body"),
@@ -725,9 +723,6 @@ class FlatSettings(BaseModel):
     hedge: bool = setting("hedge")
     """Hedge single queries: a second copy after the endpoint's p95 latency, first
     answer wins, at most 5% extra requests (default False)."""
-
-    use_sdk: bool = setting("use_sdk")
-    """Send requests through the openai SDK on the same pool (slower; for comparison)."""
 
     server: str = setting("server")
     """The server behind base_url: 'auto' (identified from its answers) or 'sglang',

@@ -44,8 +44,14 @@ HOSTILE_KINDS: Final[dict[str, dict[str, Any]]] = {
     "bool_components": {},
     "html": {},
     "stray_response": {"delay": 0.0},
+    "silent": {},
+    "drop": {},
+    "interim": {"status": 103},
+    "status_line": {"line": "HTTP/1.1 099 Odd"},
+    "trickle_chunked": {"interval": 1.0, "part": "size"},
 }
 _TRANSFORMS: Final = ("exact", "upper", "lower", "truncate", "bare")
+_ECHO_PLACES: Final = ("body", "header", "both", "status", "content_encoding")
 _HTML: Final = (
     b"<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head>"
     b"<body><h1>502 Bad Gateway</h1><p>The upstream server is not responding.</p></body></html>"
@@ -102,6 +108,19 @@ class HostileServer:
               for, holding as many vectors for the texts ``"stray 0"``, ``"stray 1"``...
               (`expected_embeddings` of them), once per connection: the next request on
               that socket would read it.
+            * ``silent``: read the request, never answer (until ``max_seconds``).
+            * ``drop``: read the request, close the connection without a byte.
+            * ``interim`` [``status`` = 103]: an interim answer (``100``-``199``, with a
+              ``Link`` header) before the valid final one.
+            * ``status_line`` [``line`` = ``"HTTP/1.1 099 Odd"``]: the valid answer's
+              headers and body after this status line instead (missing, malformed or
+              out-of-range codes).
+            * ``trickle_chunked`` [``interval`` = 1.0 s, ``part`` = ``"size"`` |
+              ``"trailer"``]: the valid answer with a chunked body whose chunk-size line
+              (or trailer section) is written 1 byte per ``interval`` seconds.
+            ``echo_auth``'s ``where`` also takes ``"status"`` (the value as the reason
+            phrase of a 500) and ``"content_encoding"`` (a 200 whose ``Content-Encoding``
+            is the value).
 
         on: which requests behave so: ``"all"`` (default), ``"embeddings"`` or
             ``"models"``; the others get valid answers.
@@ -165,8 +184,12 @@ class HostileServer:
         if kind == "echo_auth":
             if merged["transform"] not in _TRANSFORMS:
                 raise ValueError(f"transform must be one of {', '.join(_TRANSFORMS)}")
-            if merged["where"] not in ("body", "header", "both"):
-                raise ValueError("where must be 'body', 'header' or 'both'")
+            if merged["where"] not in _ECHO_PLACES:
+                raise ValueError(f"where must be one of {', '.join(_ECHO_PLACES)}")
+        if kind == "interim" and not 100 <= merged["status"] <= 199:
+            raise ValueError("interim status must be 100-199")
+        if kind == "trickle_chunked" and merged["part"] not in ("size", "trailer"):
+            raise ValueError("part must be 'size' or 'trailer'")
         if kind == "redirect" and merged["status"] not in (301, 302, 303, 307, 308):
             raise ValueError("redirect status must be 301, 302, 303, 307 or 308")
         for name in ("declared", "chunk", "inflated"):
@@ -342,8 +365,48 @@ class HostileServer:
             return True
         if kind == "trickle":
             return await self._trickle(_response(status, orjson.dumps(doc)), params, writer)
+        if kind == "silent":
+            deadline = time.monotonic() + self.max_seconds
+            while time.monotonic() < deadline and not self._server.stopping():  # noqa: ASYNC110
+                await asyncio.sleep(0.05)  # as the other answers' loops: bounded, stoppable
+            return False
+        if kind == "drop":
+            return False
+        if kind == "interim":
+            hint = f"HTTP/1.1 {params['status']} Early\r\nLink: </style.css>\r\n\r\n"
+            await self._write(writer, hint.encode() + _response(status, orjson.dumps(doc)))
+            return True
+        if kind == "status_line":
+            data = _response(status, orjson.dumps(doc))
+            rest = data[data.index(b"\r\n") :]
+            await self._write(writer, params["line"].encode("latin-1") + rest)
+            return False
+        if kind == "trickle_chunked":
+            return await self._trickle_chunked(status, orjson.dumps(doc), params, writer)
         await self._stream(kind, params, writer)
         return False
+
+    async def _trickle_chunked(
+        self, status: int, body: bytes, params: Mapping[str, Any], writer: asyncio.StreamWriter
+    ) -> bool:
+        head = _head(status, "application/json", (("Transfer-Encoding", "chunked"),))
+        size_line = f"{len(body):x}\r\n".encode()
+        trailer = b"X-Trailer: " + b"t" * 64 + b"\r\n\r\n"
+        if params["part"] == "size":
+            await self._write(writer, head)
+            slow, rest = size_line, body + b"\r\n0\r\n\r\n"
+        else:
+            await self._write(writer, head + size_line + body + b"\r\n0\r\n")
+            slow, rest = trailer, b""
+        deadline = time.monotonic() + self.max_seconds
+        for i in range(len(slow)):
+            if time.monotonic() >= deadline or self._server.stopping():
+                return False
+            await self._write(writer, slow[i : i + 1])
+            await asyncio.sleep(params["interval"])
+        if rest:
+            await self._write(writer, rest)
+        return True
 
     async def _echo(
         self,
@@ -362,6 +425,16 @@ class HostileServer:
         elif transform == "bare":
             value = value.removeprefix("Bearer ").removeprefix("bearer ")
         where = params["where"]
+        if where == "status":
+            error = {"error": {"message": "internal error", "type": "server_error", "code": None}}
+            data = _response(500, orjson.dumps(error))
+            line = f"HTTP/1.1 500 {value}".encode("latin-1", "replace")
+            await self._write(writer, line + data[data.index(b"\r\n") :])
+            return True
+        if where == "content_encoding":
+            encoding = (("Content-Encoding", value),)
+            await self._write(writer, _response(200, b'{"object":"list"}', extra=encoding))
+            return True
         in_body = where in ("body", "both")
         status = params["status"] or (200 if in_body else 500)
         extra = (("x-request-id", value),) if where in ("header", "both") else ()
