@@ -443,6 +443,8 @@ class Engine(Learning):
                     state.retesting = False
                 elapsed = time.perf_counter() - started
                 metrics.request_finished(outcome, elapsed, len(texts) if outcome == "ok" else 0)
+                if outcome == "ok" or error is not None:
+                    self._sized(state, len(texts), elapsed, error)
                 if _log.isEnabledFor(logging.DEBUG):
                     _log.debug(
                         "POST %s texts=%d status=%s %.1f ms attempt=%d",
