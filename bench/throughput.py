@@ -27,7 +27,7 @@ Variants run in interleaved rounds (order rotated each round, ``_harness.rotated
 tables show medians. Ratios: ours / the best stock adapter of the same mode (sync or
 async), ours / capacity, ours async / ours sync.
 
-    python bench/throughput.py [--quick] [--texts N] [--gpu-texts N] [--rounds R]
+    python bench/throughput.py [--quick] [--texts N] [--gpu-texts N] [--real-texts N] [--rounds R]
                                [--models constant,gpu_serial,...] [--json PATH]
 
 ``--quick`` (CI): 300 texts, one round, the constant model only, clients in this
@@ -337,8 +337,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "--gpu-texts",
         type=int,
         default=None,
-        help="passages on the GPU-like and real servers, whose capacity is a few hundred "
-        "texts/s (default 2,000)",
+        help="passages on the GPU-like servers, whose capacity is a few hundred texts/s "
+        "(default 2,000)",
+    )
+    ap.add_argument(
+        "--real-texts",
+        type=int,
+        default=None,
+        help="passages on the real Infinity server (a shared CPU server: default 500)",
     )
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3)")
     ap.add_argument(
@@ -360,6 +366,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     IN_PROCESS = args.quick
     texts = args.texts or (300 if args.quick else 10_000)
     gpu_texts = args.gpu_texts or (60 if args.quick else 2_000)
+    real_texts = args.real_texts or (60 if args.quick else 500)
     rounds = args.rounds or (1 if args.quick else 3)
     grid = QUICK_GRID if args.quick else GRID
     chosen = args.models or ("constant" if args.quick else ",".join(MODELS))
@@ -374,6 +381,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "rounds": rounds,
         "texts": texts,
         "gpu_texts": gpu_texts,
+        "real_texts": real_texts,
         "results": [],
         "skipped": {},
     }
@@ -385,7 +393,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 report["skipped"][name] = why
                 print(f"skipping infinity: {why}", file=sys.stderr)
                 continue
-        n = texts if name == "constant" else gpu_texts
+        n = {"constant": texts, "infinity": real_texts}.get(name, gpu_texts)
         with _target(name, infinity) as (srv, base_url, served):
             for model in served:
                 print(f"[{name}/{model}] {n} texts, {rounds} round(s)", file=sys.stderr)
