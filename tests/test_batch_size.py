@@ -135,6 +135,21 @@ def test_engine_spreads_a_small_call_over_the_window_in_one_wave() -> None:
     engine.endpoint.replicas[0].states.clear()
 
 
+@pytest.mark.parametrize(("raw", "want"), [("auto", "auto"), (" AUTO ", "auto"), ("64", 64)])
+def test_batch_size_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch, raw: str, want: object
+) -> None:
+    monkeypatch.setenv("QWEN_EMBED_BATCH_SIZE", raw)
+    assert q.EmbeddingConfig(base_url="http://127.0.0.1:9/v1").batch_size == want
+
+
+def test_batch_size_default_is_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("QWEN_EMBED_BATCH_SIZE", raising=False)
+    assert q.EmbeddingConfig(base_url="http://127.0.0.1:9/v1").batch_size == "auto"
+    with pytest.raises(q.ConfigError, match="batch_size"):
+        q.EmbeddingConfig(base_url="http://127.0.0.1:9/v1", batch_size="big")  # type: ignore[arg-type]
+
+
 # --------------------------------------------------------------------------- loopback
 
 TEXTS = [f"passage {i} on the history of topic {i % 53}" for i in range(3000)]
@@ -215,3 +230,33 @@ def test_default_does_not_grow_past_a_server_that_refuses_larger_batches(
     before = capped_server.requests
     client.embed_documents_array(TEXTS[::-1])
     assert capped_server.requests - before == SMALL_BATCHES  # learned: no refusal
+
+
+# --------------------------------------------------------------------------- server model
+
+
+def test_dynamic_batching_model_round_trips_and_checks_its_fields() -> None:
+    from qwen_embed_plugins.testing import DynamicBatching
+    from qwen_embed_plugins.testing._models import model_from_dict, model_to_dict
+
+    spec = DynamicBatching(window=0.001, max_tokens=64, base=0.0, per_token=0.0)
+    assert model_from_dict(model_to_dict(spec)) == spec
+    with pytest.raises(ValueError, match="max_tokens"):
+        DynamicBatching(max_tokens=0)
+
+
+async def test_dynamic_batching_server_answers_concurrent_requests() -> None:
+    from qwen_embed_plugins.testing import DynamicBatching
+
+    spec = DynamicBatching(window=0.002, max_tokens=64, base=0.02, per_token=0.0001)
+    with EmbeddingServer(server_model=spec) as server:
+        forget_learned(server.base_url)
+        client = q.AsyncEmbeddingClient(base_url=server.base_url, batch_size=4)
+        texts = [f"text {i} " * (1 + i % 40) for i in range(64)]  # some above max_tokens
+        started = asyncio.get_running_loop().time()
+        got = await client.embed_documents_array(texts)
+        took = asyncio.get_running_loop().time() - started
+        np.testing.assert_array_equal(got, expected_embeddings(texts))
+        assert server.requests == 16
+        assert took >= spec.base  # every request waited for a pass
+        forget_learned(server.base_url)
