@@ -46,7 +46,7 @@ _BASE64_REFUSED = re.compile(r"base64|encoding[_ ]format", re.I)
 _DIMENSIONS_REFUSED = re.compile(r"dimension|matryoshka|mrl", re.I)
 _EOS_ID = 151643  # Qwen2/Qwen3 <|endoftext|> (qwen.tiktoken / tokenizer_config.json)
 _MAX_WARNINGS = 5
-ONE_WAVE = 8
+_ONE_WAVE = 8
 """A ``batch_size="auto"`` call whose texts fill the window with batches of at most this
 many times the sizer's start (8 x 32 = 256 texts) is sent in one wave of them."""
 
@@ -138,7 +138,7 @@ class Learning:
         The largest size a replica's ``BatchSizer`` asks for now; but when a window's
         share of ``remaining`` is smaller, that share (not below the sizer's start), so
         the last batches of a call still fill the window; and when the share is larger
-        but within ``ONE_WAVE`` x the start (and below any size a replica refused), the
+        but within ``_ONE_WAVE`` x the start (and below any size a replica refused), the
         share: a call that fits in one wave of moderate batches goes in one wave. Known
         and learned limits are applied by the caller."""
         size = 0
@@ -152,7 +152,7 @@ class Learning:
         share = -(-remaining // max(1, window))
         if share <= size:
             return max(1, min(size, max(start, share)))
-        if share <= min(ONE_WAVE * start, bound):
+        if share <= min(_ONE_WAVE * start, bound):
             return share
         return size
 
