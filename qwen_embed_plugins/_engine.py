@@ -432,6 +432,7 @@ class Engine(Learning):
             status: int | None = None
             error: QwenEmbedError | None = None
             fresh = True
+            answered = 0.0
             try:
                 try:
                     reply: Reply = yield Send(replica, request)
@@ -440,6 +441,7 @@ class Engine(Learning):
                     fresh = bool(getattr(exc, "fresh", True))
                     outcome = type(exc).__name__
                 else:
+                    answered = time.perf_counter()  # before decoding: the server's time
                     fresh = reply.fresh
                     status = reply.status
                     replica.answered = True
@@ -487,6 +489,8 @@ class Engine(Learning):
                     state.retesting = False
                 elapsed = time.perf_counter() - started
                 metrics.request_finished(outcome, elapsed, len(texts) if outcome == "ok" else 0)
+                if outcome == "ok" or error is not None:
+                    self._sized(state, len(texts), (answered or started + elapsed) - started, error)
                 if _log.isEnabledFor(logging.DEBUG):
                     _log.debug(
                         "POST %s texts=%d status=%s %.1f ms attempt=%d",

@@ -25,10 +25,12 @@ from .errors import (
     ContextLengthError,
     HTTPStatusError,
     NotFoundError,
+    PoolTimeout,
     QwenEmbedError,
     RateLimitError,
     ResponseError,
     ServerError,
+    TimeoutException,
 )
 from .protocol import (
     FloatArray,
@@ -51,6 +53,9 @@ _BASE64_REFUSED = re.compile(r"base64|encoding[_ ]format", re.I)
 _DIMENSIONS_REFUSED = re.compile(r"dimension|matryoshka|mrl", re.I)
 _EOS_ID = 151643  # Qwen2/Qwen3 <|endoftext|> (qwen.tiktoken / tokenizer_config.json)
 _MAX_WARNINGS = 5
+_ONE_WAVE = 8
+"""A ``batch_size="auto"`` call whose texts fill the window with batches of at most this
+many times the sizer's start (8 x 32 = 256 texts) is sent in one wave of them."""
 
 
 class Learning:
@@ -196,6 +201,48 @@ class Learning:
         state.ok_since_limit = 0
         state.retest_every = RETEST_EVERY
         replica.metrics.fallback("batch_limit_lifted")
+
+    def auto_batch_size(self, remaining: int, window: int) -> int:
+        """The texts to put in the next batch of a ``batch_size="auto"`` call that has
+        ``remaining`` texts left and up to ``window`` batches in flight.
+
+        The largest size a replica's ``BatchSizer`` asks for now; but when a window's
+        share of ``remaining`` is smaller, that share (not below the sizer's start), so
+        the last batches of a call still fill the window; and when the share is larger
+        but within ``_ONE_WAVE`` x the start (and below any size a replica refused), the
+        share: a call that fits in one wave of moderate batches goes in one wave. Known
+        and learned limits are applied by the caller."""
+        size = 0
+        start = 1
+        bound = 1 << 30
+        for replica in self.endpoint.replicas:
+            sizer = replica.state(self.model).sizer
+            size = max(size, sizer.size(sizer.wants(remaining, window)))
+            start = max(start, sizer.start)
+            bound = min(bound, sizer.bound)
+        share = -(-remaining // max(1, window))
+        if share <= size:
+            return max(1, min(size, max(start, share)))
+        if share <= min(_ONE_WAVE * start, bound):
+            return share
+        return size
+
+    def _sized(
+        self, state: ReplicaState, texts: int, seconds: float, error: QwenEmbedError | None
+    ) -> None:
+        """Feed an answered request to the replica's ``BatchSizer`` (``batch_size="auto"``
+        only): its latency, or the overload (429, 503, a timeout) or refused size (413,
+        422, a token cap) it met."""
+        if self.config.batch_size != "auto":
+            return
+        if error is None:
+            state.sizer.observe(texts, seconds)
+        elif isinstance(error, BatchTooLargeError):
+            state.sizer.observe(texts, seconds, too_large=True)
+        elif (isinstance(error, HTTPStatusError) and error.status in (429, 503)) or (
+            isinstance(error, TimeoutException) and not isinstance(error, PoolTimeout)
+        ):
+            state.sizer.observe(texts, seconds, overload=True)
 
     def _finish(
         self,

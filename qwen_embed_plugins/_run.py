@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -231,11 +231,14 @@ def _pick_error(call: Call, errors: list[BaseException]) -> BaseException:
     return errors[0]
 
 
-def run_windowed(count: int, job: Callable[[int], None], limit: int, call: Call) -> None:
-    """Run ``job(0..count-1)`` with at most ``limit`` in flight (threads). On a failure
-    no new job starts; jobs under way finish, then the chosen error is raised."""
-    if count == 1 or limit == 1:
-        for i in range(count):
+def run_windowed(jobs: Iterable[int], job: Callable[[int], None], limit: int, call: Call) -> None:
+    """Run ``job(i)`` for each ``i`` of ``jobs`` with at most ``limit`` in flight
+    (threads). ``jobs`` is read one index at a time, as a slot frees up (so it may decide
+    the next batch from the answers so far). On a failure no new job starts; jobs under
+    way finish, then the chosen error is raised."""
+    it = iter(jobs)
+    if limit == 1:
+        for i in it:
             if call.stop:
                 break
             job(i)
@@ -243,11 +246,14 @@ def run_windowed(count: int, job: Callable[[int], None], limit: int, call: Call)
     ex = shared_executor()
     pending: set[Future[None]] = set()
     errors: list[BaseException] = []
-    nxt = 0
-    while nxt < count or pending:
-        while nxt < count and len(pending) < limit and not errors and not call.stop:
-            pending.add(ex.submit(job, nxt))
-            nxt += 1
+    more = True
+    while more or pending:
+        while more and len(pending) < limit and not errors and not call.stop:
+            nxt = next(it, None)
+            if nxt is None:
+                more = False
+            else:
+                pending.add(ex.submit(job, nxt))
         if not pending:
             break
         done, pending = wait(pending, return_when=FIRST_COMPLETED)
@@ -259,22 +265,28 @@ def run_windowed(count: int, job: Callable[[int], None], limit: int, call: Call)
         raise _pick_error(call, errors)
 
 
-async def arun_windowed(count: int, job: Callable[[int], Any], limit: int, call: Call) -> None:
+async def arun_windowed(
+    jobs: Iterable[int], job: Callable[[int], Any], limit: int, call: Call
+) -> None:
     """Async twin of ``run_windowed``: tasks on the running loop."""
-    if count == 1 or limit == 1:
-        for i in range(count):
+    it = iter(jobs)
+    if limit == 1:
+        for i in it:
             if call.stop:
                 break
             await job(i)
         return
     pending: set[asyncio.Future[None]] = set()
     errors: list[BaseException] = []
-    nxt = 0
+    more = True
     try:
-        while nxt < count or pending:
-            while nxt < count and len(pending) < limit and not errors and not call.stop:
-                pending.add(asyncio.ensure_future(job(nxt)))
-                nxt += 1
+        while more or pending:
+            while more and len(pending) < limit and not errors and not call.stop:
+                nxt = next(it, None)
+                if nxt is None:
+                    more = False
+                else:
+                    pending.add(asyncio.ensure_future(job(nxt)))
             if not pending:
                 break
             done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)

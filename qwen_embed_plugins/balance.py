@@ -28,6 +28,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .adaptive import BatchSizer
 from .config import EmbeddingConfig, PoolKey
 from .errors import (
     CircuitOpenError,
@@ -77,6 +78,8 @@ class ReplicaState:
         ok_since_limit: successful requests since the limit was inferred or retested.
         retest_every: requests between retests of an inferred limit (starts at 50).
         retesting: a retest batch is under way (only one at a time).
+        sizer: the batch size found from this replica's latencies
+            (``adaptive.BatchSizer``; used when ``batch_size="auto"``).
     """
 
     base64_ok: bool | None = None
@@ -95,6 +98,7 @@ class ReplicaState:
     ok_since_limit: int = 0
     retest_every: int = RETEST_EVERY
     retesting: bool = False
+    sizer: BatchSizer = field(default_factory=BatchSizer)
 
     def retest_due(self) -> bool:
         """An inferred batch limit has held for ``retest_every`` requests: try above it."""

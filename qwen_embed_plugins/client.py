@@ -50,9 +50,11 @@ from .errors import (
 from .protocol import (
     BatchPlan,
     FloatArray,
+    estimate_tokens,
     format_query,
     plan_batches,
     screen_texts,
+    split_by_tokens,
     validate_text,
     validate_texts,
 )
@@ -214,6 +216,75 @@ class _Sink:
         return rows, self._errors()
 
 
+class _Batches:
+    """The batches of one call, as indexes into ``plan.batches``, read one at a time by
+    the window (``run_windowed``) as a slot frees up.
+
+    For a stated ``batch_size`` the plan was cut up front. For ``batch_size="auto"``
+    each batch is cut when it is about to be sent, at the size the replicas' batch
+    sizers ask for now (``Engine.auto_batch_size``: they learn from the answers of the
+    batches before it), within the known and learned limits (texts per request, read
+    at each cut; ``tokens``, estimated tokens per request).
+    """
+
+    def __init__(
+        self,
+        plan: BatchPlan,
+        window: int,
+        tokens: int | None,
+        engine: Engine | None,
+        spread: int | None = None,
+    ) -> None:
+        self.plan = plan
+        self.engine = engine
+        self.tokens = tokens
+        self.window = window
+        self.spread = spread or window
+        self._next = 0
+        self._at = 0
+        self._sizes = (
+            [estimate_tokens(t) for t in plan.unique]
+            if engine is not None and tokens is not None
+            else None
+        )
+        self.single = len(plan.batches) == 1 if engine is None else self._first_is_all()
+
+    def _size(self) -> int:
+        if self.engine is None:  # cannot happen
+            raise RuntimeError("internal error: engine is None")
+        engine = self.engine
+        size = engine.auto_batch_size(len(self.plan.unique) - self._at, self.spread)
+        count = engine.batch_limits()[0]  # learned during the call too
+        return size if count is None else max(1, min(size, count))
+
+    def _first_is_all(self) -> bool:
+        n = len(self.plan.unique)
+        return bool(n) and self._cut() == n
+
+    def _cut(self) -> int:
+        """Cut the next batch; its stop."""
+        plan, start = self.plan, self._at
+        n = len(plan.unique)
+        stop = min(n, start + self._size())
+        if self._sizes is not None and self.tokens is not None:
+            stop = split_by_tokens(self._sizes, start, stop, self.tokens, stop - start)[0][1]
+        plan.batches.append((start, stop))
+        self._at = stop
+        return stop
+
+    def __iter__(self) -> _Batches:
+        return self
+
+    def __next__(self) -> int:
+        b = self._next
+        if b >= len(self.plan.batches):
+            if self.engine is None or self._at >= len(self.plan.unique):
+                raise StopIteration
+            self._cut()
+        self._next = b + 1
+        return b
+
+
 # --------------------------------------------------------------------------- base
 
 
@@ -256,25 +327,41 @@ class _ClientBase:
         ``None`` until the first answer when ``server="auto"``."""
         return self._engine.detection()
 
-    def _plan(self, texts: list[str]) -> BatchPlan:
-        size = self._config.batch_size
+    def _plan(self, texts: list[str]) -> tuple[BatchPlan, _Batches]:
+        window = self._window()
         count, tokens = self._engine.batch_limits()
+        size = self._config.batch_size
+        if size == "auto":
+            plan = plan_batches(texts, max(1, len(texts)))
+            plan.batches.clear()  # cut one at a time, as the window frees a slot
+            batches = _Batches(plan, window, tokens, self._engine, self._spread())
+            return plan, batches
         if count is not None and count < size:
             size = count
-        return plan_batches(texts, size, max_tokens=tokens)
+        plan = plan_batches(texts, size, max_tokens=tokens)
+        return plan, _Batches(plan, window, tokens, None)
 
-    def _window(self, plan: BatchPlan) -> int:
+    def _window(self) -> int:
         concurrency = self._config.max_concurrency
         # "auto": the endpoint's adaptive gate bounds the requests in flight
         return concurrency if isinstance(concurrency, int) else _AUTO_WINDOW
 
+    def _spread(self) -> int:
+        """Requests in flight a call's batches are spread over (to size them): the
+        window, or with ``max_concurrency="auto"`` the adaptive limit now."""
+        concurrency = self._config.max_concurrency
+        if isinstance(concurrency, int):
+            return concurrency
+        gate = self._engine.adaptive_gate(self._engine.endpoint.replicas[0])
+        return max(1, int(gate.slots)) if gate is not None else 4
+
     @staticmethod
-    def _batch_counts(plan: BatchPlan) -> list[int]:
-        """Input texts covered by each batch (duplicates included), for progress."""
+    def _batch_counts(plan: BatchPlan) -> Callable[[int], int]:
+        """Input texts covered by batch ``b`` (duplicates included), for progress."""
         if plan.positions is None:
-            return [stop - start for start, stop in plan.batches]
+            return lambda b: plan.batches[b][1] - plan.batches[b][0]
         per_row = np.bincount(plan.positions, minlength=len(plan.unique))
-        return [int(per_row[start:stop].sum()) for start, stop in plan.batches]
+        return lambda b: int(per_row[plan.batches[b][0] : plan.batches[b][1]].sum())
 
     def _query_texts(self, texts: Iterable[str]) -> list[str]:
         items = validate_texts(texts, max_chars=self._config.max_text_chars)
@@ -575,7 +662,7 @@ class EmbeddingClient(_ClientBase):
             return None  # nothing to send: no request
         engine = self._engine
         call = engine.new_call(query=query, on_error=on_error)
-        plan = self._plan(inputs.texts)
+        plan, batches = self._plan(inputs.texts)
         sink = _Sink(plan, lists=lists)
         counts = self._batch_counts(plan) if progress is not None else None
         send = self._send
@@ -588,9 +675,9 @@ class EmbeddingClient(_ClientBase):
             )
             sink.put(b, part)
             if progress is not None and counts is not None:
-                progress(counts[b])
+                progress(counts(b))
 
-        run_windowed(len(plan.batches), job, self._window(plan), call)
+        run_windowed(batches, job, 1 if batches.single else batches.window, call)
         return sink
 
 
@@ -759,7 +846,7 @@ class AsyncEmbeddingClient(_ClientBase):
             return None  # nothing to send: no request
         engine = self._engine
         call = engine.new_call(query=query, on_error=on_error)
-        plan = self._plan(inputs.texts)
+        plan, batches = self._plan(inputs.texts)
         sink = _Sink(plan, lists=lists)
         counts = self._batch_counts(plan) if progress is not None else None
         send = self._send
@@ -772,9 +859,9 @@ class AsyncEmbeddingClient(_ClientBase):
             )
             sink.put(b, part)
             if progress is not None and counts is not None:
-                progress(counts[b])
+                progress(counts(b))
 
-        await arun_windowed(len(plan.batches), job, self._window(plan), call)
+        await arun_windowed(batches, job, 1 if batches.single else batches.window, call)
         return sink
 
 

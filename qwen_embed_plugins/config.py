@@ -469,12 +469,15 @@ def _env_concurrency(raw: str) -> int | str:
     return raw if raw == "auto" else int(raw)
 
 
+_env_batch_size = _env_concurrency  # an int, or "auto"
+
+
 ENV_SETTINGS: Final[dict[str, tuple[str, Any]]] = {
     "base_url": (ENV_BASE_URL, str),
     "api_key": (ENV_API_KEY, str),
     "model": (ENV_MODEL, str),
     "dimensions": ("QWEN_EMBED_DIMENSIONS", int),
-    "batch_size": ("QWEN_EMBED_BATCH_SIZE", int),
+    "batch_size": ("QWEN_EMBED_BATCH_SIZE", _env_batch_size),
     "max_batch_tokens": ("QWEN_EMBED_MAX_BATCH_TOKENS", int),
     "max_concurrency": ("QWEN_EMBED_MAX_CONCURRENCY", _env_concurrency),
     "http2": ("QWEN_EMBED_HTTP2", _env_bool),
@@ -544,7 +547,11 @@ class EmbeddingConfig(_Replaceable):
             whose name identifies Qwen3-Embedding (``is_qwen3_embedding``: hub names,
             server paths, Ollama tags), raw queries for any other model; the choice is
             logged once per model (INFO). The resolved value is ``query_task``.
-        batch_size: texts per request (default 32; 1..2048). Lowered automatically to
+        batch_size: texts per request (1..2048), or ``"auto"`` (the default): starting
+            at 32, each replica's batch size grows while a batch twice as large answers
+            in about the same time (latency flat in batch size), and stops at the knee
+            where latency grows with the batch (``adaptive.BatchSizer``); 413/422/429/503
+            and token caps make it back off. Either way lowered automatically to
             a server's stated limit.
         max_batch_tokens: most (estimated) tokens per request (default ``None``: the
             server's known cap, else learned from its refusal). Tokens are estimated
@@ -611,7 +618,7 @@ class EmbeddingConfig(_Replaceable):
     # types are what the fields hold after it.
     dimensions: int | None = NOT_GIVEN  # type: ignore[assignment]
     query_instruction: str | None = "auto"
-    batch_size: int = NOT_GIVEN  # type: ignore[assignment]
+    batch_size: int | Literal["auto"] = NOT_GIVEN  # type: ignore[assignment]
     max_batch_tokens: int | None = NOT_GIVEN  # type: ignore[assignment]
     max_concurrency: int | Literal["auto"] = NOT_GIVEN  # type: ignore[assignment]
     encoding_format: EncodingFormat = "auto"
@@ -659,7 +666,7 @@ class EmbeddingConfig(_Replaceable):
         set_(self, "model", model)
         for name, default in (
             ("dimensions", None),
-            ("batch_size", 32),
+            ("batch_size", "auto"),
             ("max_batch_tokens", None),
             ("max_concurrency", 4),
             ("http2", False),
@@ -682,7 +689,8 @@ class EmbeddingConfig(_Replaceable):
             raise ConfigError("limits must be a Limits")
         if not isinstance(self.retry, RetryConfig):
             raise ConfigError("retry must be a RetryConfig")
-        _check_int("EmbeddingConfig", "batch_size", self.batch_size, 1, 2048)
+        if self.batch_size != "auto":
+            _check_int("EmbeddingConfig", "batch_size", self.batch_size, 1, 2048)
         if self.max_batch_tokens is not None:
             _check_int("EmbeddingConfig", "max_batch_tokens", self.max_batch_tokens, 1, 1 << 30)
         if self.max_concurrency != "auto":

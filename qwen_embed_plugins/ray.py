@@ -17,7 +17,7 @@ Two batch sizes, not to be confused:
 
 * ``batch_size``: rows per ``map_batches`` call (one Arrow table handed to an actor);
 * ``request_batch_size``: texts per HTTP request (the client's ``batch_size``; default
-  32). One call of ``batch_size`` rows is sent as ``ceil(batch_size /
+  ``"auto"``, from 32). One call of ``batch_size`` rows is sent as ``ceil(batch_size /
   request_batch_size)`` requests, ``max_in_flight`` of them at a time.
 
 Output: the input table unchanged plus ``output_column``, an Arrow
@@ -394,7 +394,8 @@ def embed_dataset(
             ``max_concurrency``); the pool's ``max_connections`` is raised to match if
             below it.
         request_batch_size: texts per HTTP request (the client's ``batch_size``, default
-            32; capped by the server's own limit).
+            ``"auto"``: found from the server's latencies, from 32; capped by the
+            server's own limit).
         on_error: ``"raise"`` (default: the first bad row fails the job, Ray wrapping the
             ``QwenEmbedError``) or ``"skip"`` (failed rows get a null embedding and a
             message in ``error_column``; endpoint failures still raise).

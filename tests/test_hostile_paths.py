@@ -21,9 +21,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from qwen_embed_plugins.testing import EmbeddingServer, HostileServer, expected_embeddings
 
 import qwen_embed_plugins as q
+from qwen_embed_tooling.testing import EmbeddingServer, HostileServer, expected_embeddings
 
 KEY = "sk-hostile-paths-0123456789abcdef"
 DEADLINE = 2.0

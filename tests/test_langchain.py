@@ -674,6 +674,6 @@ def test_assignment_is_checked_and_rolled_back(srv: EmbeddingServer) -> None:
     emb = QwenPooledEmbeddings(base_url=srv.base_url)
     with pytest.raises(q.ConfigError, match="batch_size"):
         emb.batch_size = 0
-    assert emb.batch_size == 32
+    assert emb.batch_size == "auto"
     emb.batch_size = 8
     assert emb.config.batch_size == 8

@@ -55,7 +55,9 @@ def _soak_check(srv: EmbeddingServer, arr: np.ndarray, label: str, retries_befor
 
 def test_soak_sync_with_random_faults(srv: EmbeddingServer) -> None:
     srv.set_random_faults(0.05, SOAK_FAULTS, seed=11)
-    client = q.EmbeddingClient(base_url=srv.base_url, retry=BATCH_RETRY, max_concurrency=4)
+    client = q.EmbeddingClient(
+        base_url=srv.base_url, retry=BATCH_RETRY, batch_size=32, max_concurrency=4
+    )
     before = _retries(client.config.endpoint)
     arr = client.embed_documents_array(SOAK_TEXTS)
     _soak_check(srv, arr, client.config.endpoint, before)
@@ -63,7 +65,9 @@ def test_soak_sync_with_random_faults(srv: EmbeddingServer) -> None:
 
 async def test_soak_async_with_random_faults(srv: EmbeddingServer) -> None:
     srv.set_random_faults(0.05, SOAK_FAULTS, seed=12)
-    client = q.AsyncEmbeddingClient(base_url=srv.base_url, retry=BATCH_RETRY, max_concurrency=4)
+    client = q.AsyncEmbeddingClient(
+        base_url=srv.base_url, retry=BATCH_RETRY, batch_size=32, max_concurrency=4
+    )
     before = _retries(client.config.endpoint)
     arr = await client.embed_documents_array(SOAK_TEXTS)
     _soak_check(srv, arr, client.config.endpoint, before)

@@ -123,8 +123,10 @@ DESCRIPTIONS: Final[dict[str, str]] = {
     "Never shown, logged, serialised or pickled.",
     "model": f"Model name sent in every request. Default: env QWEN_EMBED_MODEL, then "
     f"{DEFAULT_MODEL!r}.",
-    "batch_size": "Texts per request (1..2048; default 32, env QWEN_EMBED_BATCH_SIZE). "
-    "Lowered automatically to a server's stated limit.",
+    "batch_size": "Texts per request (1..2048), or 'auto' (default, env "
+    "QWEN_EMBED_BATCH_SIZE): from 32, grown while a batch twice as large answers in about "
+    "the same time, stopped where latency grows with the batch. Lowered automatically to a "
+    "server's stated limit.",
 }
 """The descriptions of the three settings the adapters declare each in their own way
 (``api_key``; LlamaIndex's ``model_name`` and ``embed_batch_size``); the other flat
@@ -145,7 +147,7 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "model": DEFAULT_MODEL,
     "dimensions": None,
     "query_instruction": "auto",
-    "batch_size": 32,
+    "batch_size": "auto",
     "max_batch_tokens": None,
     "max_concurrency": 4,
     "encoding_format": "auto",

@@ -105,8 +105,9 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
             MRL output size (32..1024 for the 0.6B model); ``None`` = full size.
         query_instruction: str | None
             The Qwen3 retrieval task put before queries; ``None`` for non-Qwen models.
-        batch_size: int
-            Texts per request (default 32).
+        batch_size: int | "auto"
+            Texts per request (default ``"auto"``: from 32, grown while latency stays
+            flat in batch size).
         max_concurrency: int
             Requests in flight at once per call (default 4).
 
@@ -210,7 +211,7 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
 
     model: str = setting("model")
 
-    batch_size: int = setting("batch_size")
+    batch_size: int | Literal["auto"] = setting("batch_size")
 
     # ------------------------------------------------------------------ UI
 

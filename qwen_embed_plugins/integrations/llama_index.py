@@ -39,7 +39,7 @@ import contextvars
 import threading
 from collections.abc import Iterator
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import llama_index.core.instrumentation as _instrumentation
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
@@ -202,7 +202,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     Settings.embed_model = QwenPooledEmbedding(
         base_url="http://gpu-box:30000/v1",   # or env QWEN_EMBED_BASE_URL
         model_name="Qwen/Qwen3-Embedding-0.6B",
-        embed_batch_size=32,                  # texts per request
+        embed_batch_size="auto",              # texts per request: found (default)
         max_concurrency=4,                    # requests in flight per batch call
     )
     ```
@@ -221,7 +221,8 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         ``Instruct: {query_instruction}\\nQuery:{q}``;
         ``get_text_embedding(t)`` -> ``dim`` floats, sent raw;
         ``get_text_embedding_batch(texts)`` -> ``n x dim`` floats in input order, one
-        request per ``embed_batch_size`` texts.
+        request per ``embed_batch_size`` texts (``"auto"``, the default: requests sized
+        from the server's latencies, see ``EmbeddingConfig.batch_size``).
 
     Async:
         ``aget_query_embedding``, ``aget_text_embedding``, ``aget_text_embedding_batch``:
@@ -258,11 +259,11 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         default_factory=env_default("model"),
         description=DESCRIPTIONS["model"] + " Also accepted as model=.",
     )
-    embed_batch_size: int = Field(
+    embed_batch_size: Annotated[int, Field(gt=0, le=2048)] | Literal["auto"] = Field(  # type: ignore[assignment]
         default_factory=env_default("batch_size"),
-        gt=0,
-        le=2048,
-        description=DESCRIPTIONS["batch_size"] + " Also accepted as batch_size=.",
+        description=DESCRIPTIONS["batch_size"]
+        + " Also accepted as batch_size=. With 'auto', a batch call is one LlamaIndex batch "
+        "(one embedding event) whose requests the client sizes.",
     )
 
     _stock: ClassVar[Stock] = _STOCK
@@ -409,6 +410,14 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         instrumentation span: ``texts`` is the batch, the span times the request)."""
         return await self._async_client().embed_documents(texts)
 
+    def _chunk(self, items: list[str]) -> int:
+        """Texts per LlamaIndex batch: ``embed_batch_size``; with ``"auto"`` the whole
+        call is one LlamaIndex batch (LlamaIndex cuts a batch when it holds
+        ``embed_batch_size`` texts, which ``"auto"`` never equals) and the core client
+        cuts its requests (``batch_size="auto"``), up to ``max_concurrency`` in flight."""
+        size = self.embed_batch_size
+        return max(1, len(items)) if size == "auto" else size
+
     def _checked(self, texts: Any) -> list[str]:
         """The whole batch call's input, checked before anything is sent (``InputError``
         names the index in the caller's list)."""
@@ -436,7 +445,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
             return []
         items = self._checked(texts)
         window = self.max_concurrency if isinstance(self.max_concurrency, int) else 4
-        size = self.embed_batch_size
+        size = self._chunk(items)
         pipeline = None
         if self.embeddings_cache is None and len(items) > size and window > 1:
             pipeline = _Pipeline(self._sync_client(), items, size, window)
@@ -462,7 +471,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
             return []
         items = self._checked(texts)
         window = self.max_concurrency if isinstance(self.max_concurrency, int) else 4
-        call = _BatchCall(self.embed_batch_size, window=asyncio.Semaphore(window))
+        call = _BatchCall(self._chunk(items), window=asyncio.Semaphore(window))
         token = _BATCH_CALL.set(call)
         try:
             return await super().aget_text_embedding_batch(

@@ -89,8 +89,8 @@ to every matching request until `EmbeddingServer.clear_rules`. Token figures are
 ================== =====================================================================
 
 Also here: server models for benchmarks (`GPULike`, `SlowStart`, `RateLimited`,
-`HeavyTail`: ``EmbeddingServer(server_model=...)``); a raw HTTP/2 server that sends
-GOAWAY or REFUSED_STREAM after N streams and speaks only h2 (``goaway_after``,
+`HeavyTail`, `DynamicBatching`: ``EmbeddingServer(server_model=...)``); a raw HTTP/2
+server that sends GOAWAY or REFUSED_STREAM after N streams and speaks only h2 (``goaway_after``,
 ``h2_only``); `EmbeddingServer.kill` (a crash) and `EmbeddingServer.wait_for_requests`
 (wait without sleeping); llama.cpp's ``/tokenize`` and ``append_eos``; `LoopbackProxy`, a
 counting forward proxy that reaches only 127.0.0.1; `HostileServer`, which breaks HTTP
@@ -142,7 +142,7 @@ from ._faults import (
     RuleKind,
 )
 from ._hostile import HOSTILE_KINDS, HostileServer
-from ._models import GPULike, HeavyTail, RateLimited, ServerModel, SlowStart
+from ._models import DynamicBatching, GPULike, HeavyTail, RateLimited, ServerModel, SlowStart
 from ._proxy import LoopbackProxy
 from ._server import EmbeddingServer
 
@@ -163,6 +163,7 @@ __all__ = [
     "TOKEN_CAP_MESSAGE",
     "TOKEN_CAP_MESSAGE_UNSTATED",
     "DashScopeDialect",
+    "DynamicBatching",
     "EmbeddingServer",
     "Fault",
     "FaultKind",

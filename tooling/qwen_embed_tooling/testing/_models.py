@@ -120,9 +120,39 @@ class HeavyTail:
         _number("factor", self.factor, minimum=1.0)
 
 
-ServerModel: TypeAlias = GPULike | SlowStart | RateLimited | HeavyTail
+@dataclass(frozen=True)
+class DynamicBatching:
+    """A GPU server that batches on its side (as SGLang, vLLM, TEI and Infinity do): one
+    forward pass at a time; a request opens a pass, which waits ``window`` seconds for
+    more requests and takes every request that arrives before it starts (while the GPU
+    is busy with the pass before) as long as the pass stays within ``max_tokens``
+    tokens (`count_tokens`). A pass of ``t`` tokens takes ``base + per_token * t``
+    seconds (a request above ``max_tokens`` alone takes ``ceil(t / max_tokens)``
+    passes). Every request of a pass is answered when it ends.
+
+    Attributes:
+        window: seconds a new pass waits for more requests.
+        max_tokens: most tokens per pass (>= 1).
+        base: seconds per pass.
+        per_token: seconds per token of the pass.
+    """
+
+    kind: ClassVar[str] = "dynamic_batching"
+    window: float = 0.002
+    max_tokens: int = 8192
+    base: float = 0.005
+    per_token: float = 0.00005
+
+    def __post_init__(self) -> None:
+        _number("window", self.window)
+        _integer("max_tokens", self.max_tokens, minimum=1)
+        _number("base", self.base)
+        _number("per_token", self.per_token)
+
+
+ServerModel: TypeAlias = GPULike | SlowStart | RateLimited | HeavyTail | DynamicBatching
 _MODELS: Final[dict[str, type[ServerModel]]] = {
-    cls.kind: cls for cls in (GPULike, SlowStart, RateLimited, HeavyTail)
+    cls.kind: cls for cls in (GPULike, SlowStart, RateLimited, HeavyTail, DynamicBatching)
 }
 
 
@@ -202,6 +232,53 @@ class _Slots:
                 future.set_result(None)
 
 
+class _Pass:
+    __slots__ = ("done", "started", "tokens")
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+        self.started = False
+        self.done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+
+
+class _Batcher:
+    """`DynamicBatching` on the server's loop: passes formed from arriving requests, run
+    one at a time in the order they were opened."""
+
+    def __init__(self, spec: DynamicBatching) -> None:
+        self.spec = spec
+        self.forming: _Pass | None = None
+        self.gpu = asyncio.Lock()
+
+    async def serve(self, tokens: int, pause: _Pause) -> bool:
+        spec = self.spec
+        found = self.forming
+        if found is None or found.started or found.tokens + tokens > spec.max_tokens:
+            found = self.forming = _Pass(tokens)
+            asyncio.get_running_loop().create_task(self._run(found, pause))
+        else:
+            found.tokens += tokens
+        return await asyncio.shield(found.done)
+
+    async def _run(self, this: _Pass, pause: _Pause) -> None:
+        spec = self.spec
+        ok = True
+        try:
+            if spec.window > 0.0:
+                ok = await pause(spec.window)
+            async with self.gpu:
+                this.started = True
+                if self.forming is this:
+                    self.forming = None
+                passes = max(1, math.ceil(this.tokens / spec.max_tokens))
+                seconds = passes * spec.base + spec.per_token * this.tokens
+                if ok and seconds > 0.0:
+                    ok = await pause(seconds)
+        finally:
+            if not this.done.done():
+                this.done.set_result(ok)
+
+
 class _Models:
     """The models of one server run: admission (rate limits) and service (slots,
     latency). Lives on the server's event loop; `begin_run` restarts the clocks."""
@@ -211,6 +288,7 @@ class _Models:
         self._slots: list[_Slots] = []
         self._buckets: list[tuple[RateLimited, list[float]]] = []
         self._tails: list[tuple[HeavyTail, random.Random]] = []
+        self._batchers: list[_Batcher] = []
         self.begin_run()
 
     def begin_run(self) -> None:
@@ -226,6 +304,7 @@ class _Models:
             for s in self.specs
             if isinstance(s, HeavyTail)
         ]
+        self._batchers = []  # made on the server's loop, at the first request
 
     def __bool__(self) -> bool:
         return bool(self.specs)
@@ -251,6 +330,11 @@ class _Models:
         the server began stopping meanwhile) and whether a heavy tail made it slow."""
         held: list[_Slots] = []
         slow = False
+        if not self._batchers:
+            self._batchers = [_Batcher(s) for s in self.specs if isinstance(s, DynamicBatching)]
+        for batcher in self._batchers:
+            if not await batcher.serve(tokens, pause):
+                return "stopped", False
         try:
             for slots in self._slots:
                 try:

@@ -30,7 +30,15 @@ from ._common import (
 )
 from ._controls import _ServerControls
 from ._dialects import DIALECTS
-from ._models import GPULike, HeavyTail, RateLimited, ServerModel, model_from_dict, model_to_dict
+from ._models import (
+    DynamicBatching,
+    GPULike,
+    HeavyTail,
+    RateLimited,
+    ServerModel,
+    model_from_dict,
+    model_to_dict,
+)
 from ._runner import _ChildProcess, _kill_child, _ThreadServer, _TLSFiles
 from ._state import _listen, _State
 
@@ -496,11 +504,15 @@ def _models_spec(
     """The JSON-safe form of ``server_model`` (validated)."""
     if value is None:
         return ()
-    items = [value] if isinstance(value, GPULike | RateLimited | HeavyTail) else list(value)
+    items = (
+        [value]
+        if isinstance(value, GPULike | RateLimited | HeavyTail | DynamicBatching)
+        else list(value)
+    )
     out = []
     for item in items:
         model = model_from_dict(item) if isinstance(item, Mapping) else item
-        if not isinstance(model, GPULike | RateLimited | HeavyTail):
+        if not isinstance(model, GPULike | RateLimited | HeavyTail | DynamicBatching):
             raise ValueError(f"server_model items must be server models, got {item!r}")
         out.append(model_to_dict(model))
     return tuple(out)

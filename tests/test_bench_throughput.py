@@ -1,0 +1,78 @@
+"""bench/throughput.py runs end to end in its quick mode and writes a report of the
+documented shape. Speeds are not judged: a quick run on a loaded CI machine is not a
+benchmark (docs/benchmarks.md has the real run)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "bench" / "throughput.py"
+
+pytestmark = pytest.mark.timeout(900)
+
+CLIENTS = {
+    "ours_langchain",
+    "ours_langchain_async",
+    "ours_llamaindex",
+    "ours_llamaindex_async",
+    "langchain_openai",
+    "langchain_openai_async",
+    "llamaindex_openai_like",
+    "llamaindex_openai_like_async",
+    "capacity",
+}
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, int | float) and math.isfinite(value) and value > 0
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("bench") / "throughput.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "ours / capacity" in proc.stdout  # the markdown table was printed
+    data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return data
+
+
+def test_report_shape(report: dict[str, Any]) -> None:
+    assert report["benchmark"] == "throughput"
+    assert report["rounds"] == 1
+    assert report["environment"]["load_avg_at_start"] is not None
+    assert report["environment"]["load_avg_at_end"] is not None
+    assert [r["server"] for r in report["results"]] == ["constant"]
+    result = report["results"][0]
+    assert set(result["rows"]) == CLIENTS
+    for name, row in result["rows"].items():
+        assert _positive(row["texts_per_s"]), name
+        assert len(row["runs"]) == report["rounds"], name
+        assert row["requests"] >= 1, name
+    assert set(result["capacity_setting"]) == {"batch", "in_flight"}
+    assert result["capacity_grid"]
+
+
+def test_ratios_for_every_one_of_ours(report: dict[str, Any]) -> None:
+    ratios = report["results"][0]["ratios"]
+    assert set(ratios) == {c for c in CLIENTS if c.startswith("ours_")}
+    for name, values in ratios.items():
+        want = {"vs_best_stock", "vs_capacity"} | (
+            {"vs_own_sync"} if name.endswith("_async") else set()
+        )
+        assert set(values) == want, name
+        assert all(_positive(v) for v in values.values()), name
