@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-from conftest import forget_learned
+from support import forget_learned
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins._engine import Engine

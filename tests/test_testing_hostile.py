@@ -281,6 +281,11 @@ def test_kinds_and_parameters_are_validated() -> None:
         "bool_components",
         "html",
         "stray_response",
+        "silent",
+        "drop",
+        "interim",
+        "status_line",
+        "trickle_chunked",
     }
     with pytest.raises(ValueError, match="unknown kind"):
         HostileServer("nope")
