@@ -122,14 +122,14 @@ def api_problems(dom: str) -> list[str]:
     """The API reference: no private name shown, one signature per documented object
     (overloads are not repeated), every object documented once."""
     problems = []
-    ids = re.findall(r'<h[2-6] id="(qwen_embed_plugins[^"]*)"', dom)
+    ids = re.findall(r'<h[2-6] id="(qwen_embed_(?:plugins|tooling)[^"]*)"', dom)
     private = sorted({i for i in ids if any(p.startswith("_") for p in i.split("."))})
     problems += [f"a private object is documented: {i}" for i in private]
     parser = _Visible()
     parser.feed(dom)
     problems += [f"a private name shown: {b[:120]!r}" for b in parser.blocks if "_ClientBase" in b]
     problems += [f"documented twice: {i}" for i in sorted({i for i in ids if ids.count(i) > 1})]
-    chunks = re.split(r'(?=<h[2-6] id="qwen_embed_plugins)', dom)
+    chunks = re.split(r'(?=<h[2-6] id="qwen_embed_(?:plugins|tooling))', dom)
     for chunk in chunks[1:]:
         name = re.match(r'<h[2-6] id="([^"]+)"', chunk)
         count = chunk.count('class="doc-signature')
