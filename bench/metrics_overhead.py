@@ -34,7 +34,8 @@ from typing import Any
 
 from _common import command_line, environment, markdown_table, median, save
 
-from qwen_embed_plugins import AsyncEmbeddingClient, EmbeddingClient, close_all, metrics, stats
+from qwen_embed_plugins import AsyncEmbeddingClient, EmbeddingClient, close_all, stats
+from qwen_embed_plugins._state import STATE
 from qwen_embed_plugins.cli._corpus import corpus
 from qwen_embed_plugins.metrics import EndpointMetrics, metrics_for
 from qwen_embed_tooling.testing import EmbeddingServer
@@ -68,7 +69,7 @@ def _start(mode: str) -> EmbeddingServer:
     srv = EmbeddingServer(process=True).start()
     if mode == "off":  # the library's own registry (a benchmark's privilege), before first use
         label = _label(srv)
-        metrics._registry[label] = NoMetrics(label)
+        STATE.metrics[label] = NoMetrics(label)
     # the endpoint's metrics object is made now, on first use, and sticks
     EmbeddingClient(base_url=srv.base_url).embed_query("warm-up")
     close_all()

@@ -17,6 +17,7 @@ from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
 from ._install import install_command as _install_command
+from ._state import reset
 from .config import (
     DEFAULT_MODEL,
     DEFAULT_QUERY_TASK,
@@ -113,6 +114,7 @@ __all__ = [
     "close_all",
     "format_query",
     "pool_stats",
+    "reset",
     "reset_metrics",
     "stats",
 ]

@@ -18,6 +18,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._state import STATE
 from .config import OnError
 from .errors import QwenEmbedError
 from .transport import Reply, Request
@@ -34,7 +35,6 @@ __all__ = [
     "Sleep",
     "ahedged",
     "arun_windowed",
-    "executor_after_fork",
     "hedged",
     "run_async",
     "run_sync",
@@ -198,24 +198,21 @@ async def run_async(flow: Flow, send: Callable[[Send], Any]) -> Any:
 
 # --------------------------------------------------------------------------- windows
 
-_executor: ThreadPoolExecutor | None = None
 _EXECUTOR_THREADS = 64
 
 
 def shared_executor() -> ThreadPoolExecutor:
-    """Threads that carry concurrent batches of sync calls (one set per process)."""
-    global _executor
-    ex = _executor
+    """Threads that carry concurrent batches of sync calls (one set per process:
+    ``STATE.executor``; a forked child makes its own)."""
+    ex = STATE.executor
     if ex is None:
-        ex = _executor = ThreadPoolExecutor(
-            max_workers=_EXECUTOR_THREADS, thread_name_prefix="qwen-embed"
-        )
+        with STATE.lock:
+            ex = STATE.executor
+            if ex is None:
+                ex = STATE.executor = ThreadPoolExecutor(
+                    max_workers=_EXECUTOR_THREADS, thread_name_prefix="qwen-embed"
+                )
     return ex
-
-
-def executor_after_fork() -> None:
-    global _executor
-    _executor = None  # its threads do not exist in the child
 
 
 def _pick_error(call: Call, errors: list[BaseException]) -> BaseException:

@@ -70,14 +70,13 @@ next request at once (a 429 storm) whatever the limit, and a static window behav
 same way (its rejected batch sleeps in its slot).
 
 ``gate_for(key)`` returns the process-wide gate of an endpoint; a forked child starts
-with none (``os.register_at_fork``).
+with none (the fork hook of ``_state``; ``STATE.adaptive_gates``).
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-import os
 import statistics
 import threading
 import time
@@ -85,6 +84,7 @@ from collections import deque
 from collections.abc import Callable, Collection, Hashable
 from typing import Any
 
+from ._state import STATE
 from .transport import ProcessGate
 
 __all__ = ["AdaptiveGate", "BatchSizer", "ConcurrencyLimit", "gate_for", "gates"]
@@ -452,7 +452,15 @@ class _Timer:
             fn()
 
 
-_timer = _Timer()
+def _timer() -> _Timer:
+    """The process's timer thread (``STATE.timer``; a forked child makes its own)."""
+    timer: _Timer | None = STATE.timer
+    if timer is None:
+        with STATE.lock:
+            timer = STATE.timer
+            if timer is None:
+                timer = STATE.timer = _Timer()
+    return timer
 
 
 class AdaptiveGate(ProcessGate):
@@ -534,15 +542,12 @@ class AdaptiveGate(ProcessGate):
                 hold = min(retry_after, self.max_hold)
             hold -= latency
             if hold > 0:
-                (self._call_later or _timer.call_later)(hold, super().release)
+                (self._call_later or _timer().call_later)(hold, super().release)
                 return
         super().release()
 
 
 # --------------------------------------------------------------------------- registry
-
-_registry: dict[tuple[Hashable, int | None], AdaptiveGate] = {}
-_registry_lock = threading.Lock()
 
 
 def gate_for(
@@ -560,31 +565,23 @@ def gate_for(
             (``Limits.max_connections_per_process``); part of the key.
         factory: builds the limit of a new gate (default ``ConcurrencyLimit()``).
     """
-    found = _registry.get((key, cap))
+    found: AdaptiveGate | None = STATE.adaptive_gates.get((key, cap))
     if found is not None:
         return found
-    with _registry_lock:
-        found = _registry.get((key, cap))
+    with STATE.lock:
+        found = STATE.adaptive_gates.get((key, cap))
         if found is None:
-            found = _registry[(key, cap)] = AdaptiveGate(factory(), cap=cap)
+            found = STATE.adaptive_gates[(key, cap)] = AdaptiveGate(factory(), cap=cap)
         return found
 
 
 def gates() -> dict[Hashable, dict[str, Any]]:
     """A snapshot of every gate of this process: ``{key: limit.snapshot() + in_flight}``."""
-    with _registry_lock:
-        items = list(_registry.items())
+    with STATE.lock:
+        items: list[tuple[tuple[Hashable, int | None], AdaptiveGate]] = list(
+            STATE.adaptive_gates.items()
+        )
     return {key: {**gate.limit.snapshot(), "in_flight": gate.in_flight} for (key, _), gate in items}
-
-
-def _after_fork_in_child() -> None:
-    global _registry_lock, _timer
-    _registry_lock = threading.Lock()
-    _registry.clear()
-    _timer = _Timer()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # --------------------------------------------------------------------------- batch size

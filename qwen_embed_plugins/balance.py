@@ -28,6 +28,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._state import STATE
 from .adaptive import BatchSizer
 from .config import EmbeddingConfig, PoolKey
 from .errors import (
@@ -135,6 +136,19 @@ class Replica:
         until then, connection failures fail a call after ``RetryConfig.wait_for_server``."""
         self.episode_started: float | None = None
         self.episode_retries = 0
+
+    def forget(self) -> None:
+        """Forget what was learned about this server: its health, latencies and learned
+        state per model (``reset()``)."""
+        with self._lock:
+            self.ewma = None
+            self.failures = self.ejections = self.episode_retries = 0
+            self.streak_started = self.episode_started = None
+            self.ejected_until = 0.0
+            self.probing = self.answered = False
+            self.last_error = None
+            self.states.clear()
+            self.latencies.clear()
 
     def state(self, model: str) -> ReplicaState:
         """The learned state of this replica for ``model``."""
@@ -244,22 +258,17 @@ class Replica:
         return samples[int(0.95 * (len(samples) - 1))]
 
 
-_registry_lock = threading.Lock()
-_replicas: dict[PoolKey, Replica] = {}
-_endpoints: dict[tuple[tuple[PoolKey, ...], tuple[float, ...]], Endpoint] = {}
-
-
 def replica_for(key: PoolKey) -> Replica:
-    """The process-wide ``Replica`` of ``key``."""
-    found = _replicas.get(key)
+    """The process-wide ``Replica`` of ``key`` (``STATE.replicas``)."""
+    found: Replica | None = STATE.replicas.get(key)
     if found is not None:
         return found
     from .pool import pool_metrics
 
-    with _registry_lock:
-        found = _replicas.get(key)
+    with STATE.lock:
+        found = STATE.replicas.get(key)
         if found is None:
-            found = _replicas[key] = Replica(key, pool_metrics(key))
+            found = STATE.replicas[key] = Replica(key, pool_metrics(key))
         return found
 
 
@@ -443,14 +452,14 @@ def endpoint_for(config: EmbeddingConfig) -> Endpoint:
         retry.circuit_open_after,
         retry.circuit_failure_threshold,
     )
-    found = _endpoints.get((keys, settings))
+    found: Endpoint | None = STATE.endpoints.get((keys, settings))
     if found is not None:
         return found
     replicas = [replica_for(k) for k in keys]
-    with _registry_lock:
-        found = _endpoints.get((keys, settings))
+    with STATE.lock:
+        found = STATE.endpoints.get((keys, settings))
         if found is None:
-            found = _endpoints[(keys, settings)] = Endpoint(
+            found = STATE.endpoints[(keys, settings)] = Endpoint(
                 replicas,
                 eject_after=eject_after,
                 cooldown=retry.circuit_cooldown,

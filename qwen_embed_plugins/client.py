@@ -16,7 +16,6 @@ the SDK's surface.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -32,7 +31,6 @@ from ._run import (
     Send,
     ahedged,
     arun_windowed,
-    executor_after_fork,
     hedged,
     run_async,
     run_sync,
@@ -863,6 +861,3 @@ class AsyncEmbeddingClient(_ClientBase):
 
         await arun_windowed(batches, job, 1 if batches.single else batches.window, call)
         return sink
-
-
-os.register_at_fork(after_in_child=executor_after_fork)

@@ -8,10 +8,11 @@ process. Updates are lock-guarded and cost well under a microsecond each.
 from __future__ import annotations
 
 import bisect
-import os
 import threading
 from collections import Counter
 from typing import Any
+
+from ._state import STATE
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -109,6 +110,12 @@ class EndpointMetrics:
             self.latency = _Histogram(LATENCY_BUCKETS)
             self.batch_size = _Histogram(BATCH_BUCKETS)
 
+    def after_fork_in_child(self) -> None:
+        """In a forked child: a lock held by another thread at fork time would stay
+        locked forever; the parent's requests are not in flight here."""
+        self._lock = threading.Lock()
+        self.in_flight = 0
+
     def connection_opened(self) -> None:
         with self._lock:
             self.connections_opened += 1
@@ -155,30 +162,24 @@ class EndpointMetrics:
             }
 
 
-_registry_lock = threading.Lock()
-_registry: dict[str, EndpointMetrics] = {}
-
-
 def metrics_for(label: str) -> EndpointMetrics:
-    """The process-wide ``EndpointMetrics`` of an endpoint label (made on first use)."""
-    found = _registry.get(label)
+    """The process-wide ``EndpointMetrics`` of an endpoint label (made on first use;
+    ``STATE.metrics``)."""
+    found: EndpointMetrics | None = STATE.metrics.get(label)
     if found is not None:
         return found
-    with _registry_lock:
-        found = _registry.get(label)
+    with STATE.lock:
+        found = STATE.metrics.get(label)
         if found is None:
-            found = _registry[label] = EndpointMetrics(label)
+            found = STATE.metrics[label] = EndpointMetrics(label)
         return found
-
-
-_groups: dict[str, tuple[str, ...]] = {}
 
 
 def register_group(label: str, members: tuple[str, ...]) -> None:
     """Report ``label`` (an endpoint of several replicas) in ``stats()`` as the total of
     its ``members``' rows (their replica labels)."""
-    with _registry_lock:
-        _groups[label] = members
+    with STATE.lock:
+        STATE.groups[label] = members
 
 
 def _merge(snaps: list[dict[str, Any]]) -> dict[str, Any]:
@@ -214,9 +215,9 @@ def stats() -> dict[str, dict[str, Any]]:
     """Snapshot of every endpoint's metrics, keyed by endpoint label: one row per server
     (replica), plus, for an endpoint of several replicas, a row labelled with their
     comma-separated labels holding the endpoint's totals (``"replicas"`` lists them)."""
-    with _registry_lock:
-        items = list(_registry.items())
-        groups = dict(_groups)
+    with STATE.lock:
+        items: list[tuple[str, EndpointMetrics]] = list(STATE.metrics.items())
+        groups: dict[str, tuple[str, ...]] = dict(STATE.groups)
     out = {label: m.snapshot() for label, m in items}
     for label, members in groups.items():
         rows = [out[m] for m in members if m in out]
@@ -229,22 +230,10 @@ def stats() -> dict[str, dict[str, Any]]:
 
 def reset_metrics() -> None:
     """Zero every endpoint's counters (for tests and benchmarks measuring one phase)."""
-    with _registry_lock:
-        items = list(_registry.values())
+    with STATE.lock:
+        items: list[EndpointMetrics] = list(STATE.metrics.values())
     for m in items:
         m.reset()
-
-
-def _after_fork_in_child() -> None:
-    # Locks held by another thread at fork time would stay locked forever in the child.
-    global _registry_lock
-    _registry_lock = threading.Lock()
-    for m in _registry.values():
-        m._lock = threading.Lock()
-        m.in_flight = 0
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def prometheus_collector() -> Any:

@@ -19,25 +19,24 @@ connections, whichever tenant's key it sends.
   quietly: no "Unclosed client session" / "Unclosed connector" / "unclosed transport"
   message for them. ``asyncio.run()`` twice, Jupyter, pytest and threads with their own
   loops all work.
-- **fork**: a child process never touches its parent's sockets: the registry is emptied
-  in the child (``os.register_at_fork``) and transports are rebuilt lazily.
+- **fork**: a child process never touches its parent's sockets: its pools drop their
+  transports in the child (the fork hook of ``_state``) and rebuild them lazily.
 - **Lazy**: nothing is opened until the first request. Creation is lock-guarded.
 - **Lifetime**: a pool idle for longer than its keep-alive expiry holds only
   connections the server has closed or is about to close: a reaper thread closes such
   pools (they reopen on the next request), and pools of closed or collected loops. So
   10,000 per-tenant adapters hold no socket when idle. ``close_all()`` /
   ``aclose_all()`` close everything now; ``close_all()`` also runs at interpreter exit.
+  ``reset()`` (``_state``) closes them and forgets every pool.
 """
 
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import hashlib
 import itertools
 import logging
-import os
 import threading
 import time
 import weakref
@@ -46,6 +45,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ._async_http import AsyncTransport, QuietFlag
+from ._state import STATE
 from .config import PoolKey
 from .metrics import EndpointMetrics, metrics_for
 from .transport import ProcessGate, SyncTransport
@@ -64,12 +64,10 @@ __all__ = [
 
 _log = logging.getLogger("qwen_embed_plugins")
 
-_lock = threading.RLock()
-_entries: dict[PoolKey, _Entry] = {}
-_gates: dict[tuple[str, int], ProcessGate] = {}
-# Transports abandoned in a forked child: kept referenced so that garbage collection
-# never runs their finalisers on sockets that are not theirs.
-_abandoned: list[Any] = []
+# The registries (entries, gates, detached slots, abandoned transports) and the reaper
+# thread are in ``_state.STATE``. Transports abandoned in a forked child are kept
+# referenced there so that garbage collection never runs their finalisers on sockets
+# that are not theirs.
 
 _OWNED = "_qwen_embed_transports"
 """The attribute of an event loop holding the transports opened on it (with their
@@ -77,11 +75,11 @@ parked sentinels), by slot token: the loop owns them, the registry only points a
 
 _tokens = itertools.count(1)
 
-# Slots out of the registry whose transport their (live) loop still owns, by token: a
-# close scheduled by ``close_all``, an h2c transport given up. At interpreter exit those
-# of loops that are not running are abandoned (closed directly). No lock: single dict
-# operations only (the finaliser of a collected loop removes its slot from here).
-_detached: dict[int, _LoopSlot] = {}
+# ``STATE.detached``: slots out of the registry whose transport their (live) loop still
+# owns, by token: a close scheduled by ``close_all``, an h2c transport given up. At
+# interpreter exit those of loops that are not running are abandoned (closed directly).
+# No lock: single dict operations only (the finaliser of a collected loop removes its
+# slot from there).
 
 REAP_INTERVAL = 1.0
 """Seconds between two passes of the reaper thread."""
@@ -115,6 +113,24 @@ class _LoopSlot:
         if finalizer is not None:
             finalizer.detach()
 
+    def at_exit(self) -> None:
+        """At interpreter exit, for a detached slot: abandon it if its loop is closed,
+        collected or not running (its scheduled close will never run)."""
+        loop = self.loop_ref()
+        if loop is None or loop.is_closed():
+            _abandon(self)
+        elif not loop.is_running():
+            _abandon(self, loop)
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: the parent's sockets are never closed here, not even by a
+        sentinel or the finaliser of a loop copied into the child."""
+        self.dead = True
+        self.forget_loop()
+        held = _disown(self)
+        if held is not None:
+            STATE.abandoned.append(held)
+
 
 def _own(loop: asyncio.AbstractEventLoop, slot: _LoopSlot, held: _Held) -> None:
     """Give ``held`` (a transport and its sentinel) to ``loop`` to own."""
@@ -132,7 +148,7 @@ def _own(loop: asyncio.AbstractEventLoop, slot: _LoopSlot, held: _Held) -> None:
 def _disown(slot: _LoopSlot) -> _Held | None:
     """Take ``slot``'s transport and sentinel back from their loop (``None``: already
     taken by another close path, or gone with the loop)."""
-    _detached.pop(slot.token, None)
+    STATE.detached.pop(slot.token, None)
     held, slot.held = slot.held, None
     if held is None:
         owned: dict[int, _Held] | None = getattr(slot.loop_ref(), _OWNED, None)
@@ -149,7 +165,7 @@ def _loop_collected(slot: _LoopSlot) -> None:
     first (their server sees them close now)."""
     slot.dead = True
     slot.quiet.close_sockets()
-    _detached.pop(slot.token, None)
+    STATE.detached.pop(slot.token, None)
 
 
 @dataclass
@@ -164,6 +180,30 @@ class _Entry:
     last_used: float = field(default_factory=time.monotonic)
     active: int = 0
 
+    def close(self, *, exiting: bool) -> None:
+        """``close_all`` for this pool (``exiting``: at interpreter exit)."""
+        with STATE.lock:
+            sync, self.sync = self.sync, None
+            slots = list(self.loops.values())
+            self.loops.clear()
+        if sync is not None:
+            sync.close()
+        for slot in slots:
+            _release(slot, exiting=exiting)
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: drop the parent's transports (kept referenced, never
+        closed here) and in-flight counts; they are rebuilt lazily."""
+        if self.sync is not None:
+            STATE.abandoned.append(self.sync)
+        self.sync = None
+        for slot in self.loops.values():
+            slot.after_fork_in_child()
+        self.loops = {}
+        self.gate = _gate(self.key)
+        self.active = 0
+        _ensure_reaper()
+
     @property
     def fingerprint(self) -> str:
         """A short stable digest of the pool's settings (never a credential)."""
@@ -177,21 +217,21 @@ def _gate(key: PoolKey) -> ProcessGate | None:
     if slots is None:
         return None
     gate_key = (key.base_url, slots)
-    gate = _gates.get(gate_key)
+    gate: ProcessGate | None = STATE.slot_gates.get(gate_key)
     if gate is None:
-        gate = _gates[gate_key] = ProcessGate(slots)
+        gate = STATE.slot_gates[gate_key] = ProcessGate(slots)
     return gate
 
 
 def _entry(key: PoolKey) -> _Entry:
-    found = _entries.get(key)
+    found: _Entry | None = STATE.entries.get(key)
     if found is not None:
         return found
-    with _lock:
-        found = _entries.get(key)
+    with STATE.lock:
+        found = STATE.entries.get(key)
         if found is None:
             found = _Entry(key=key, metrics=metrics_for(key.label), gate=_gate(key))
-            _entries[key] = found
+            STATE.entries[key] = found
             _ensure_reaper()
         return found
 
@@ -208,12 +248,12 @@ def _h2c(entry: _Entry) -> bool:
 
 def sync_transport(key: PoolKey) -> SyncTransport:
     """The shared blocking transport of ``key`` (created on first use; thread-safe)."""
-    entry = _entries.get(key) or _entry(key)
+    entry: _Entry = STATE.entries.get(key) or _entry(key)
     entry.last_used = time.monotonic()
     transport = entry.sync
     if transport is not None:
         return transport
-    with _lock:
+    with STATE.lock:
         transport = entry.sync
         if transport is None:
             transport = SyncTransport(key, entry.metrics, h2c=_h2c(entry), gate=entry.gate)
@@ -229,7 +269,7 @@ async def _loop_sentinel(entry: _Entry, slot: _LoopSlot) -> AsyncGenerator[None,
     finally:
         if not slot.dead:
             slot.dead = True
-            with _lock:
+            with STATE.lock:
                 for loop_id, kept in list(entry.loops.items()):
                     if kept is slot:
                         del entry.loops[loop_id]
@@ -272,14 +312,14 @@ def async_transport(key: PoolKey) -> AsyncTransport:
         RuntimeError: called with no running event loop.
     """
     loop = asyncio.get_running_loop()
-    entry = _entries.get(key) or _entry(key)
+    entry: _Entry = STATE.entries.get(key) or _entry(key)
     entry.last_used = time.monotonic()
     slot = entry.loops.get(id(loop))
     if slot is not None and not slot.dead and slot.loop_ref() is loop:
         found = slot.transport
         if found is not None:
             return found
-    with _lock:
+    with STATE.lock:
         _purge_dead_loops(entry)
         slot = entry.loops.get(id(loop))
         if slot is not None and not slot.dead and slot.loop_ref() is loop:
@@ -323,7 +363,7 @@ def h2c_fallback(key: PoolKey) -> bool:
     entry = _entry(key)
     if not _h2c(entry) or entry.h2c_ok:
         return False
-    with _lock:
+    with STATE.lock:
         if entry.h2c_failed or entry.h2c_ok:
             return False
         entry.h2c_failed = True
@@ -331,12 +371,12 @@ def h2c_fallback(key: PoolKey) -> bool:
         slots = list(entry.loops.values())
         entry.loops.clear()
     if old is not None:
-        _abandoned.append(old)
+        STATE.abandoned.append(old)
     for slot in slots:
         # Left to its loop, which owns it: closed when the loop shuts down (or quietly
         # with the loop if it is dropped); requests still on it finish there.
         slot.dead = True
-        _detached[slot.token] = slot
+        STATE.detached[slot.token] = slot
     entry.metrics.fallback("h2c_to_http1")
     _log.warning("%s does not speak cleartext HTTP/2 (h2c); using HTTP/1.1 from now on", key.label)
     return True
@@ -351,12 +391,12 @@ def reap_idle(now: float | None = None) -> int:
     were closed. Run by the reaper thread every ``REAP_INTERVAL`` seconds."""
     now = time.monotonic() if now is None else now
     closed = 0
-    with _lock:
-        entries = list(_entries.values())
+    with STATE.lock:
+        entries = list(STATE.entries.values())
     for entry in entries:
         idle = now - entry.last_used
         limit = entry.key.limits.keepalive_expiry + 1.0
-        with _lock:
+        with STATE.lock:
             for loop_id, slot in list(entry.loops.items()):
                 loop = slot.loop_ref()
                 # A live loop's pool is its own to expire (aiohttp closes idle
@@ -373,15 +413,12 @@ def reap_idle(now: float | None = None) -> int:
         if sync is not None:
             sync.close()
             closed += 1
-    for slot in list(_detached.values()):
+    for slot in list(STATE.detached.values()):
         loop = slot.loop_ref()
         if loop is None or loop.is_closed():  # its scheduled close will never run
             _abandon(slot)
             closed += 1
     return closed
-
-
-_reaper: threading.Thread | None = None
 
 
 def _reaper_main() -> None:
@@ -394,10 +431,11 @@ def _reaper_main() -> None:
 
 
 def _ensure_reaper() -> None:
-    global _reaper
-    if _reaper is None or not _reaper.is_alive():
-        _reaper = threading.Thread(target=_reaper_main, name="qwen-embed-reaper", daemon=True)
-        _reaper.start()
+    reaper = STATE.reaper
+    if reaper is None or not reaper.is_alive():
+        reaper = threading.Thread(target=_reaper_main, name="qwen-embed-reaper", daemon=True)
+        STATE.reaper = reaper
+        reaper.start()
 
 
 def close_all() -> None:
@@ -414,28 +452,7 @@ def close_all() -> None:
     At interpreter exit (it runs then too) the pool of a loop that is not running is
     abandoned at once instead: its sockets are closed directly, quietly.
     """
-    _close_all(exiting=False)
-
-
-def _close_all(*, exiting: bool) -> None:
-    with _lock:
-        entries = list(_entries.values())
-    for entry in entries:
-        with _lock:
-            sync, entry.sync = entry.sync, None
-            slots = list(entry.loops.values())
-            entry.loops.clear()
-        if sync is not None:
-            sync.close()
-        for slot in slots:
-            _release(slot, exiting=exiting)
-    if exiting:
-        for slot in list(_detached.values()):
-            loop = slot.loop_ref()
-            if loop is None or loop.is_closed():
-                _abandon(slot)
-            elif not loop.is_running():
-                _abandon(slot, loop)
+    STATE.close()
 
 
 def _release(slot: _LoopSlot, *, exiting: bool) -> None:
@@ -451,7 +468,7 @@ def _release(slot: _LoopSlot, *, exiting: bool) -> None:
         # it runs (its sockets belong to that loop's selector). Retired meanwhile: no
         # new request, and quiet if the loop never runs again.
         transport.retire()
-        _detached[slot.token] = slot
+        STATE.detached[slot.token] = slot
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(_close_soon, slot)
             return
@@ -471,11 +488,11 @@ async def aclose_all() -> None:
     """Close every shared sync pool and this loop's async pools (awaiting them), and
     release the others (see ``close_all``)."""
     loop = asyncio.get_running_loop()
-    with _lock:
-        entries = list(_entries.values())
+    with STATE.lock:
+        entries = list(STATE.entries.values())
     mine: list[AsyncTransport] = []
     for entry in entries:
-        with _lock:
+        with STATE.lock:
             slot = entry.loops.pop(id(loop), None)
         if slot is not None and slot.loop_ref() is loop:
             slot.dead = True
@@ -500,8 +517,8 @@ def pool_stats() -> dict[str, dict[str, Any]]:
     ``reset_metrics()``). Pools of one URL with different transport settings add up in
     its row. An endpoint of several replicas also gets a row, labelled with their
     comma-separated labels, holding their totals (``replicas`` lists them)."""
-    with _lock:
-        entries = list(_entries.values())
+    with STATE.lock:
+        entries = list(STATE.entries.values())
     out: dict[str, dict[str, Any]] = {}
     for entry in entries:
         label = entry.key.label
@@ -546,36 +563,3 @@ def pool_stats() -> dict[str, dict[str, Any]]:
                 total[name] = snap[name]
             out[label] = total
     return out
-
-
-def _after_fork_in_child() -> None:
-    global _lock, _reaper
-    _lock = threading.RLock()
-    _reaper = None
-    _gates.clear()
-    for entry in _entries.values():
-        if entry.sync is not None:
-            _abandoned.append(entry.sync)
-        entry.sync = None
-        for slot in entry.loops.values():
-            # The parent's sockets: never closed here, not even by a sentinel or the
-            # finaliser of a loop copied into the child.
-            slot.dead = True
-            slot.forget_loop()
-            held = _disown(slot)
-            if held is not None:
-                _abandoned.append(held)
-        entry.loops = {}
-        entry.gate = _gate(entry.key)
-        entry.active = 0
-    for slot in list(_detached.values()):
-        slot.forget_loop()
-        held = _disown(slot)
-        if held is not None:
-            _abandoned.append(held)
-    if _entries:
-        _ensure_reaper()
-
-
-os.register_at_fork(after_in_child=_after_fork_in_child)
-atexit.register(_close_all, exiting=True)

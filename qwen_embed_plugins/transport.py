@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._http import httpx
+from ._state import STATE
 from .config import PoolKey, Timeouts
 from .errors import (
     ErrorContext,
@@ -165,20 +166,17 @@ def quiet_header_loggers() -> None:
 
 # --------------------------------------------------------------------------- TLS
 
-_ssl_lock = threading.Lock()
-_ssl_contexts: dict[tuple[bool | str, bool, bool], ssl.SSLContext] = {}
-
 
 def ssl_context(verify: bool | str, *, http2: bool, cleartext: bool) -> ssl.SSLContext:
     """One SSL context per process per setting (building one costs ~55 ms of CPU, the
     bulk of a fresh ``openai.OpenAI()``; DESIGN.md section 5). CAs from certifi unless
     ``verify`` names a bundle."""
     cache_key = (verify, http2, cleartext)
-    ctx = _ssl_contexts.get(cache_key)
+    ctx = STATE.ssl_contexts.get(cache_key)
     if ctx is not None:
         return ctx
-    with _ssl_lock:
-        ctx = _ssl_contexts.get(cache_key)
+    with STATE.lock:
+        ctx = STATE.ssl_contexts.get(cache_key)
         if ctx is None:
             if cleartext:
                 # http:// never uses TLS: a bare context avoids loading the CA bundle.
@@ -195,7 +193,7 @@ def ssl_context(verify: bool | str, *, http2: bool, cleartext: bool) -> ssl.SSLC
                 ctx = ssl.create_default_context(cafile=certifi.where())
             if http2 and not cleartext:
                 ctx.set_alpn_protocols(["h2", "http/1.1"])
-            _ssl_contexts[cache_key] = ctx
+            STATE.ssl_contexts[cache_key] = ctx
         return ctx
 
 

@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from support import forget_learned
 
 if TYPE_CHECKING:
     from qwen_embed_tooling.testing import EmbeddingServer
@@ -92,19 +91,14 @@ def wait_until() -> Callable[..., None]:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_replica_health() -> None:
-    """Each test starts with every known replica healthy (not ejected, not being probed):
-    a server started by this test can get the port, hence the replica, of an earlier
-    test's server that test ejected."""
-    from qwen_embed_plugins import balance
+def _fresh_state() -> None:
+    """Each test starts from a clean process state (``qwen_embed_plugins.reset()``): no
+    pool, no replica health, no learned limit, no gate, no metrics. A server started by
+    this test can get the port, hence the URL, of an earlier test's server; module-scoped
+    servers keep running (their clients reopen connections lazily)."""
+    import qwen_embed_plugins as q
 
-    for replica in list(balance._replicas.values()):
-        with replica._lock:
-            replica.failures = 0
-            replica.streak_started = None
-            replica.ejected_until = 0.0
-            replica.probing = False
-            replica.answered = False  # a dead port may be an earlier test server's
+    q.reset()
 
 
 @pytest.fixture
@@ -114,7 +108,6 @@ def embedding_server() -> Iterator[EmbeddingServer]:
     from qwen_embed_tooling.testing import EmbeddingServer
 
     with EmbeddingServer() as server:
-        forget_learned(server.base_url)
         yield server
 
 
@@ -124,7 +117,6 @@ def server() -> Iterator[EmbeddingServer]:
     from qwen_embed_tooling.testing import EmbeddingServer
 
     with EmbeddingServer() as shared:
-        forget_learned(shared.base_url)
         yield shared
 
 

@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
-from support import forget_learned
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins._engine import Engine
@@ -160,18 +159,14 @@ SMALL_BATCHES = -(-len(TEXTS) // 32)  # requests at 32 texts each
 def flat_server() -> Iterator[EmbeddingServer]:
     """A server that answers in 10 ms whatever the batch."""
     with EmbeddingServer(latency=0.01) as server:
-        forget_learned(server.base_url)
         yield server
-        forget_learned(server.base_url)
 
 
 @pytest.fixture
 def capped_server() -> Iterator[EmbeddingServer]:
     """A server that refuses batches of more than 32 texts (stated in its 400)."""
     with EmbeddingServer(latency=0.01, max_batch=32) as server:
-        forget_learned(server.base_url)
         yield server
-        forget_learned(server.base_url)
 
 
 def test_default_grows_past_32_texts_per_request_on_a_flat_server(
@@ -207,7 +202,7 @@ def test_adapters_default_grows_on_a_flat_server(flat_server: EmbeddingServer) -
         lambda: li.get_text_embedding_batch(TEXTS),
         lambda: asyncio.run(li.aget_text_embedding_batch(TEXTS)),
     ):
-        forget_learned(flat_server.base_url)
+        q.reset()  # each adapter and mode starts from the default again
         before = flat_server.requests
         np.testing.assert_allclose(np.asarray(run(), dtype=np.float32), want, atol=1e-6)
         assert flat_server.requests - before < SMALL_BATCHES / 2
@@ -250,7 +245,6 @@ async def test_dynamic_batching_server_answers_concurrent_requests() -> None:
 
     spec = DynamicBatching(window=0.002, max_tokens=64, base=0.02, per_token=0.0001)
     with EmbeddingServer(server_model=spec) as server:
-        forget_learned(server.base_url)
         client = q.AsyncEmbeddingClient(base_url=server.base_url, batch_size=4)
         texts = [f"text {i} " * (1 + i % 40) for i in range(64)]  # some above max_tokens
         started = asyncio.get_running_loop().time()
@@ -259,4 +253,3 @@ async def test_dynamic_batching_server_answers_concurrent_requests() -> None:
         np.testing.assert_array_equal(got, expected_embeddings(texts))
         assert server.requests == 16
         assert took >= spec.base  # every request waited for a pass
-        forget_learned(server.base_url)

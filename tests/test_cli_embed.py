@@ -327,9 +327,9 @@ def test_wait_for_server_carries_a_job_started_before_its_server(tmp_path: Path)
 
 
 def _refused(url: str) -> int:
-    from qwen_embed_plugins import balance
+    from qwen_embed_plugins._state import STATE
 
-    replicas = [r for r in list(balance._replicas.values()) if r.url == url]
+    replicas = [r for r in list(STATE.replicas.values()) if r.url == url]
     return sum(r.metrics.snapshot()["requests_by_outcome"].get("ConnectError", 0) for r in replicas)
 
 

@@ -24,6 +24,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import pool
+from qwen_embed_plugins._state import STATE
 from qwen_embed_tooling.testing import EmbeddingServer
 
 LOOPS = 30
@@ -134,7 +135,7 @@ def test_dropped_loops_are_collected_and_their_connections_closed(
     assert_collected_and_closed(srv, refs)
     key = client.config.pool_key
     pool.reap_idle()  # the registry forgets the collected loops' pools
-    assert pool._entries[key].loops == {}
+    assert STATE.entries[key].loops == {}
     assert q.pool_stats()[client.config.endpoint]["async_clients"] == 0
     assert_still_works(client, srv)
     assert noise() == []
@@ -208,7 +209,7 @@ def test_a_kept_loop_reused_after_close_all_and_after_an_exit_time_release(
             wait_until(closed_once_the_loop_runs, "the kept loop's old pool closed")
         for i in range(5):
             loop.run_until_complete(client.embed_query(f"exit-time {i}"))
-            pool._close_all(exiting=True)  # what the atexit hook does
+            STATE.close(exiting=True)  # what the atexit hook does
             srv.wait_for("connections_active", 0, at_most=True, timeout=WAIT_GUARD_S)
         assert len(loop.run_until_complete(client.embed_query("still works"))) == srv.dim
     finally:

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import balance, pool
+from qwen_embed_plugins import balance
+from qwen_embed_plugins._state import STATE
 from qwen_embed_tooling.testing import EmbeddingServer, LoopbackProxy, expected_embeddings
 
 QUERIES = [f"query number {i}" for i in range(600)]
@@ -18,7 +19,7 @@ ALIAS = "embed.internal"
 
 
 def _h2c_failed(client: q.EmbeddingClient | q.AsyncEmbeddingClient) -> bool:
-    return pool._entries[client.config.pool_key].h2c_failed
+    return bool(STATE.entries[client.config.pool_key].h2c_failed)
 
 
 @pytest.mark.parametrize(("mode", "calls"), [("graceful", 600), ("refuse", 60)])

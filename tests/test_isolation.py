@@ -17,6 +17,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import balance, pool
+from qwen_embed_plugins._state import STATE
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
 FAST = q.RetryConfig(backoff_initial=0.01, backoff_max=0.05)
@@ -236,7 +237,7 @@ def test_idle_pools_are_closed_and_reopen() -> None:
 
 
 def key_closed(key: q.config.PoolKey) -> bool:
-    return pool._entries[key].sync is None
+    return STATE.entries[key].sync is None
 
 
 def test_tenants_share_one_pool(srv: EmbeddingServer) -> None:

@@ -19,7 +19,6 @@ from typing import Any
 import numpy as np
 import orjson
 import pytest
-from support import forget_learned
 
 import qwen_embed_plugins as q
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, expected_embeddings
@@ -44,8 +43,6 @@ def _replicas(model: str) -> Iterator[tuple[EmbeddingServer, EmbeddingServer]]:
         EmbeddingServer(model=model, dim=768, latency=0.02) as small,
         EmbeddingServer(model=model, dim=1024, latency=0.02) as large,
     ):
-        forget_learned(small.base_url)
-        forget_learned(large.base_url)
         yield small, large
 
 
