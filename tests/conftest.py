@@ -101,6 +101,25 @@ def _fresh_state() -> None:
     q.reset()
 
 
+@pytest.fixture(scope="module")
+def poisoned_port() -> int:
+    """The port of a gone server that left process state behind, set up (module scope)
+    before the per-test ``reset()``, as an earlier test of the session would: a learned
+    limit of 2 texts per request, and the connections and requests of its URL counted.
+    A test that starts its server on this port (``EmbeddingServer(port=...)``) inherits
+    none of it only if the reset works."""
+    import qwen_embed_plugins as q
+    from qwen_embed_tooling.testing import EmbeddingServer
+
+    with EmbeddingServer(max_batch=2) as gone:
+        client = q.EmbeddingClient(base_url=gone.base_url, batch_size=10)
+        client.embed_documents([f"poison {i}" for i in range(12)])
+        gone.reset_counters()
+        client.embed_documents(["learned 1", "learned 2", "learned 3", "learned 4"])
+        assert gone.requests == 2, "the limit was not learned: the fixture poisons nothing"
+        return gone.port
+
+
 @pytest.fixture
 def embedding_server() -> Iterator[EmbeddingServer]:
     """A started default `EmbeddingServer` (SGLang dialect, HTTP/1.1 on uvicorn, 1024-dim

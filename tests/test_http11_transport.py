@@ -906,9 +906,19 @@ def test_fork_child_opens_its_own_connections() -> None:
 
 
 def test_openai_sdk_goes_through_the_same_pool() -> None:
+    _openai_sdk_goes_through_the_same_pool(port=0)
+
+
+def test_openai_sdk_pool_counters_on_a_port_an_earlier_server_used(poisoned_port: int) -> None:
+    """CI once ran the test above on the port of an earlier test's server, whose
+    connections this process still counted for the URL: 2 opened instead of 1."""
+    _openai_sdk_goes_through_the_same_pool(port=poisoned_port)
+
+
+def _openai_sdk_goes_through_the_same_pool(port: int) -> None:
     import openai
 
-    with EmbeddingServer(keep_alive_timeout=60) as srv:
+    with EmbeddingServer(keep_alive_timeout=60, port=port) as srv:
         client = q.EmbeddingClient(base_url=srv.base_url, limits=q.Limits(max_connections=1))
         client.embed_query("core first")
         sdk = client.openai_client()

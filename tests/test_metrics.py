@@ -28,10 +28,22 @@ def _samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, st
 
 
 def test_prometheus_counters_equal_server_counts(caplog) -> None:  # type: ignore[no-untyped-def]
+    _prometheus_counters_equal_server_counts(caplog, port=0)
+
+
+def test_prometheus_counters_on_a_port_an_earlier_server_taught(  # type: ignore[no-untyped-def]
+    caplog, poisoned_port: int
+) -> None:
+    """CI once ran the test above on the port of an earlier test's server, whose learned
+    batch limit this process kept: 20 requests instead of 11."""
+    _prometheus_counters_equal_server_counts(caplog, port=poisoned_port)
+
+
+def _prometheus_counters_equal_server_counts(caplog: pytest.LogCaptureFixture, port: int) -> None:
     caplog.set_level(logging.DEBUG)
     registry = CollectorRegistry()
     registry.register(prometheus_collector())
-    with EmbeddingServer(api_key=SECRET) as srv:
+    with EmbeddingServer(api_key=SECRET, port=port) as srv:
         client = q.EmbeddingClient(base_url=srv.base_url, api_key=SECRET, batch_size=10)
         q.reset_metrics()
         srv.inject_status(503)
