@@ -18,9 +18,9 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._transport import Reply, Request
 from .config import OnError
 from .errors import QwenEmbedError
-from .transport import Reply, Request
 
 if TYPE_CHECKING:
     from .balance import HedgeBudget, Replica

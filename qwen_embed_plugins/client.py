@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-from . import _sdk, pool
+from . import pool
 from ._engine import Engine
 from ._run import (
     Part,
@@ -38,6 +38,7 @@ from ._run import (
     run_sync,
     run_windowed,
 )
+from ._transport import Reply, Retired, _sdk
 from .config import EmbeddingConfig, OnError, known_model_dims
 from .errors import (
     ConfigError,
@@ -60,7 +61,6 @@ from .protocol import (
 )
 from .retry import parse_retry_after
 from .servers import Detection
-from .transport import Reply, Retired
 
 if TYPE_CHECKING:
     import openai
