@@ -20,7 +20,7 @@ from typing import Any
 
 import openai
 
-from qwen_embed_plugins._http import HTTP_LIBRARY
+from qwen_embed_plugins._transport._http import HTTP_LIBRARY
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -13,7 +13,7 @@ A sync client is ``(call, close)`` with ``call(texts) -> result``; an async one 
 default (20) unless a factory is given another.
 
 "raw httpx" is ``httpx2`` when the installed openai is 3.x and ``httpx`` otherwise,
-the same rule as ``qwen_embed_plugins/_http.py``.
+the same rule as ``qwen_embed_plugins/_transport/_http.py``.
 """
 
 from __future__ import annotations

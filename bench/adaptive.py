@@ -14,7 +14,7 @@ Measured per run:
 
 - texts/s: texts embedded / seconds the run took;
 - p99 request latency: of the answered (200) requests, sending to answer, timed
-  around ``transport.SyncTransport.send`` for every setting alike (so the wait for a
+  around ``_transport.SyncTransport.send`` for every setting alike (so the wait for a
   slot of the adaptive gate is not part of it);
 - overload answers: 429 + 503 answers the server sent (its counters).
 
@@ -48,7 +48,7 @@ from typing import Any
 from _common import command_line, environment, markdown_table, median, save
 from _harness import percentile
 
-from qwen_embed_plugins import EmbeddingClient, Limits, adaptive, close_all, transport
+from qwen_embed_plugins import EmbeddingClient, Limits, _transport, adaptive, close_all
 from qwen_embed_tooling.testing import (
     EmbeddingServer,
     GPULike,
@@ -89,7 +89,7 @@ class RequestTimes:
         self._original: Any = None
 
     def __enter__(self) -> RequestTimes:
-        original = self._original = transport.SyncTransport.send
+        original = self._original = _transport.SyncTransport.send
         rows, lock = self.rows, self._lock
 
         def timed(inner: Any, req: Any) -> Any:
@@ -104,11 +104,11 @@ class RequestTimes:
                 with lock:
                     rows.append((status, ms))
 
-        transport.SyncTransport.send = timed  # type: ignore[method-assign]
+        _transport.SyncTransport.send = timed  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        transport.SyncTransport.send = self._original  # type: ignore[method-assign]
+        _transport.SyncTransport.send = self._original  # type: ignore[method-assign]
 
 
 def run_one(kind: str, setting: int | str, seconds: float, chunk: int) -> dict[str, Any]:

@@ -22,7 +22,7 @@ import orjson
 from _common import command_line, environment, markdown_table, median, save
 
 from qwen_embed_plugins import EmbeddingClient, close_all
-from qwen_embed_plugins._http import httpx
+from qwen_embed_plugins._transport._http import httpx
 from qwen_embed_plugins.cli._corpus import corpus
 from qwen_embed_tooling.testing import EmbeddingServer
 

@@ -5,7 +5,7 @@ connection another thread has just released or been given and open a replacement
 (encode/httpcore#1110): a run then opens more TCP connections than ``max_connections``,
 though never more at once. The library's blocking HTTP/1.1 transport is urllib3's
 ``HTTPConnectionPool`` with ``maxsize=max_connections`` and ``block=True``
-(``qwen_embed_plugins._http11``): a connection is only opened into a free slot of a
+(``qwen_embed_plugins._transport._http11``): a connection is only opened into a free slot of a
 bounded queue, so a run can never open more than the limit while all of them stay alive.
 
 This script shows both side by side in one run: rounds alternate between ``ours``
@@ -38,7 +38,7 @@ from typing import Any
 from _common import command_line, environment, markdown_table, save
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins._http import httpx
+from qwen_embed_plugins._transport._http import httpx
 from qwen_embed_plugins.cli._corpus import corpus
 
 

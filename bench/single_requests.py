@@ -43,7 +43,7 @@ from qwen_embed_plugins import (
     close_all,
     format_query,
 )
-from qwen_embed_plugins._http import httpx
+from qwen_embed_plugins._transport._http import httpx
 from qwen_embed_plugins.cli._corpus import corpus
 from qwen_embed_tooling.testing import EmbeddingServer
 

@@ -41,6 +41,7 @@ from typing import Any
 from . import pool, servers
 from ._learn import Learning
 from ._run import Call, Flow, Part, Send, Sleep
+from ._transport import Reply, Request
 from .balance import RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint_for
 from .config import (
     EmbeddingConfig,
@@ -84,7 +85,6 @@ from .retry import (
     parse_retry_after,
     replica_suspect,
 )
-from .transport import Reply, Request
 
 __all__ = ["Engine"]
 

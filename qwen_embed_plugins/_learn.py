@@ -16,6 +16,7 @@ import numpy as np
 import orjson
 
 from ._run import Send
+from ._transport import Request
 from .balance import RETEST_EVERY, Endpoint, Replica, ReplicaState
 from .config import EmbeddingConfig, Timeouts
 from .errors import (
@@ -40,7 +41,6 @@ from .protocol import (
     usage_prompt_tokens,
 )
 from .retry import BACKEND_STATUS, classify
-from .transport import Request
 
 if TYPE_CHECKING:
     from ._run import Call, Flow

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ._state import STATE
+from ._transport import Reply, Request
 from .config import OnError
 from .errors import QwenEmbedError
-from .transport import Reply, Request
 
 if TYPE_CHECKING:
     from .balance import HedgeBudget, Replica

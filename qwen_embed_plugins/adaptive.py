@@ -60,7 +60,7 @@ Sources:
 
 The gate
 --------
-``AdaptiveGate`` is ``transport.ProcessGate`` (process-wide, FIFO, threads and every
+``AdaptiveGate`` is ``_transport.ProcessGate`` (process-wide, FIFO, threads and every
 event loop, thread-safe wake-ups) whose capacity is the limit's current value (and at
 most a fixed cap, e.g. ``Limits.max_connections_per_process``).
 ``release(latency, overload, retry_after)`` feeds the sample. A slot whose request got
@@ -85,7 +85,7 @@ from collections.abc import Callable, Collection, Hashable
 from typing import Any
 
 from ._state import STATE
-from .transport import ProcessGate
+from ._transport import ProcessGate
 
 __all__ = ["AdaptiveGate", "BatchSizer", "ConcurrencyLimit", "gate_for", "gates"]
 

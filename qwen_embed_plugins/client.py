@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-from . import _sdk, pool
+from . import pool
 from ._engine import Engine
 from ._run import (
     Part,
@@ -36,6 +36,7 @@ from ._run import (
     run_sync,
     run_windowed,
 )
+from ._transport import Reply, Retired, _sdk
 from .config import EmbeddingConfig, OnError, known_model_dims
 from .errors import (
     ConfigError,
@@ -58,7 +59,6 @@ from .protocol import (
 )
 from .retry import parse_retry_after
 from .servers import Detection
-from .transport import Reply, Retired
 
 if TYPE_CHECKING:
     import openai

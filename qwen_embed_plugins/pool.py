@@ -6,9 +6,9 @@ proxy) — never the adapter or client object, and never the API key or timeouts
 travel with each request), so every client and adapter of a server shares the same
 connections, whichever tenant's key it sends.
 
-- **Sync**: one ``transport.SyncTransport`` per key, shared by all threads.
+- **Sync**: one ``_transport.SyncTransport`` per key, shared by all threads.
 - **Async**: a connection belongs to the event loop that opened it, so there is one
-  ``transport.AsyncTransport`` per (key, running loop). When ``asyncio.run()`` (or any
+  ``_transport.AsyncTransport`` per (key, running loop). When ``asyncio.run()`` (or any
   runner that calls ``shutdown_asyncgens``) finishes a loop, that loop's transports are
   closed inside it. The registry holds loops and their transports weakly: the loop
   object itself owns its transports (an attribute on the loop; a strong reference here
@@ -44,11 +44,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._async_http import AsyncTransport, QuietFlag
 from ._state import STATE
+from ._transport import AsyncTransport, ProcessGate, QuietFlag, SyncTransport
 from .config import PoolKey
 from .metrics import EndpointMetrics, metrics_for
-from .transport import ProcessGate, SyncTransport
 
 __all__ = [
     "aclose_all",

@@ -342,7 +342,7 @@ def test_response_model_may_be_a_path() -> None:
 
 
 def test_the_models_probe_reads_owned_by(srv: EmbeddingServer) -> None:
-    from qwen_embed_plugins._http import httpx
+    from qwen_embed_plugins._transport._http import httpx
     from qwen_embed_plugins.cli._probe import get_models_response
 
     with httpx.Client() as http:

@@ -66,7 +66,7 @@ def test_the_cap_is_a_setting(hostile: HostileServer) -> None:
 
 def test_the_models_probe_is_bounded_in_size_and_time(hostile: HostileServer) -> None:
     """The one ``GET /models`` probe (``qwen-embed check``'s)."""
-    from qwen_embed_plugins._http import httpx
+    from qwen_embed_plugins._transport._http import httpx
     from qwen_embed_plugins.cli._probe import bounded_get, get_models_response
 
     hostile.set("endless_chunked", on="models")

@@ -1,4 +1,4 @@
-"""The blocking HTTP/1.1 transport on ``http.client`` (``qwen_embed_plugins._http11``).
+"""The blocking HTTP/1.1 transport on ``http.client`` (``qwen_embed_plugins._transport._http11``).
 
 Against loopback servers: `EmbeddingServer`s (uvicorn), and, for what a real server
 cannot do on cue (stray bytes, endless or trickling bodies, gzip bombs, a server that
@@ -30,12 +30,13 @@ import orjson
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import _http11, pool
-from qwen_embed_plugins._http import httpx
+from qwen_embed_plugins import pool
+from qwen_embed_plugins._transport import Reply, Request, Retired, SyncTransport, _http11
+from qwen_embed_plugins._transport._exceptions import translate
+from qwen_embed_plugins._transport._http import httpx
 from qwen_embed_plugins.config import PoolKey
-from qwen_embed_plugins.errors import ErrorContext, endpoint_label, translate
+from qwen_embed_plugins.errors import ErrorContext, endpoint_label
 from qwen_embed_plugins.metrics import EndpointMetrics
-from qwen_embed_plugins.transport import Reply, Request, Retired, SyncTransport
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, expected_embeddings
 
 LOOPBACK = "127.0.0.1"
@@ -541,6 +542,82 @@ def test_connection_with_stray_bytes_is_never_reused() -> None:
 def _readable(t: SyncTransport) -> bool:
     socks = [c.sock for c, _ in t._http1._idle if c.sock is not None]
     return bool(socks) and bool(select.select(socks, [], [], 0)[0])
+
+
+@pytest.mark.parametrize(
+    ("head", "body", "kept"),
+    [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n", b"ok", True),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n", b"ok", False),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n", b"2\r\nok\r\n0\r\n\r\n", True),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: identity\r\n", b"ok", False),
+        (b"HTTP/1.1 200 OK\r\n", b"ok", False),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -2\r\n", b"ok", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n", b"ok", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\nConnection: Keep-Alive\r\n", b"ok", True),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\nKeep-Alive: timeout=5\r\n", b"ok", True),
+    ],
+    ids=[
+        "1.1 length",
+        "1.1 close",
+        "1.1 chunked",
+        "1.1 other coding",
+        "1.1 until close",
+        "1.1 bad length",
+        "1.0",
+        "1.0 keep-alive",
+        "1.0 keep-alive header",
+    ],
+)
+def test_connection_kept_only_when_the_response_framing_allows(
+    head: bytes, body: bytes, kept: bool
+) -> None:
+    """The framing decision (``_http11._framing``, from the documented response version
+    and headers): a connection is reused only after a response that keeps it open and
+    whose body end is known; a body that ends with the connection is read to its end."""
+
+    def handler(number: int, sock: socket.socket) -> None:
+        f = sock.makefile("rb")
+        while read_request(f) is not None:
+            sock.sendall(head + b"\r\n" + body)
+            if not kept:
+                return  # the server closes: the end of a body without a length
+
+    with RawServer(handler) as raw:
+        t = make_transport(raw.base_url)
+        try:
+            replies = [t.send(make_request(raw.base_url)) for _ in range(3)]
+            assert [r.body for r in replies] == [b"ok"] * 3
+            assert [r.fresh for r in replies] == [True, not kept, not kept]
+            assert raw.accepted == (1 if kept else 3)
+            assert replies[0].http_version == head[:8].decode()
+        finally:
+            t.close()
+
+
+def test_a_body_cut_short_of_its_length_is_refused_and_not_reused() -> None:
+    """``Content-Length`` not reached when the server closes (``read1`` then returns
+    ``b""`` without raising): the exchange fails and the next one opens a connection."""
+
+    def handler(number: int, sock: socket.socket) -> None:
+        f = sock.makefile("rb")
+        read_request(f)
+        if number == 1:
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nok")
+            return
+        sock.sendall(response(b"whole"))
+        read_request(f)
+
+    with RawServer(handler) as raw:
+        t = make_transport(raw.base_url)
+        try:
+            with pytest.raises(q.RemoteProtocolError, match="broken response") as info:
+                t.send(make_request(raw.base_url))
+            assert info.value.received
+            reply = t.send(make_request(raw.base_url))
+            assert (reply.body, reply.fresh, raw.accepted) == (b"whole", True, 2)
+        finally:
+            t.close()
 
 
 def test_response_heads_are_parsed_like_the_stdlib() -> None:

@@ -26,12 +26,6 @@ ROOT = Path(qwen_embed_plugins.__file__).parent
 CORE = sorted(p for p in ROOT.glob("*.py") if p.name not in ("ray.py",))
 TOOLING = ("cli", "integrations", "ray")
 FRAMEWORKS = ("langchain_core", "llama_index", "ray", "pydantic", "click", "rich")
-# The modules of the transport rewrite (issue 19, Deliver 1: one transport contract above
-# the backends). Their circle is reported by test_no_import_circle_at_all (xfail) until then.
-TRANSPORT = frozenset(
-    f"{PACKAGE}.{m}" for m in ("transport", "_http11", "_async_http", "_http", "_sdk")
-)
-
 pytestmark = pytest.mark.unit
 
 
@@ -262,16 +256,5 @@ def test_the_circle_finder_finds_circles() -> None:
     assert circles({"a": {"b"}, "b": set()}) == []
 
 
-def test_no_import_circle_outside_the_transport_modules() -> None:
-    outside = [c for c in circles(import_graph()) if not set(c) <= TRANSPORT]
-    assert not outside, outside
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="the transport modules still import each other (transport <-> _http11: the "
-    "contract and the sync HTTP/1.1 backend share one module pair) until the transport "
-    "package of issue 19 (Deliver 1) splits the contract from its backends",
-)
 def test_no_import_circle_at_all() -> None:
     assert circles(import_graph()) == []

@@ -86,12 +86,12 @@ def test_missing_extra_names_the_install_line() -> None:
 def test_http_library_matches_openai_major() -> None:
     import openai
 
-    from qwen_embed_plugins import _http
+    from qwen_embed_plugins._transport import _http
 
     major = int(openai.__version__.split(".")[0])
     assert ("httpx2" if major >= 3 else "httpx") == _http.HTTP_LIBRARY
     client = q.EmbeddingClient(base_url="http://127.0.0.1:9/v1")
-    from qwen_embed_plugins import _sdk
+    from qwen_embed_plugins._transport import _sdk
 
     # the SDK's HTTP client is the matching library's Client over the library's own
     # transport class (openai 3.x accepts only httpx2 clients): built without error

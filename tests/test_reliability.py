@@ -393,8 +393,8 @@ def test_any_input_gives_a_clear_error_or_a_correct_result(
 
 def health_version(client: q.EmbeddingClient, url: str) -> str:
     """The HTTP version of a ``GET /health`` sent through the client's shared pool."""
+    from qwen_embed_plugins._transport import Request
     from qwen_embed_plugins.errors import ErrorContext
-    from qwen_embed_plugins.transport import Request
 
     config = client.config
     ctx = ErrorContext(url=config.endpoint)

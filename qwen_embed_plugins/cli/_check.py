@@ -308,7 +308,7 @@ def check_server(
         ConfigError: ``verify`` names a CA file that does not exist (from the client's
             settings).
     """
-    from .._http import httpx
+    from .._transport._http import httpx
 
     base_url = base_url.rstrip("/")
     say = step or (lambda name: None)
@@ -502,7 +502,7 @@ def _models_finding(models: list[str], status: int | None, error: str | None) ->
 def _embedding_finding(
     probe: _Probe,
 ) -> tuple[CheckFinding, np.ndarray[Any, np.dtype[np.float32]] | None]:
-    from .._http import httpx
+    from .._transport._http import httpx
 
     advice: str | None
     try:
@@ -563,7 +563,7 @@ def _embedding_finding(
 
 
 def _base64_finding(probe: _Probe, float_vec: np.ndarray[Any, Any]) -> CheckFinding:
-    from .._http import httpx
+    from .._transport._http import httpx
 
     try:
         resp = probe.post([_PROBE_TEXT], fmt="base64")
@@ -599,7 +599,7 @@ def _base64_finding(probe: _Probe, float_vec: np.ndarray[Any, Any]) -> CheckFind
 
 
 def _dimensions_finding(probe: _Probe, dim: int) -> CheckFinding:
-    from .._http import httpx
+    from .._transport._http import httpx
 
     want = 256 if dim > 256 else max(1, dim // 2)
     advice = dimensions_advice(probe.server_name)
@@ -643,7 +643,7 @@ def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
     model embeds long ones slowly (MiniLM on a CPU: ~20 s for the former ascending
     series of 1,000 passages of 200 characters).
     """
-    from .._http import httpx
+    from .._transport._http import httpx
 
     sizes = [s for s in (8, 32, 64, 128, 256, 512, 1024, 2048) if s < bound] + [bound]
     texts = [" ".join(p.split()[:6]) for p in corpus(bound)]

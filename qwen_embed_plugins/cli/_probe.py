@@ -132,7 +132,7 @@ def bounded_get(
     Raises:
         the HTTP library's ``HTTPError``: no answer, or the answer broke a bound.
     """
-    from .._http import httpx
+    from .._transport._http import httpx
 
     deadline = time.monotonic() + budget
     request_headers = {**request_headers, "Accept-Encoding": "identity"}
@@ -180,7 +180,7 @@ def discover_models(
 ) -> list[str]:
     """Model ids listed by ``GET {base_url}/models``; empty when the server lists none,
     answers an error or cannot be reached (the first real request reports that)."""
-    from .._http import httpx
+    from .._transport._http import httpx
 
     try:
         with httpx.Client(verify=ssl_context(verify), timeout=timeout) as http:
@@ -198,7 +198,7 @@ def probe_http2(
     Over ``https://`` h2 is offered by ALPN (the server picks). Over ``http://`` a
     prior-knowledge h2c request is tried; ``None`` means it failed (no h2c).
     """
-    from .._http import httpx
+    from .._transport._http import httpx
 
     cleartext = base_url.startswith("http://")
     kwargs: dict[str, Any] = {"http2": True, "timeout": timeout}

@@ -488,7 +488,7 @@ def run_bench(
 
     import openai  # the naive mode's client; imported only when a benchmark runs
 
-    from qwen_embed_plugins._http import HTTP_LIBRARY
+    from qwen_embed_plugins._transport._http import HTTP_LIBRARY
 
     naive_counter = _Counter()
 

@@ -1,7 +1,7 @@
 """The blocking HTTP/1.1 backend: the stdlib's ``http.client`` through its public API,
 with a small connection pool of its own.
 
-``transport.SyncTransport`` sends every HTTP/1.1 exchange through an ``HTTP1Pool`` (HTTP/2
+``_sync_http.SyncTransport`` sends every HTTP/1.1 exchange through an ``HTTP1Pool`` (HTTP/2
 and cleartext h2c run on httpx). Why ``http.client``: it is the floor the benchmark
 measures the library against (``bench/compare.py``: "stdlib keepalive"), and the sync
 CPU floors (<= 1.3x raw httpx per request, the array path <= 1.3x the stdlib) hold with
@@ -20,14 +20,17 @@ Which guarantee comes from where (every call below is public stdlib API):
 - **Keep-alive**: idle connections are kept last-in first-out, at most
   ``max_keepalive_connections``; one idle longer than ``keepalive_expiry`` is closed
   instead of reused, and so is one whose socket turned readable while idle (a FIN, or a
-  stray response no request asked for: ``select``). A response that says
-  ``Connection: close`` (or is HTTP/1.0 without keep-alive) makes ``http.client`` close
-  the connection itself.
+  stray response no request asked for: ``select``). Whether a connection may carry the
+  next request is decided here (``_framing``) from the documented ``HTTPResponse.version``
+  and the headers (RFC 9112): not after ``Connection: close``, an HTTP/1.0 answer without
+  keep-alive or a body that ends with the connection.
 - **No reuse of a socket with bytes left**: a connection goes back to the pool only
-  after its response was read to the end; any failure, or a body cut by its cap or
-  deadline, closes it.
-- **The total time budget** (``Request.total``): the connect, write and per-read socket
-  timeouts and the pool wait are each at most the time left, and a watchdog thread
+  after its response was read to the end (``read1`` until ``b""``; a body short of its
+  ``Content-Length`` is refused, counted here: ``read1`` does not raise for it); any
+  failure, or a body cut by its cap or deadline, closes it.
+- **The total time budget** (``Request.total``): the connect timeout (the connection's
+  documented ``timeout`` argument), the write and per-read socket timeouts and the pool
+  wait are each at most the time left, and a watchdog thread
   shuts the socket down (``socket.shutdown``) when the deadline passes, so a head,
   chunk-size line or trailer trickled byte by byte ends too.
 - **1xx answers**: ``http.client`` skips ``100 Continue`` only; another 1xx taken as the
@@ -38,11 +41,18 @@ Which guarantee comes from where (every call below is public stdlib API):
   on this path (a clear ``TransportError``).
 - Connections opened are counted once established (TCP, and TLS for https).
 
-Remaining reliance on behaviour ``http.client`` does not document: ``HTTPResponse.length``
-(the bytes of a ``Content-Length`` body not yet read; a body cut short is refused) and
-``HTTPResponse.will_close`` (whether the server ends the connection after this
-response) are read, as every user of ``read1()`` must; both are plain attributes of the
-class since Python 3.0.
+The calls are the documented ones: ``HTTPConnection(host, port, timeout=,
+context=)``, ``set_tunnel``, ``connect``, ``request``, ``getresponse``, ``close``;
+``HTTPResponse.status`` / ``version`` / ``getheaders()`` / ``read1()`` (the
+``io.BufferedIOBase`` reader API, supported since 3.5) / ``close()``.
+
+Remaining reliance on what ``http.client`` does not document: ``HTTPConnection.sock``,
+the connection's socket, read (never assigned) to set the write and read timeouts from
+the time left (``settimeout``), for the idle check (``select``), for the watchdog's
+``shutdown`` and to see whether ``http.client`` closed the connection itself. No
+documented API gives an ``HTTPConnection``'s socket; ``sock`` is the attribute the
+stdlib's own ``HTTPSConnection`` and urllib3's connection classes set and use. If it
+changed, every exchange would fail at once (``AttributeError``), not silently.
 """
 
 from __future__ import annotations
@@ -58,10 +68,10 @@ import time
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .config import PoolKey
-from .errors import TransportError, pool_timeout_error, total_timeout_error
-from .metrics import EndpointMetrics
-from .transport import (
+from ..config import PoolKey
+from ..errors import TransportError, pool_timeout_error, total_timeout_error
+from ..metrics import EndpointMetrics
+from ._contract import (
     _ACCEPT_ENCODING,
     _CHUNK,
     _USER_AGENT,
@@ -184,6 +194,43 @@ def _headers(items: list[tuple[str, str]]) -> _Headers:
     return headers
 
 
+def _framing(method: str, status: int, version: int, headers: _Headers) -> tuple[int | None, bool]:
+    """How the body of a response is delimited, and whether its connection can carry the
+    next request, from the documented parts of the response (``HTTPResponse.status``,
+    ``version`` and the headers) by the rules of RFC 9112 (sections 6.3 and 9.3), which
+    ``http.client`` reads the body by.
+
+    Returns:
+        ``(declared, persistent)``: the ``Content-Length`` the body must reach (``None``:
+        none to check: no body, a chunked body, or one that ends with the connection),
+        and whether the connection stays open after the response (HTTP/1.1 unless
+        ``Connection: close``; HTTP/1.0 only with keep-alive; never after a body that
+        ends with the connection).
+    """
+    connection = headers.get("connection", "").lower()
+    if version == 11:
+        persistent = "close" not in connection
+    else:
+        persistent = (
+            bool(headers.get("keep-alive"))
+            or "keep-alive" in connection
+            or "keep-alive" in headers.get("proxy-connection", "").lower()
+        )
+    if method == "HEAD" or status in (204, 304) or 100 <= status < 200:
+        return None, persistent
+    coding = headers.get("transfer-encoding")
+    if coding is not None:  # chunked: ends with its last chunk; any other: with the close
+        return None, persistent and coding.strip().lower() == "chunked"
+    raw = headers.get("content-length")
+    try:
+        declared = None if raw is None else int(raw.split(",")[0])
+    except ValueError:
+        declared = None
+    if declared is None or declared < 0:
+        return None, False  # the body ends when the server closes the connection
+    return declared, persistent
+
+
 # --------------------------------------------------------------------------- the pool
 
 
@@ -193,7 +240,7 @@ class HTTP1Pool:
     Args:
         key: the pool's settings (URL, limits, TLS verification, proxy).
         metrics: where connections opened are counted.
-        ssl_ctx: the process's SSL context for ``key`` (``transport.ssl_context``).
+        ssl_ctx: the process's SSL context for ``key`` (``_contract.ssl_context``).
     """
 
     def __init__(self, key: PoolKey, metrics: EndpointMetrics, ssl_ctx: ssl.SSLContext) -> None:
@@ -244,12 +291,16 @@ class HTTP1Pool:
 
     # ---------------------------------------------------------------- connections
 
-    def _new(self) -> Any:
+    def _new(self, timeout: float | None) -> Any:
+        """A new, unconnected connection whose connect (TCP, TLS, proxy tunnel) takes at
+        most ``timeout`` seconds (the constructor's documented ``timeout``)."""
         proxy = self._proxy
         if proxy is None:
             if self._https:
-                return http.client.HTTPSConnection(self._host, self._port, context=self._ssl)
-            return http.client.HTTPConnection(self._host, self._port)
+                return http.client.HTTPSConnection(
+                    self._host, self._port, timeout=timeout, context=self._ssl
+                )
+            return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
         scheme, host, port, headers = proxy
         if scheme == "https":
             raise TransportError(
@@ -260,13 +311,14 @@ class HTTP1Pool:
                 sent=False,
             )
         if self._https:
-            conn = http.client.HTTPSConnection(host, port, context=self._ssl)
+            conn = http.client.HTTPSConnection(host, port, timeout=timeout, context=self._ssl)
             conn.set_tunnel(self._host, self._port, headers=headers)
             return conn
-        return http.client.HTTPConnection(host, port)
+        return http.client.HTTPConnection(host, port, timeout=timeout)
 
-    def _take(self) -> Any:
-        """An idle connection still fit for reuse, or a new (unconnected) one."""
+    def _take(self, timeout: float | None) -> tuple[Any, bool]:
+        """``(connection, idle)``: an idle connection still fit for reuse (``True``), or
+        a new, unconnected one with a connect ``timeout`` (``False``)."""
         while True:
             with self._lock:
                 if not self._idle:
@@ -279,9 +331,9 @@ class HTTP1Pool:
                 except (OSError, ValueError):
                     readable = [sock]
                 if not readable:  # no FIN, no stray bytes
-                    return conn
+                    return conn, True
             conn.close()
-        return self._new()
+        return self._new(timeout), False
 
     def _give_back(self, conn: Any, reusable: bool) -> None:
         if reusable and conn.sock is not None and not self._closed:
@@ -349,21 +401,20 @@ class HTTP1Pool:
             headers.update(self._proxy[3])
         conn: Any = None
         resp: Any = None
-        complete = False
+        complete = persistent = False
         try:
             with mapped(req, progress, "stdlib", proxy=self._proxy is not None):
                 target = self._target(req.url)
-                conn = self._take()
+                conn, idle = self._take(connect)
                 progress.conn = conn
                 if deadline is not None:
                     _watchdog.add(progress)
-                if conn.sock is None:
+                if idle:
+                    progress.fresh = False
+                else:
                     progress.connected = True
-                    conn.timeout = connect
                     conn.connect()
                     self.metrics.connection_opened()
-                else:
-                    progress.fresh = False
                 progress.stage = "write"
                 conn.sock.settimeout(write)
                 conn.request(req.method, target, req.body or None, headers)
@@ -377,12 +428,15 @@ class HTTP1Pool:
                     # http.client would take the first: which body is the answer?
                     raise http.client.HTTPException(f"conflicting Content-Length: {length}")
                 _declared_too_big(resp_headers, req.max_bytes, req.ctx)
+                declared, persistent = _framing(req.method, resp.status, resp.version, resp_headers)
                 body = _Body(resp_headers.get("content-encoding", ""), req.max_bytes, req.ctx)
                 read1 = resp.read1
+                received = 0
                 while True:
                     chunk = read1(_CHUNK)
                     if not chunk:
                         break
+                    received += len(chunk)
                     progress.received = True
                     body.feed(chunk)
                     if deadline is not None and time.monotonic() > deadline:
@@ -393,8 +447,10 @@ class HTTP1Pool:
                     raise total_timeout_error(
                         req.ctx, req.total, received=True, fresh=progress.fresh
                     )
-                if resp.length:  # Content-Length not reached: the server closed early
-                    raise http.client.IncompleteRead(b"", resp.length)
+                if declared is not None and received < declared:
+                    # Content-Length not reached: the server closed early (read1 returns
+                    # b"" at the end of the stream, documented; it does not raise)
+                    raise http.client.IncompleteRead(b"", declared - received)
                 data = body.result()
                 resp.close()  # read to its end: the connection may take the next request
                 complete = True
@@ -402,7 +458,7 @@ class HTTP1Pool:
             if deadline is not None:
                 _watchdog.remove(progress)
             if conn is not None:
-                reusable = complete and not progress.expired and not resp.will_close
+                reusable = complete and persistent and not progress.expired
                 self._give_back(conn, reusable)
         return Reply(
             status=resp.status,

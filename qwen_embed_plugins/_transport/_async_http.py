@@ -59,15 +59,14 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ._http import httpx
-from .config import PoolKey
-from .errors import (
+from ..config import PoolKey
+from ..errors import (
     QwenEmbedError,
     pool_timeout_error,
     total_timeout_error,
 )
-from .metrics import EndpointMetrics
-from .transport import (
+from ..metrics import EndpointMetrics
+from ._contract import (
     _ACCEPT_ENCODING,
     _CHUNK,
     _USER_AGENT,
@@ -80,14 +79,13 @@ from .transport import (
     _deadline,
     _declared_too_big,
     _left,
-    _limits,
-    _timeout_ext,
     check_status,
     failure,
     mapped,
     quiet_header_loggers,
     ssl_context,
 )
+from ._http import _limits, _timeout_ext, httpx
 
 __all__ = ["AsyncTransport", "QuietFlag"]
 

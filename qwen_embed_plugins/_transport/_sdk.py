@@ -1,11 +1,11 @@
 """The openai SDK on the shared pools: one public ``httpx.BaseTransport`` /
 ``httpx.AsyncBaseTransport`` per mode whose ``handle_request`` sends through the
-library's transport contract (``transport.Request -> Reply``).
+library's transport contract (``_contract.Request -> Reply``).
 
 ``openai_client()`` is ``openai.OpenAI(http_client=httpx.Client(transport=SDKTransport(
 ...)), max_retries=0)`` (``AsyncOpenAI`` / ``httpx.AsyncClient`` / ``AsyncSDKTransport``
 for the async client). Each SDK request therefore gets what every other request of the
-library gets, written once in ``transport``/``_async_http``: the endpoint's pool and
+library gets, written once in ``_contract`` and the backends: the endpoint's pool and
 process gate, the response size cap (received and after decoding), one total time
 budget (``Timeouts.total`` and ``RetryConfig.deadline``, whichever is sooner; the SDK's
 own ``timeout=`` is ignored), connections with unread bytes never reused, and response
@@ -28,10 +28,9 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from . import pool
-from ._http import httpx
-from .config import EmbeddingConfig
-from .errors import (
+from .. import pool
+from ..config import EmbeddingConfig
+from ..errors import (
     ConnectError,
     ConnectTimeout,
     ErrorContext,
@@ -45,7 +44,8 @@ from .errors import (
     WriteTimeout,
     scrub,
 )
-from .transport import Reply, Request, Retired, sdk_cap
+from ._contract import Reply, Request, Retired, sdk_cap
+from ._http import httpx
 
 __all__ = ["AsyncSDKTransport", "SDKTransport", "async_openai", "sync_openai"]
 

@@ -1,12 +1,14 @@
-"""One HTTP exchange through a pool's connection: bounded in size and time, errors
-translated at the boundary, written once above the backends.
+"""The transport contract, written once above the backends: one HTTP exchange through a
+pool's connection (``Request -> Reply``), bounded in size and time, errors translated at
+the boundary. This module imports no backend; the backends import it.
 
-Two implementations of the same contract, ``send(Request) -> Reply``:
+Two implementations of the contract, ``send(Request) -> Reply`` (chosen per pool in the
+package's ``__init__``):
 
-- ``SyncTransport`` (blocking, all threads): the stdlib's ``http.client`` for HTTP/1.1
-  (``_http11.py``, public API, a pool of its own) and an ``httpx.Client`` (``httpx2``
-  under openai 3.x) when HTTP/2 is asked.
-- ``AsyncTransport`` (one per event loop, ``_async_http.py``): ``aiohttp`` for HTTP/1.1
+- ``SyncTransport`` (``_sync_http``; blocking, all threads): the stdlib's ``http.client``
+  for HTTP/1.1 (``_http11``, public API, a pool of its own) and an ``httpx.Client``
+  (``httpx2`` under openai 3.x) when HTTP/2 is asked.
+- ``AsyncTransport`` (``_async_http``; one per event loop): ``aiohttp`` for HTTP/1.1
   (docs/benchmarks.md, "Transport candidates") and an ``httpx.AsyncClient`` when HTTP/2
   is asked (aiohttp speaks HTTP/1.1 only).
 
@@ -16,15 +18,15 @@ What every backend shares is here, once:
   after ``Content-Encoding`` decoding (gzip/deflate decoded here, bounded: a small gzip
   body cannot inflate past the cap), so a hostile ``Content-Length``, an endless chunked
   body or a gzip bomb ends in ``ResponseError`` with bounded memory; an unasked-for
-  encoding is refused (its name scrubbed of the key);
+  encoding is refused (its name scrubbed of the key); ``sdk_cap`` for the SDK's requests;
 - ``Progress``, ``failure`` and ``mapped``: how far an exchange got, and the one place a
-  backend's exception becomes the library's (``errors.translate``), raised ``from`` it;
-  a timeout at the deadline is the total budget's ``ReadTimeout``;
+  backend's exception becomes the library's (``_exceptions.translate``, the one map),
+  raised ``from`` it; a timeout at the deadline is the total budget's ``ReadTimeout``;
 - ``check_status``: a status outside 200-599 (after the backend skipped 1xx answers) is
   a ``RemoteProtocolError``, never success;
 - the total time budget (``Request.total``: ``Timeouts.total`` or the call's deadline,
-  whichever is sooner): each backend bounds its connect, write, pool wait and reads by
-  the time left, and the whole exchange as its module says;
+  whichever is sooner; ``_deadline`` / ``_left``): each backend bounds its connect,
+  write, pool wait and reads by the time left, and the whole exchange as its module says;
 - ``ProcessGate`` (``Limits.max_connections_per_process``), ``ssl_context``, and
   ``quiet_header_loggers`` (no HTTP/2 header block in the logs).
 
@@ -46,32 +48,30 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._http import httpx
-from ._state import STATE
-from .config import PoolKey, Timeouts
-from .errors import (
+from .._state import STATE
+from ..config import Timeouts
+from ..errors import (
     ErrorContext,
     PoolTimeout,
     QwenEmbedError,
     RemoteProtocolError,
     ResponseError,
     TimeoutException,
-    pool_timeout_error,
     scrub,
     total_timeout_error,
-    translate,
 )
-from .metrics import EndpointMetrics
+from ._exceptions import translate
 
 __all__ = [
     "ProcessGate",
     "Reply",
     "Request",
     "Retired",
-    "SyncTransport",
     "check_status",
     "failure",
     "mapped",
+    "quiet_header_loggers",
+    "sdk_cap",
     "ssl_context",
 ]
 
@@ -349,7 +349,7 @@ class Progress:
 def failure(
     exc: Exception, req: Request, progress: Progress, backend: str, *, proxy: bool = False
 ) -> QwenEmbedError:
-    """The library's error for what a backend raised during ``req`` (``errors.translate``,
+    """The library's error for what a backend raised during ``req`` (``_exceptions.translate``,
     the one map), built once with how far the exchange got (``fresh``, ``received``); a
     timeout at or past the deadline (a per-read timeout set to the time left), and any
     failure of a read the watchdog cut at the deadline, is the total budget's
@@ -491,202 +491,6 @@ class ProcessGate:
 def _settle(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-# --------------------------------------------------------------------------- sync
-
-
-def _limits(key: PoolKey) -> Any:
-    return httpx.Limits(
-        max_connections=key.limits.max_connections,
-        max_keepalive_connections=key.limits.keepalive_connections,
-        keepalive_expiry=key.limits.keepalive_expiry,
-    )
-
-
-def _timeout_ext(t: Timeouts, left: float | None) -> dict[str, float | None]:
-    """httpx's per-request timeouts, each at most the time left (``left``)."""
-
-    def bounded(value: float | None) -> float | None:
-        if left is None:
-            return value
-        return left if value is None else min(value, left)
-
-    return {
-        "connect": bounded(t.connect),
-        "read": bounded(t.read),
-        "write": bounded(t.write),
-        "pool": bounded(t.pool),
-    }
-
-
-class SyncTransport:
-    """The blocking transport of one pool (all threads).
-
-    HTTP/1.1 runs on the stdlib's ``http.client`` (``_http11.HTTP1Pool``, public API; at
-    most ``max_connections`` connections); HTTP/2 and cleartext h2c on an ``httpx.Client``
-    (``httpx2`` under openai 3.x), which multiplexes requests on its connections.
-
-    Args:
-        key: the pool's settings (URL, limits, HTTP/2, TLS, proxy).
-        metrics: where connections opened are counted.
-        h2c: speak prior-knowledge HTTP/2 over ``http://`` (see ``pool.h2c_fallback``).
-        gate: the process-wide ``ProcessGate`` of the endpoint, if any.
-    """
-
-    def __init__(
-        self,
-        key: PoolKey,
-        metrics: EndpointMetrics,
-        *,
-        h2c: bool = False,
-        gate: ProcessGate | None = None,
-    ) -> None:
-        self.key = key
-        self.metrics = metrics
-        cleartext = key.base_url.startswith("http://")
-        http2 = key.http2 and (not cleartext or h2c)
-        self.http2 = http2
-        ctx = ssl_context(key.verify, http2=key.http2, cleartext=cleartext)
-        self._client: Any = None
-        self._http1: Any = None
-        if http2:
-            quiet_header_loggers()
-            inner = httpx.HTTPTransport(
-                verify=ctx,
-                http1=not cleartext,
-                http2=True,
-                limits=_limits(key),
-                proxy=key.proxy,
-            )
-            self._client = httpx.Client(
-                transport=inner,
-                timeout=httpx.Timeout(5.0),
-                follow_redirects=False,
-                trust_env=False,
-                headers={"User-Agent": _USER_AGENT},
-            )
-        else:
-            from ._http11 import HTTP1Pool
-
-            self._http1 = HTTP1Pool(key, metrics, ctx)
-        self._gate = gate
-        self._urls: dict[str, Any] = {}
-        self._state = threading.Lock()
-        self._active = 0
-        self._retired = False
-
-    @property
-    def is_closed(self) -> bool:
-        if self._http1 is not None:
-            return bool(self._http1.closed)
-        return bool(self._client.is_closed)
-
-    def idle(self) -> bool:
-        """If no request is under way, retire the transport (no new request may start
-        on it) and return ``True``."""
-        with self._state:
-            if self._active == 0:
-                self._retired = True
-                return True
-            return False
-
-    def _url(self, url: str) -> Any:
-        found = self._urls.get(url)
-        if found is None:
-            found = self._urls[url] = httpx.URL(url)
-        return found
-
-    def send(self, req: Request) -> Reply:
-        """Perform ``req``; raise a translated ``QwenEmbedError`` on failure, or
-        ``Retired`` when the transport was closed under it."""
-        with self._state:
-            if self._retired:
-                raise Retired
-            self._active += 1
-        try:
-            deadline = _deadline(req.total)
-            gate = self._gate
-            if gate is not None:
-                wait = req.timeouts.pool
-                left = _left(deadline)
-                if left is not None:
-                    wait = left if wait is None else min(wait, left)
-                if not gate.acquire(wait):
-                    raise pool_timeout_error(req.ctx)
-            try:
-                if self._http1 is not None:
-                    return self._http1.exchange(req, deadline)  # type: ignore[no-any-return]
-                return self._exchange(req, deadline)
-            finally:
-                if gate is not None:
-                    gate.release()
-        except QwenEmbedError as exc:
-            if self._retired:
-                raise Retired from exc
-            raise
-        finally:
-            with self._state:
-                self._active -= 1
-
-    def _exchange(self, req: Request, deadline: float | None) -> Reply:
-        """One exchange on the HTTP/2 client. Its deadline: every httpx timeout is at
-        most the time left, and the body loop checks it between frames."""
-        progress = Progress(deadline)
-        progress.fresh = False
-        metrics = self.metrics
-
-        def trace(name: str, info: dict[str, Any]) -> None:
-            if name.endswith("connect_tcp.complete"):
-                progress.fresh = True
-                metrics.connection_opened()
-
-        headers = dict(req.headers)
-        headers.setdefault("Accept-Encoding", _ACCEPT_ENCODING)
-        request = httpx.Request(
-            req.method,
-            self._url(req.url),
-            headers=headers,
-            content=req.body or None,
-            extensions={"timeout": _timeout_ext(req.timeouts, _left(deadline)), "trace": trace},
-        )
-        response: Any = None
-        try:
-            with mapped(req, progress, "httpx"):
-                response = self._client.send(request, stream=True)
-                progress.stage = "read"
-                check_status(response.status_code, req, progress)
-                resp_headers = response.headers
-                _declared_too_big(resp_headers, req.max_bytes, req.ctx)
-                body = _Body(resp_headers.get("content-encoding", ""), req.max_bytes, req.ctx)
-                for chunk in response.iter_raw(_CHUNK):
-                    progress.received = True
-                    body.feed(chunk)
-                    if deadline is not None and time.monotonic() > deadline:
-                        raise total_timeout_error(
-                            req.ctx, req.total, received=True, fresh=progress.fresh
-                        )
-                data = body.result()
-        finally:
-            if response is not None:
-                response.close()
-        return Reply(
-            status=response.status_code,
-            headers=resp_headers,
-            body=data,
-            fresh=progress.fresh,
-            http_version=response.http_version,
-        )
-
-    def close(self) -> None:
-        """Close every connection of the pool (those in use once their exchange ends);
-        requests waiting for one are resent on the pool's next transport."""
-        with self._state:
-            self._retired = True
-        if self._http1 is not None:
-            self._http1.close()
-        if self._client is not None:
-            self._client.close()
 
 
 _SDK_CAP_FLOOR = 8 << 20

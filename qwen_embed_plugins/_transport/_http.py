@@ -9,13 +9,20 @@ the HTTP library from here and nowhere else.
 The openai major version is read from the installed distribution's metadata, so
 importing this module does not import ``openai`` itself (~1.7 s of CPU on a 2-core
 machine; only the SDK path needs it).
+
+Both httpx backends (the sync HTTP/2 client of ``_sync_http``, the async one of
+``_async_http``) build their ``Limits`` (``_limits``) and per-request timeouts bounded by
+the time left (``_timeout_ext``) here.
 """
 
 from __future__ import annotations
 
 import re
 from importlib import metadata
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..config import PoolKey, Timeouts
 
 __all__ = ["HTTP_LIBRARY", "OPENAI_MAJOR", "httpx"]
 
@@ -40,3 +47,30 @@ else:
 
 HTTP_LIBRARY: str = httpx.__name__
 """``"httpx"`` or ``"httpx2"``: the library in use, for reports and the benchmark."""
+
+
+# --------------------------------------------------------------------------- httpx backends
+
+
+def _limits(key: PoolKey) -> Any:
+    return httpx.Limits(
+        max_connections=key.limits.max_connections,
+        max_keepalive_connections=key.limits.keepalive_connections,
+        keepalive_expiry=key.limits.keepalive_expiry,
+    )
+
+
+def _timeout_ext(t: Timeouts, left: float | None) -> dict[str, float | None]:
+    """httpx's per-request timeouts, each at most the time left (``left``)."""
+
+    def bounded(value: float | None) -> float | None:
+        if left is None:
+            return value
+        return left if value is None else min(value, left)
+
+    return {
+        "connect": bounded(t.connect),
+        "read": bounded(t.read),
+        "write": bounded(t.write),
+        "pool": bounded(t.pool),
+    }

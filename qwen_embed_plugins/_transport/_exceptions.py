@@ -1,0 +1,254 @@
+"""The one exception map: what a backend raised becomes the library's error here and
+nowhere else (as httpx's ``map_httpcore_exceptions`` maps httpcore's).
+
+``translate`` knows the exceptions of ``httpx``/``httpx2`` (and the ``h2`` exceptions
+that escape it), of ``http.client`` / ``ssl`` / ``socket`` and of ``aiohttp``, each by
+its public type; ``_contract.failure`` / ``mapped`` call it for every backend and raise
+the result ``from`` the original. Every text taken from the original is scrubbed of the
+API key and the credential-like header values (``ErrorContext.secrets``) first; errors
+are built once, with how far the exchange got (``fresh``, ``received``) as fields.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from ..errors import (
+    ConnectError,
+    ConnectTimeout,
+    ErrorContext,
+    NetworkError,
+    QwenEmbedError,
+    ReadTimeout,
+    RemoteProtocolError,
+    TransportError,
+    WriteTimeout,
+    pool_timeout_error,
+    scrub,
+)
+
+__all__ = ["translate"]
+
+
+# HTTP/2 answers that mean "not processed, send it again": GOAWAY (ConnectionTerminated)
+# and RST_STREAM with REFUSED_STREAM (error code 7, RFC 9113 section 7).
+_REFUSED = re.compile(r"ConnectionTerminated|REFUSED_STREAM|StreamReset[^>]*error_code:\s*7\b")
+
+
+def _tls_hint(text: str, label: str) -> ConnectError | None:
+    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        return ConnectError(
+            f"TLS certificate verification failed for {label}: {text}. Pass "
+            "verify='/path/to/ca-bundle.pem' for a private CA",
+            url=label,
+        )
+    if "WRONG_VERSION_NUMBER" in text or "wrong version number" in text:
+        return ConnectError(
+            f"TLS handshake with {label} failed: the server answers plain HTTP; use an "
+            f"http:// base_url ({text})",
+            url=label,
+        )
+    return None
+
+
+def translate(
+    exc: BaseException,
+    ctx: ErrorContext,
+    *,
+    backend: str,
+    stage: str = "read",
+    proxy: bool = False,
+    fresh: bool = True,
+    received: bool = False,
+) -> QwenEmbedError:
+    """The library error for an exception an HTTP backend raised: the one map from
+    ``httpx``/``httpx2`` (and the ``h2`` exceptions that escape it), ``http.client`` /
+    ``ssl`` / ``socket`` and ``aiohttp`` to this tree (as httpx maps httpcore's
+    in ``map_httpcore_exceptions``). The caller raises the result ``from exc``
+    (``_contract.mapped`` does, for every backend).
+
+    Args:
+        exc: what the backend raised.
+        ctx: how the error describes the endpoint; its key is scrubbed from every text.
+        backend: ``"httpx"``, ``"aiohttp"`` or ``"stdlib"`` (``http.client``, ``ssl``,
+            ``socket``): whose exception it is (a builtin ``ValueError`` means different
+            things in each).
+        stage: how far the exchange got, for exceptions that carry no stage of their own
+            (the builtin ``TimeoutError``/``OSError``): ``"connect"`` (TCP, TLS, proxy
+            tunnel: nothing sent), ``"write"`` or ``"read"``.
+        proxy: the connection goes through a proxy (a connect failure is the proxy's).
+        fresh: the exchange ran on a connection opened for it.
+        received: part of the response had arrived.
+    """
+    if isinstance(exc, QwenEmbedError):
+        return exc
+    marks: dict[str, Any] = {"fresh": fresh, "received": received}
+    if type(exc).__module__.startswith("h2."):
+        return _from_h2(exc, ctx, marks)
+    if backend == "aiohttp":
+        return _from_aiohttp(exc, ctx, marks)
+    if backend == "httpx":
+        return _from_httpx(exc, ctx, marks)
+    return _from_stdlib(exc, ctx, marks, stage=stage, proxy=proxy)
+
+
+def _from_h2(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> NetworkError:
+    """An ``h2`` exception that escaped the HTTP library: a frame arrived on a
+    connection h2's state machine considers closed (after a GOAWAY), so the stream was
+    not answered: resend it (``refused``)."""
+    text = scrub(str(exc), *ctx.secrets())
+    refused = "ConnectionState.CLOSED" in text
+    return NetworkError(
+        f"the HTTP/2 connection to {ctx.url} failed: {text[:200]}",
+        url=ctx.url,
+        refused=refused,
+        **marks,
+    )
+
+
+def _from_httpx(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> TransportError:
+    from ._http import httpx
+
+    label = ctx.url
+    text = scrub(str(exc), *ctx.secrets()) or type(exc).__name__
+    if isinstance(exc, httpx.ConnectTimeout):
+        return ConnectTimeout(
+            f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
+            url=label,
+            **marks,
+        )
+    if isinstance(exc, httpx.ReadTimeout):
+        return ReadTimeout(
+            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
+        )
+    if isinstance(exc, httpx.WriteTimeout):
+        return WriteTimeout(
+            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)",
+            url=label,
+            **marks,
+        )
+    if isinstance(exc, httpx.PoolTimeout):
+        return pool_timeout_error(ctx)
+    if isinstance(exc, httpx.ProxyError):
+        return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
+    if isinstance(exc, httpx.ConnectError):
+        return _tls_hint(text, label) or ConnectError(
+            f"cannot connect to {label}: {text}", url=label, **marks
+        )
+    if isinstance(exc, httpx.RemoteProtocolError):
+        refused = _REFUSED.search(text) is not None
+        what = "refused the HTTP/2 stream" if refused else "closed the connection"
+        return RemoteProtocolError(f"{label} {what}: {text}", url=label, refused=refused, **marks)
+    if isinstance(exc, httpx.LocalProtocolError):
+        # The connection's protocol state refused the request (an HTTP/2 connection that
+        # received GOAWAY, a frame h2's state machine rejects): it was not answered.
+        return NetworkError(
+            f"the connection to {label} could not carry the request: {text}",
+            url=label,
+            refused=True,
+            **marks,
+        )
+    if isinstance(exc, httpx.NetworkError | httpx.ProtocolError):
+        return NetworkError(f"connection to {label} broke: {text}", url=label, **marks)
+    if isinstance(exc, httpx.TooManyRedirects | httpx.UnsupportedProtocol | httpx.InvalidURL):
+        return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
+    if not isinstance(exc, httpx.HTTPError):
+        # raised through httpx unwrapped: httpcore's ``int()`` of a malformed HTTP/2
+        # ``:status`` (ValueError), and the like: the server's answer was not HTTP
+        return RemoteProtocolError(
+            f"{label} sent a malformed answer: {type(exc).__name__}: {text[:200]}",
+            url=label,
+            **marks,
+        )
+    return TransportError(f"request to {label} failed: {text}", url=label, **marks)
+
+
+def _from_stdlib(
+    exc: BaseException,
+    ctx: ErrorContext,
+    marks: dict[str, Any],
+    *,
+    stage: str,
+    proxy: bool,
+) -> TransportError:
+    import http.client
+    import ssl
+
+    label = ctx.url
+    text = scrub(str(exc), *ctx.secrets()) or type(exc).__name__
+    if isinstance(exc, TimeoutError) and stage == "connect":
+        what = "connecting to the proxy of" if proxy else "connecting to"
+        return ConnectTimeout(
+            f"{what} {label} took longer than {ctx.connect} s (Timeouts.connect)",
+            url=label,
+            **marks,
+        )
+    if isinstance(exc, TimeoutError) and stage == "write":
+        return WriteTimeout(
+            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)",
+            url=label,
+            **marks,
+        )
+    if isinstance(exc, TimeoutError):
+        return ReadTimeout(
+            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
+        )
+    tls = isinstance(exc, ssl.SSLError | ssl.CertificateError)
+    if stage == "connect":
+        hint = _tls_hint(text, label) if tls or "CERTIFICATE" in text else None
+        if hint is not None:
+            return hint
+        if proxy:
+            return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
+        return ConnectError(f"cannot connect to {label}: {text}", url=label, **marks)
+    if isinstance(exc, http.client.RemoteDisconnected):
+        return RemoteProtocolError(
+            f"{label} closed the connection: Server disconnected without sending a response",
+            url=label,
+            **marks,
+        )
+    if isinstance(exc, http.client.HTTPException):
+        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label, **marks)
+    if isinstance(exc, OSError):
+        when = "sending the request" if stage == "write" else "reading the response"
+        return NetworkError(f"connection to {label} broke while {when}: {text}", url=label, **marks)
+    if isinstance(exc, ValueError | UnicodeError):
+        return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
+    return TransportError(f"request to {label} failed: {text}", url=label, **marks)
+
+
+def _from_aiohttp(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> TransportError:
+    import aiohttp
+
+    label = ctx.url
+    text = scrub(str(exc), *ctx.secrets()) or type(exc).__name__
+    if isinstance(exc, aiohttp.ConnectionTimeoutError):
+        return ConnectTimeout(
+            f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
+            url=label,
+            **marks,
+        )
+    if isinstance(exc, aiohttp.ServerTimeoutError):
+        return ReadTimeout(
+            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
+        )
+    if isinstance(exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
+        return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
+    if isinstance(exc, aiohttp.ClientConnectorError):
+        return _tls_hint(text, label) or ConnectError(
+            f"cannot connect to {label}: {text}", url=label, **marks
+        )
+    if isinstance(exc, aiohttp.ServerDisconnectedError):
+        return RemoteProtocolError(
+            f"{label} closed the connection: Server disconnected without sending a response",
+            url=label,
+            **marks,
+        )
+    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
+        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label, **marks)
+    if isinstance(exc, aiohttp.ClientOSError | aiohttp.ClientConnectionError):
+        return NetworkError(f"connection to {label} broke: {text}", url=label, **marks)
+    if isinstance(exc, aiohttp.InvalidURL):
+        return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
+    return TransportError(f"request to {label} failed: {text}", url=label, **marks)
