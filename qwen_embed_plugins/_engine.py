@@ -117,6 +117,48 @@ class _Bisection:
     input_failed: bool = False
 
 
+@dataclass
+class _Retry:
+    """What the attempts of one ``request_flow`` have tried and learned so far."""
+
+    rs: RetryState
+    multi: bool  # the endpoint has more than one replica
+    avoid: Replica | None = None  # the replica an outage just failed on
+    failed_on: dict[Replica, QwenEmbedError] = field(default_factory=dict)  # maybe theirs
+    pin: Replica | None = None  # a float or bare-string trial goes to the same replica
+    force_float: bool = False
+    tried_float: bool = False
+    tried_bare: bool = False
+    bare_now: bool = False
+    moved_prefix: bool = False
+    previous: QwenEmbedError | None = None  # the last attempt's error
+    attempt: int = 0  # of the current request (options changed: counted from 1 again)
+
+
+@dataclass
+class _Attempt:
+    """One request of a batch: where it went, with which options, and how it went."""
+
+    replica: Replica
+    state: ReplicaState
+    profile: servers.ServerProfile
+    retest: bool  # the batch is above the replica's inferred limit, to retest it
+    fmt: str
+    dims: int | None
+    bare: bool
+    request: Request
+    sent: bool = False
+    started: float = 0.0  # perf_counter() when sent
+    answered: float = 0.0  # perf_counter() when the reply arrived (0.0: none)
+    outcome: str = "cancelled"  # for the metrics: "ok", "rejected" or the error's type
+    status: int | None = None
+    fresh: bool = True  # on a connection opened for it
+    error: QwenEmbedError | None = None
+
+    def failed(self, error: QwenEmbedError, outcome: str, fresh: bool) -> None:
+        self.error, self.outcome, self.fresh = error, outcome, fresh
+
+
 # --------------------------------------------------------------------------- the engine
 
 
@@ -365,252 +407,336 @@ class Engine(Learning):
         """Send one batch until it is answered, with retries (within a bisection, a
         failure one input may cause is not retried: its batch already showed it twice);
         returns
-        ``(rows n x dim, squared norms, bad rows, replica, state)``."""
-        policy = self.config.retry
-        rs = RetryState(policy=policy, started=call.started, deadline=call.deadline)
-        avoid: Replica | None = None
-        failed_on: dict[Replica, QwenEmbedError] = {}  # where this batch failed, maybe their fault
-        pin: Replica | None = None  # the float retry of a base64 500 goes to the same replica
-        multi = len(self.endpoint.replicas) > 1
-        force_float = False
-        tried_float = False
-        tried_bare = bare_now = False
-        moved_prefix = False
-        previous: QwenEmbedError | None = None  # the last attempt's error
-        attempt = 0
+        ``(rows n x dim, squared norms, bad rows, replica, state, dimensions sent)``.
+
+        Each attempt: the replica and its limits (``_attempt``: raises ``_Split`` for a
+        batch above them), the exchange and what its reply says (``_interpret``), then
+        for a failure what it teaches (``_learn_failure``), whether other options
+        (``_new_options``) or another trial on the same replica (``_same_replica_trial``)
+        may help, and else the next step (``_next_step``): resend, back off, bisect or
+        fail."""
+        run = _Retry(
+            RetryState(policy=self.config.retry, started=call.started, deadline=call.deadline),
+            multi=len(self.endpoint.replicas) > 1,
+        )
         while True:
-            attempt += 1
-            replica = pin if pin is not None else self.endpoint.choose(list(failed_on) or avoid)
-            pin = None
+            run.attempt += 1
+            replica = run.pin if run.pin is not None else self._choose(run)
+            run.pin = None
             probe = replica.probing  # chosen as the probe of an ejected replica
+            now: _Attempt | None = None
             try:
-                state = replica.state(self.model)
-                profile = self.profile(replica, state)
-            except BaseException:
-                if probe:
-                    replica.probing = False  # not sent: another request may probe it
-                raise
-            limit = state.batch_limit
-            retest = False
-            if limit is not None and len(texts) > limit and state.retest_due():
-                with replica._lock:
-                    retest = state.retest_due()
-                    state.retesting = retest
-                if retest:
-                    limit = None  # this batch retests the inferred limit
-            if profile.batch_limit is not None and (limit is None or profile.batch_limit < limit):
-                limit = profile.batch_limit
-            if limit is not None and len(texts) > limit:
-                if probe:
-                    replica.probing = False  # not sent: another request may probe it
-                raise _Split(count=limit)
-            tokens = state.token_limit or self.config.max_batch_tokens
-            if (
-                tokens is not None
-                and len(texts) > 1
-                and sum(estimate_tokens(t) for t in texts) > tokens
-            ):
-                if probe:
-                    replica.probing = False
-                raise _Split(tokens=tokens)
-            try:
-                fmt, dims = self.wire(state, profile)
-                if force_float:
-                    fmt = "float"
-                bare = bare_now or (len(texts) == 1 and state.bare_input is True)
-                bare_now = False
-                request = self._request(replica, state, texts, fmt, dims, call, bare)
-            except BaseException:
-                if probe:
-                    replica.probing = False
-                raise
-            metrics = replica.metrics
-            replica.begin()
-            metrics.request_started()
-            started = time.perf_counter()
-            outcome = "cancelled"
-            status: int | None = None
-            error: QwenEmbedError | None = None
-            fresh = True
-            answered = 0.0
-            try:
+                now = self._attempt(run, replica, call, texts)
+                replica.begin()
+                replica.metrics.request_started()
+                now.started, now.sent = time.perf_counter(), True
                 try:
-                    reply: Reply = yield Send(replica, request)
+                    reply: Reply = yield Send(replica, now.request)
                 except QwenEmbedError as exc:
-                    error = exc
-                    fresh = bool(getattr(exc, "fresh", True))
-                    outcome = type(exc).__name__
+                    now.failed(exc, type(exc).__name__, bool(getattr(exc, "fresh", True)))
                 else:
-                    answered = time.perf_counter()  # before decoding: the server's time
-                    fresh = reply.fresh
-                    status = reply.status
-                    replica.answered = True
-                    if reply.status >= 300:
-                        error = self.status_error(reply, replica, profile)
-                        outcome = type(error).__name__
-                    else:
-                        try:
-                            payload = parse_body(reply.body)
-                            self._observe(replica, state, reply, payload)
-                            rows, sq = decode_rows(payload, indices)
-                        except ResponseError as exc:
-                            exc.url = exc.url or replica.label
-                            if exc.args:  # it may quote the body: never the key
-                                exc.args = (scrub(str(exc.args[0]), *self.secrets),)
-                            error = exc
-                            outcome = "rejected"
-                        else:
-                            outcome = "ok"
-                            replica.succeeded(time.perf_counter() - started)
-                            replica.recovered()
-                            self._learn_bare(state, replica, bare, len(texts))
-                            for other, why in failed_on.items():
-                                if other is not replica:  # it failed where this one did not
-                                    self.endpoint.failed(other, why, health=True)
-                            if fmt == "base64":
-                                state.base64_ok = True
-                            elif force_float:
-                                self._no_base64(
-                                    state, replica, "failed with base64 but not with float"
-                                )
-                            if state.native_dim is None and dims is None:
-                                state.native_dim = int(rows.shape[1])
-                            if reply.http_version == "HTTP/2" and replica.key.http2:
-                                pool.h2c_succeeded(replica.key)
-                            self._check_usage(replica, state, texts, indices, payload)
-                            if state.limit_inferred:
-                                self._limit_held(replica, state, len(texts), retest)
-                            return rows, sq, bad_rows(sq), replica, state, dims
+                    decoded = self._interpret(now, reply, indices)
+                    if decoded is not None:
+                        return self._succeeded(run, now, reply, texts, indices, *decoded)
             finally:
-                replica.end()
+                if now is not None and now.sent:
+                    self._account(now, len(texts), run.attempt)
                 if probe:
-                    replica.probing = False
-                if retest and outcome == "cancelled":
-                    state.retesting = False
-                elapsed = time.perf_counter() - started
-                metrics.request_finished(outcome, elapsed, len(texts) if outcome == "ok" else 0)
-                if outcome == "ok" or error is not None:
-                    self._sized(state, len(texts), (answered or started + elapsed) - started, error)
-                if _log.isEnabledFor(logging.DEBUG):
-                    _log.debug(
-                        "POST %s texts=%d status=%s %.1f ms attempt=%d",
-                        replica.label,
-                        len(texts),
-                        outcome if status is None else status,  # no HTTP status: the error
-                        elapsed * 1000.0,
-                        attempt,
-                    )
-            # ---- a failed attempt
+                    replica.probing = False  # sent or not: another request may probe it
+            error = now.error
             if error is None:  # cannot happen
                 raise RuntimeError("internal error: error is None")
             self.endpoint.failed(replica, error)
-            error = previous = _cause(error, previous, call)
-            if retest:
-                state.retesting = False
-                state.ok_since_limit = 0
-                state.retest_every = min(state.retest_every * 2, RETEST_EVERY_MAX)
-                if state.batch_limit is not None:
-                    _log.info(
-                        "%s still fails batches above %d texts (%s); retesting after %d requests",
-                        replica.label,
-                        state.batch_limit,
-                        type(error).__name__,
-                        state.retest_every,
-                    )
-                    raise _Split(count=state.batch_limit)  # sent again in pieces
-            if (
-                isinstance(error, HTTPStatusError)
-                and not is_health_failure(error)
-                and not (multi and isinstance(error, ServerError))
+            error = run.previous = _cause(error, run.previous, call)
+            self._learn_failure(run, now, error)
+            if self._new_options(run, now, error) or self._same_replica_trial(
+                run, now, error, texts
             ):
-                replica.succeeded(time.perf_counter() - started)  # it answered: alive
-            if (
-                isinstance(error, TransportError)
-                and fresh
-                and not error.refused
-                and pool.h2c_fallback(replica.key)
-            ):
-                attempt = 0
-                continue  # the server does not speak h2c: resend over HTTP/1.1 at once
-            if (
-                isinstance(error, NotFoundError)
-                and not moved_prefix
-                and state.url_override is None
-                and replica.url.endswith("/v1")
-                and error.message.strip() == "Not Found"
-            ):
-                # Infinity started without --url-prefix behind a /v1 base URL answers
-                # FastAPI's 404 {"detail": "Not Found"}: its routes are at the root.
-                moved_prefix = True
-                state.url_override = f"{replica.url[: -len('/v1')]}/embeddings"
-                state.profile, state.source = (
-                    servers.PROFILES["infinity"],
-                    "404 under /v1 (Infinity without --url-prefix)",
-                )
-                attempt = 0
                 continue
-            if isinstance(error, BadRequestError) and self._adapt(error, fmt, dims, state, replica):
-                attempt = 0  # a new request (other options): its first try
-                continue
-            if force_float:
-                force_float = False  # float failed too: base64 is not the cause
-            elif not tried_float and self._float_may_help(error, fmt, state, multi):
-                tried_float = force_float = True  # does float work where base64 failed?
-                pin = replica  # on the same replica
-                if classify(error) != "outage":
-                    continue  # at once; an outage status: after its backoff, below
-            if not tried_bare and self._try_bare(error, texts, state, bare):
-                tried_bare = bare_now = True  # does the text go through as a bare string?
-                pin = replica
-                continue
-            if (
-                multi
-                and replica_suspect(error)
-                and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
-            ):
-                failed_on.setdefault(replica, error)
-                now = time.monotonic()
-                left = call.remaining()
-                if (left is None or left > 0) and any(
-                    r not in failed_on and r.available(now) for r in self.endpoint.replicas
-                ):
-                    replica.retried(error, 0.0)
-                    continue  # the batch may be fine: resend it on another replica at once
-            if (
-                (bisectable or bisecting)
-                and maybe_input(error)
-                and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
-                and (
-                    rs.attempts >= 1
-                    or bisecting
-                    or classify(error) == "fatal"
-                    or len(failed_on) >= 2
-                )
-            ):
-                # failed again (a transient fault rarely repeats): one of the inputs,
-                # or the batch's size, is the likelier cause: bisect (or, for a single
-                # text, it is that text's error)
-                error._replica = replica  # type: ignore[attr-defined]
-                raise error
-            delay = rs.next_delay(error, now=time.monotonic(), fresh_connection=fresh)
-            delay = self.endpoint.first_contact(
-                error, call.started, delay, self.config.retry.wait_for_server
-            )
-            if delay is None:
-                error._replica = replica  # type: ignore[attr-defined]
-                if multi and classify(error) != "fatal":
-                    self.endpoint.name_failures(error)
-                raise self._unreachable(error, call)
-            if classify(error) == "outage" and len(self.endpoint.replicas) > 1:
-                avoid = replica
-                if any(
-                    r is not replica and r.available(time.monotonic())
-                    for r in self.endpoint.replicas
-                ):
-                    delay = 0.0  # another replica can take it now
+            delay = self._next_step(run, now, error, call, bisectable or bisecting, bisecting)
             replica.retried(error, delay)
             if delay > 0:
                 yield Sleep(delay)
+
+    # ------------------------------------------------ request_flow's decisions
+
+    def _choose(self, run: _Retry) -> Replica:
+        """The replica for the next attempt: not one this batch failed on (nor the one an
+        outage just avoided) while another is available (``Endpoint.choose``)."""
+        return self.endpoint.choose(list(run.failed_on) or run.avoid)
+
+    def _attempt(self, run: _Retry, replica: Replica, call: Call, texts: Sequence[str]) -> _Attempt:
+        """The next attempt on ``replica``: its limits (``_limits``), the options it takes
+        (``wire``, base64 -> float and bare-string trials) and the request."""
+        state = replica.state(self.model)
+        profile = self.profile(replica, state)
+        retest = self._limits(replica, state, profile, texts)
+        fmt, dims = self.wire(state, profile)
+        if run.force_float:
+            fmt = "float"
+        bare = run.bare_now or (len(texts) == 1 and state.bare_input is True)
+        run.bare_now = False
+        request = self._request(replica, state, texts, fmt, dims, call, bare)
+        return _Attempt(replica, state, profile, retest, fmt, dims, bare, request)
+
+    def _limits(
+        self,
+        replica: Replica,
+        state: ReplicaState,
+        profile: servers.ServerProfile,
+        texts: Sequence[str],
+    ) -> bool:
+        """The batch and token limits of ``replica`` for this batch: raises ``_Split``
+        when ``texts`` exceed them; returns whether this batch retests an inferred
+        batch limit (sent whole, above it)."""
+        limit = state.batch_limit
+        retest = False
+        if limit is not None and len(texts) > limit and state.retest_due():
+            with replica._lock:
+                retest = state.retest_due()
+                state.retesting = retest
+            if retest:
+                limit = None  # this batch retests the inferred limit
+        if profile.batch_limit is not None and (limit is None or profile.batch_limit < limit):
+            limit = profile.batch_limit
+        if limit is not None and len(texts) > limit:
+            raise _Split(count=limit)
+        tokens = state.token_limit or self.config.max_batch_tokens
+        if tokens is not None and len(texts) > 1 and sum(map(estimate_tokens, texts)) > tokens:
+            raise _Split(tokens=tokens)
+        return retest
+
+    def _interpret(
+        self, now: _Attempt, reply: Reply, indices: Sequence[int]
+    ) -> tuple[Any, Any, object] | None:
+        """What ``reply`` says: ``(rows, squared norms, payload)`` for a good answer;
+        ``None`` with the error recorded on ``now`` for a status or body that fails."""
+        now.answered = time.perf_counter()  # before decoding: the server's time
+        now.fresh = reply.fresh
+        now.status = reply.status
+        replica, state = now.replica, now.state
+        replica.answered = True
+        if reply.status >= 300:
+            error = self.status_error(reply, replica, now.profile)
+            now.failed(error, type(error).__name__, reply.fresh)
+            return None
+        try:
+            payload = parse_body(reply.body)
+            self._observe(replica, state, reply, payload)
+            rows, sq = decode_rows(payload, indices)
+        except ResponseError as exc:
+            exc.url = exc.url or replica.label
+            if exc.args:  # it may quote the body: never the key
+                exc.args = (scrub(str(exc.args[0]), *self.secrets),)
+            now.failed(exc, "rejected", reply.fresh)
+            return None
+        now.outcome = "ok"
+        return rows, sq, payload
+
+    def _succeeded(
+        self,
+        run: _Retry,
+        now: _Attempt,
+        reply: Reply,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        rows: Any,
+        sq: Any,
+        payload: object,
+    ) -> tuple[Any, Any, dict[int, str], Replica, ReplicaState, int | None]:
+        """Learn from a good answer (health, base64, bare strings, the native size, h2c,
+        truncation, a retested limit); ``request_flow``'s result."""
+        replica, state = now.replica, now.state
+        replica.succeeded(time.perf_counter() - now.started)
+        replica.recovered()
+        self._learn_bare(state, replica, now.bare, len(texts))
+        for other, why in run.failed_on.items():
+            if other is not replica:  # it failed where this one did not
+                self.endpoint.failed(other, why, health=True)
+        if now.fmt == "base64":
+            state.base64_ok = True
+        elif run.force_float:
+            self._no_base64(state, replica, "failed with base64 but not with float")
+        if state.native_dim is None and now.dims is None:
+            state.native_dim = int(rows.shape[1])
+        if reply.http_version == "HTTP/2" and replica.key.http2:
+            pool.h2c_succeeded(replica.key)
+        self._check_usage(replica, state, texts, indices, payload)
+        if state.limit_inferred:
+            self._limit_held(replica, state, len(texts), now.retest)
+        return rows, sq, bad_rows(sq), replica, state, now.dims
+
+    def _account(self, now: _Attempt, texts: int, attempt: int) -> None:
+        """An exchange ended (answered, failed or cancelled): the replica's in-flight
+        count, metrics, the batch sizer, the DEBUG line."""
+        replica, state, outcome = now.replica, now.state, now.outcome
+        replica.end()
+        if now.retest and outcome == "cancelled":
+            state.retesting = False
+        elapsed = time.perf_counter() - now.started
+        replica.metrics.request_finished(outcome, elapsed, texts if outcome == "ok" else 0)
+        if outcome == "ok" or now.error is not None:
+            took = (now.answered or now.started + elapsed) - now.started
+            self._sized(state, texts, took, now.error)
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug(
+                "POST %s texts=%d status=%s %.1f ms attempt=%d",
+                replica.label,
+                texts,
+                outcome if now.status is None else now.status,  # no HTTP status: the error
+                elapsed * 1000.0,
+                attempt,
+            )
+
+    def _learn_failure(self, run: _Retry, now: _Attempt, error: QwenEmbedError) -> None:
+        """What a failed attempt teaches about its replica: a retested batch limit still
+        holds (the batch is then sent again in pieces: ``_Split``); an HTTP error that is
+        no sign of ill health shows the replica alive."""
+        replica, state = now.replica, now.state
+        if now.retest:
+            state.retesting = False
+            state.ok_since_limit = 0
+            state.retest_every = min(state.retest_every * 2, RETEST_EVERY_MAX)
+            if state.batch_limit is not None:
+                _log.info(
+                    "%s still fails batches above %d texts (%s); retesting after %d requests",
+                    replica.label,
+                    state.batch_limit,
+                    type(error).__name__,
+                    state.retest_every,
+                )
+                raise _Split(count=state.batch_limit)  # sent again in pieces
+        if (
+            isinstance(error, HTTPStatusError)
+            and not is_health_failure(error)
+            and not (run.multi and isinstance(error, ServerError))
+        ):
+            replica.succeeded(time.perf_counter() - now.started)  # it answered: alive
+
+    def _new_options(self, run: _Retry, now: _Attempt, error: QwenEmbedError) -> bool:
+        """Whether ``error`` asks for the same texts with other options, resent at once
+        as a new request: HTTP/1.1 for a server that does not speak h2c, the root path
+        for Infinity without ``--url-prefix``, float or no ``dimensions`` for a 400
+        refusing them (``_adapt``)."""
+        replica, state = now.replica, now.state
+        if (
+            isinstance(error, TransportError)
+            and now.fresh
+            and not error.refused
+            and pool.h2c_fallback(replica.key)
+        ):
+            run.attempt = 0
+            return True  # the server does not speak h2c: resend over HTTP/1.1 at once
+        if (
+            isinstance(error, NotFoundError)
+            and not run.moved_prefix
+            and state.url_override is None
+            and replica.url.endswith("/v1")
+            and error.message.strip() == "Not Found"
+        ):
+            # Infinity started without --url-prefix behind a /v1 base URL answers
+            # FastAPI's 404 {"detail": "Not Found"}: its routes are at the root.
+            run.moved_prefix = True
+            state.url_override = f"{replica.url[: -len('/v1')]}/embeddings"
+            state.profile, state.source = (
+                servers.PROFILES["infinity"],
+                "404 under /v1 (Infinity without --url-prefix)",
+            )
+            run.attempt = 0
+            return True
+        if isinstance(error, BadRequestError) and self._adapt(
+            error, now.fmt, now.dims, state, replica
+        ):
+            run.attempt = 0  # a new request (other options): its first try
+            return True
+        return False
+
+    def _same_replica_trial(
+        self, run: _Retry, now: _Attempt, error: QwenEmbedError, texts: Sequence[str]
+    ) -> bool:
+        """Whether to try once more on the same replica, at once, with float (a 5xx to
+        base64: ``_float_may_help``) or a bare string (a refused one-item list:
+        ``_try_bare``). An outage status tried with float waits its backoff first
+        (``False``, the replica pinned)."""
+        state, replica = now.state, now.replica
+        if run.force_float:
+            run.force_float = False  # float failed too: base64 is not the cause
+        elif not run.tried_float and self._float_may_help(error, now.fmt, state, run.multi):
+            run.tried_float = run.force_float = True  # does float work where base64 failed?
+            run.pin = replica  # on the same replica
+            if classify(error) != "outage":
+                return True  # at once; an outage status: after its backoff
+        if not run.tried_bare and self._try_bare(error, texts, state, now.bare):
+            run.tried_bare = run.bare_now = True  # does the text go through as a string?
+            run.pin = replica
+            return True
+        return False
+
+    def _next_step(
+        self,
+        run: _Retry,
+        now: _Attempt,
+        error: QwenEmbedError,
+        call: Call,
+        bisectable: bool,
+        bisecting: bool,
+    ) -> float:
+        """After a failure no other option helps: the wait before resending (``0.0``:
+        at once, on another replica when one is free), or raise ``error`` to bisect the
+        batch (or blame its single text) or to fail the call."""
+        replica = now.replica
+        usable = now.fresh or run.rs.stale_resent or not isinstance(error, NetworkError)
+        if run.multi and replica_suspect(error) and usable:
+            run.failed_on.setdefault(replica, error)
+            if self._other_replica_free(run, call):
+                return 0.0  # the batch may be fine: resend it on another replica at once
+        if (
+            bisectable
+            and maybe_input(error)
+            and usable
+            and self._input_likelier(run, error, bisecting)
+        ):
+            # failed again (a transient fault rarely repeats): one of the inputs, or the
+            # batch's size, is the likelier cause: bisect (or, for a single text, it is
+            # that text's error)
+            error._replica = replica  # type: ignore[attr-defined]
+            raise error
+        delay = run.rs.next_delay(error, now=time.monotonic(), fresh_connection=now.fresh)
+        delay = self.endpoint.first_contact(
+            error, call.started, delay, self.config.retry.wait_for_server
+        )
+        if delay is None:
+            error._replica = replica  # type: ignore[attr-defined]
+            if run.multi and classify(error) != "fatal":
+                self.endpoint.name_failures(error)
+            raise self._unreachable(error, call)
+        if classify(error) == "outage" and run.multi:
+            run.avoid = replica
+            if any(
+                r is not replica and r.available(time.monotonic()) for r in self.endpoint.replicas
+            ):
+                delay = 0.0  # another replica can take it now
+        return delay
+
+    def _other_replica_free(self, run: _Retry, call: Call) -> bool:
+        """Whether a replica this batch has not failed on can take it now, in time."""
+        left = call.remaining()
+        if left is not None and left <= 0:
+            return False
+        t = time.monotonic()
+        return any(r not in run.failed_on and r.available(t) for r in self.endpoint.replicas)
+
+    @staticmethod
+    def _input_likelier(run: _Retry, error: QwenEmbedError, bisecting: bool) -> bool:
+        """Whether an input (or the batch's size) is now the likelier cause of a failure
+        one input may cause than the server: it failed before (a transient fault rarely
+        repeats), within a bisection, for good (fatal), or on two replicas."""
+        return (
+            run.rs.attempts >= 1
+            or bisecting
+            or classify(error) == "fatal"
+            or len(run.failed_on) >= 2
+        )
 
     def batch_flow(
         self,
