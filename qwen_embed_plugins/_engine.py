@@ -72,6 +72,7 @@ from .protocol import (
     estimate_tokens,
     parse_body,
     size_errors,
+    split_by_tokens,
 )
 from .retry import (
     RetryState,
@@ -746,25 +747,14 @@ class Engine(Learning):
         bis: _Bisection | None = None,
     ) -> Flow:
         """One batch to its ``Part``: splits, bisection and per-input failures."""
-        part = Part()
         since = bis.since if bis is not None else time.monotonic()
         try:
-            rows, sq, bad, replica, state, dims = yield from self.request_flow(
+            found = yield from self.request_flow(
                 call, texts, indices, bisectable=len(texts) > 1, bisecting=bis is not None
             )
         except _Split as split:
-            if split.count is not None:
-                runs = [
-                    (i, min(i + split.count, len(texts))) for i in range(0, len(texts), split.count)
-                ]
-            else:
-                from .protocol import split_by_tokens
-
-                sizes = [estimate_tokens(t) for t in texts]
-                runs = split_by_tokens(sizes, 0, len(texts), split.tokens, len(texts))
-                if len(runs) == 1:
-                    runs = [(0, len(texts) // 2), (len(texts) // 2, len(texts))]
-            for start, stop in runs:
+            part = Part()
+            for start, stop in _split_runs(split, texts):
                 sub = yield from self.batch_flow(call, texts[start:stop], indices[start:stop], bis)
                 part.merge(sub, start)
             return part
@@ -774,31 +764,64 @@ class Engine(Learning):
                 # the replica's limit now splits them (``_Split``).
                 self._learn_limit(exc, texts, getattr(exc, "_replica", None))
                 return (yield from self.batch_flow(call, texts, indices, bis))
-            return self._input_failed(call, part, 0, indices[0], exc, bis)
+            return self._input_failed(call, Part(), 0, indices[0], exc, bis)
         except QwenEmbedError as exc:
             if len(texts) > 1 and maybe_input(exc):
                 named = named_position(exc, len(texts))
                 if named is not None:
                     return (yield from self._without(call, texts, indices, named, exc, bis))
                 return (yield from self._bisect(call, texts, indices, exc, bis))
-            if len(texts) != 1 or not input_error(exc):
-                raise
-            if not ambiguous(exc):
-                return self._input_failed(call, part, 0, indices[0], exc, bis)
-            if bis is not None:
-                bis.input_failed = True  # not a batch that failed for its size
-            try:
-                found = yield from self._once_more(call, texts, indices, exc, since)
-            except QwenEmbedError as again:
-                if getattr(again, "_server_wide", False) or not input_error(again):
-                    raise
-                return self._input_failed(call, part, 0, indices[0], again, bis)
-            rows, sq, bad, replica, state, dims = found
-        call.last_ok = time.monotonic()
+            found = yield from self._single_failed(call, texts, indices, exc, bis, since)
+            if isinstance(found, Part):
+                return found
+        return (yield from self._delivered(call, indices, bis, *found))
+
+    def _single_failed(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        exc: QwenEmbedError,
+        bis: _Bisection | None,
+        since: float,
+    ) -> Flow:
+        """A batch that cannot be bisected failed with ``exc``: re-raised unless it is a
+        single text's error; that text's failed ``Part``, or (an error the server may
+        have caused whatever the input: ``_once_more``) ``request_flow``'s result."""
+        if len(texts) != 1 or not input_error(exc):
+            raise exc
+        if not ambiguous(exc):
+            return self._input_failed(call, Part(), 0, indices[0], exc, bis)
         if bis is not None:
-            bis.ok += len(texts)
-            bis.max_ok = max(bis.max_ok, len(texts))
-            bis.ok_on[replica] = max(bis.ok_on.get(replica, 0), len(texts))
+            bis.input_failed = True  # not a batch that failed for its size
+        try:
+            return (yield from self._once_more(call, texts, indices, exc, since))
+        except QwenEmbedError as again:
+            if getattr(again, "_server_wide", False) or not input_error(again):
+                raise
+            return self._input_failed(call, Part(), 0, indices[0], again, bis)
+
+    def _delivered(
+        self,
+        call: Call,
+        indices: Sequence[int],
+        bis: _Bisection | None,
+        rows: Any,
+        sq: Any,
+        bad: dict[int, str],
+        replica: Replica,
+        state: ReplicaState,
+        dims: int | None,
+    ) -> Flow:
+        """A batch answered: its vectors checked (sizes, bad rows) and finished
+        (``_finish``) into a ``Part``; the llama.cpp EOS check once per replica."""
+        part = Part()
+        call.last_ok = time.monotonic()
+        count = len(indices)
+        if bis is not None:
+            bis.ok += count
+            bis.max_ok = max(bis.max_ok, count)
+            bis.ok_on[replica] = max(bis.ok_on.get(replica, 0), count)
         if wrong := size_errors(rows, indices, replica.label, self.model, dims, self.config, call):
             for row, err in enumerate(wrong):  # one size per call; "raise": the first raises
                 self._input_failed(call, part, row, indices[row], err, None)
@@ -1023,6 +1046,17 @@ class _Headers(Mapping[str, str]):
         if self._key is not None:
             shown["Authorization"] = "Bearer **********"
         return f"_Headers({shown!r}, {self._extra!r})"  # RequestHeaders masks its secrets
+
+
+def _split_runs(split: _Split, texts: Sequence[str]) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` pieces of ``texts`` within the limit ``split`` names: at most
+    ``split.count`` texts, or about ``split.tokens`` estimated tokens (halves when the
+    token split cannot cut it)."""
+    n = len(texts)
+    if split.count is not None:
+        return [(i, min(i + split.count, n)) for i in range(0, n, split.count)]
+    runs = split_by_tokens([estimate_tokens(t) for t in texts], 0, n, split.tokens, n)
+    return runs if len(runs) > 1 else [(0, n // 2), (n // 2, n)]
 
 
 def _pin(exc: QwenEmbedError, index: int) -> None:
