@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import pool, servers
+from ._bisect import Bisecting, _Bisection
 from ._learn import Learning
 from ._run import Call, Flow, Part, Send, Sleep
 from ._transport import Reply, Request
@@ -73,6 +74,7 @@ from .protocol import (
     estimate_tokens,
     parse_body,
     size_errors,
+    split_by_tokens,
 )
 from .retry import (
     RetryState,
@@ -94,8 +96,6 @@ _EOS = "<|endoftext|>"
 _MAX_RESPONSE_FLOOR = 1 << 20
 _BYTES_PER_VALUE = 32  # a float in JSON: "-0.012345678901234567," is 22; room to spare
 _DIM_GUESS = 8192
-_CONTROL_TEXT = "hello"  # a control request's input: any server embeds it
-_CONTROL_WAIT_MAX = 1.0  # seconds: the longest wait between control requests in an outage
 
 
 class _Split(Exception):
@@ -108,19 +108,51 @@ class _Split(Exception):
 
 
 @dataclass
-class _Bisection:
-    since: float  # monotonic time the bisected batch failed
-    ok: int = 0
-    max_ok: int = 0
-    ok_on: dict[Replica, int] = field(default_factory=dict)  # replica -> largest piece
-    failed_leaves: int = 0
-    input_failed: bool = False
+class _Retry:
+    """What the attempts of one ``request_flow`` have tried and learned so far."""
+
+    rs: RetryState
+    multi: bool  # the endpoint has more than one replica
+    avoid: Replica | None = None  # the replica an outage just failed on
+    failed_on: dict[Replica, QwenEmbedError] = field(default_factory=dict)  # maybe theirs
+    pin: Replica | None = None  # a float or bare-string trial goes to the same replica
+    force_float: bool = False
+    tried_float: bool = False
+    tried_bare: bool = False
+    bare_now: bool = False
+    moved_prefix: bool = False
+    previous: QwenEmbedError | None = None  # the last attempt's error
+    attempt: int = 0  # of the current request (options changed: counted from 1 again)
+
+
+@dataclass
+class _Attempt:
+    """One request of a batch: where it went, with which options, and how it went."""
+
+    replica: Replica
+    state: ReplicaState
+    profile: servers.ServerProfile
+    retest: bool  # the batch is above the replica's inferred limit, to retest it
+    fmt: str
+    dims: int | None
+    bare: bool
+    request: Request
+    sent: bool = False
+    started: float = 0.0  # perf_counter() when sent
+    answered: float = 0.0  # perf_counter() when the reply arrived (0.0: none)
+    outcome: str = "cancelled"  # for the metrics: "ok", "rejected" or the error's type
+    status: int | None = None
+    fresh: bool = True  # on a connection opened for it
+    error: QwenEmbedError | None = None
+
+    def failed(self, error: QwenEmbedError, outcome: str, fresh: bool) -> None:
+        self.error, self.outcome, self.fresh = error, outcome, fresh
 
 
 # --------------------------------------------------------------------------- the engine
 
 
-class Engine(Learning):
+class Engine(Learning, Bisecting):
     """The decisions of one client's calls (one per client; replicas are shared)."""
 
     def __init__(self, config: EmbeddingConfig) -> None:
@@ -365,252 +397,336 @@ class Engine(Learning):
         """Send one batch until it is answered, with retries (within a bisection, a
         failure one input may cause is not retried: its batch already showed it twice);
         returns
-        ``(rows n x dim, squared norms, bad rows, replica, state)``."""
-        policy = self.config.retry
-        rs = RetryState(policy=policy, started=call.started, deadline=call.deadline)
-        avoid: Replica | None = None
-        failed_on: dict[Replica, QwenEmbedError] = {}  # where this batch failed, maybe their fault
-        pin: Replica | None = None  # the float retry of a base64 500 goes to the same replica
-        multi = len(self.endpoint.replicas) > 1
-        force_float = False
-        tried_float = False
-        tried_bare = bare_now = False
-        moved_prefix = False
-        previous: QwenEmbedError | None = None  # the last attempt's error
-        attempt = 0
+        ``(rows n x dim, squared norms, bad rows, replica, state, dimensions sent)``.
+
+        Each attempt: the replica and its limits (``_attempt``: raises ``_Split`` for a
+        batch above them), the exchange and what its reply says (``_interpret``), then
+        for a failure what it teaches (``_learn_failure``), whether other options
+        (``_new_options``) or another trial on the same replica (``_same_replica_trial``)
+        may help, and else the next step (``_next_step``): resend, back off, bisect or
+        fail."""
+        run = _Retry(
+            RetryState(policy=self.config.retry, started=call.started, deadline=call.deadline),
+            multi=len(self.endpoint.replicas) > 1,
+        )
         while True:
-            attempt += 1
-            replica = pin if pin is not None else self.endpoint.choose(list(failed_on) or avoid)
-            pin = None
+            run.attempt += 1
+            replica = run.pin if run.pin is not None else self._choose(run)
+            run.pin = None
             probe = replica.probing  # chosen as the probe of an ejected replica
+            now: _Attempt | None = None
             try:
-                state = replica.state(self.model)
-                profile = self.profile(replica, state)
-            except BaseException:
-                if probe:
-                    replica.probing = False  # not sent: another request may probe it
-                raise
-            limit = state.batch_limit
-            retest = False
-            if limit is not None and len(texts) > limit and state.retest_due():
-                with replica._lock:
-                    retest = state.retest_due()
-                    state.retesting = retest
-                if retest:
-                    limit = None  # this batch retests the inferred limit
-            if profile.batch_limit is not None and (limit is None or profile.batch_limit < limit):
-                limit = profile.batch_limit
-            if limit is not None and len(texts) > limit:
-                if probe:
-                    replica.probing = False  # not sent: another request may probe it
-                raise _Split(count=limit)
-            tokens = state.token_limit or self.config.max_batch_tokens
-            if (
-                tokens is not None
-                and len(texts) > 1
-                and sum(estimate_tokens(t) for t in texts) > tokens
-            ):
-                if probe:
-                    replica.probing = False
-                raise _Split(tokens=tokens)
-            try:
-                fmt, dims = self.wire(state, profile)
-                if force_float:
-                    fmt = "float"
-                bare = bare_now or (len(texts) == 1 and state.bare_input is True)
-                bare_now = False
-                request = self._request(replica, state, texts, fmt, dims, call, bare)
-            except BaseException:
-                if probe:
-                    replica.probing = False
-                raise
-            metrics = replica.metrics
-            replica.begin()
-            metrics.request_started()
-            started = time.perf_counter()
-            outcome = "cancelled"
-            status: int | None = None
-            error: QwenEmbedError | None = None
-            fresh = True
-            answered = 0.0
-            try:
+                now = self._attempt(run, replica, call, texts)
+                replica.begin()
+                replica.metrics.request_started()
+                now.started, now.sent = time.perf_counter(), True
                 try:
-                    reply: Reply = yield Send(replica, request)
+                    reply: Reply = yield Send(replica, now.request)
                 except QwenEmbedError as exc:
-                    error = exc
-                    fresh = bool(getattr(exc, "fresh", True))
-                    outcome = type(exc).__name__
+                    now.failed(exc, type(exc).__name__, bool(getattr(exc, "fresh", True)))
                 else:
-                    answered = time.perf_counter()  # before decoding: the server's time
-                    fresh = reply.fresh
-                    status = reply.status
-                    replica.answered = True
-                    if reply.status >= 300:
-                        error = self.status_error(reply, replica, profile)
-                        outcome = type(error).__name__
-                    else:
-                        try:
-                            payload = parse_body(reply.body)
-                            self._observe(replica, state, reply, payload)
-                            rows, sq = decode_rows(payload, indices)
-                        except ResponseError as exc:
-                            exc.url = exc.url or replica.label
-                            if exc.args:  # it may quote the body: never the key
-                                exc.args = (scrub(str(exc.args[0]), *self.secrets),)
-                            error = exc
-                            outcome = "rejected"
-                        else:
-                            outcome = "ok"
-                            replica.succeeded(time.perf_counter() - started)
-                            replica.recovered()
-                            self._learn_bare(state, replica, bare, len(texts))
-                            for other, why in failed_on.items():
-                                if other is not replica:  # it failed where this one did not
-                                    self.endpoint.failed(other, why, health=True)
-                            if fmt == "base64":
-                                state.base64_ok = True
-                            elif force_float:
-                                self._no_base64(
-                                    state, replica, "failed with base64 but not with float"
-                                )
-                            if state.native_dim is None and dims is None:
-                                state.native_dim = int(rows.shape[1])
-                            if reply.http_version == "HTTP/2" and replica.key.http2:
-                                pool.h2c_succeeded(replica.key)
-                            self._check_usage(replica, state, texts, indices, payload)
-                            if state.limit_inferred:
-                                self._limit_held(replica, state, len(texts), retest)
-                            return rows, sq, bad_rows(sq), replica, state, dims
+                    decoded = self._interpret(now, reply, indices)
+                    if decoded is not None:
+                        return self._succeeded(run, now, reply, texts, indices, *decoded)
             finally:
-                replica.end()
+                if now is not None and now.sent:
+                    self._account(now, len(texts), run.attempt)
                 if probe:
-                    replica.probing = False
-                if retest and outcome == "cancelled":
-                    state.retesting = False
-                elapsed = time.perf_counter() - started
-                metrics.request_finished(outcome, elapsed, len(texts) if outcome == "ok" else 0)
-                if outcome == "ok" or error is not None:
-                    self._sized(state, len(texts), (answered or started + elapsed) - started, error)
-                if _log.isEnabledFor(logging.DEBUG):
-                    _log.debug(
-                        "POST %s texts=%d status=%s %.1f ms attempt=%d",
-                        replica.label,
-                        len(texts),
-                        outcome if status is None else status,  # no HTTP status: the error
-                        elapsed * 1000.0,
-                        attempt,
-                    )
-            # ---- a failed attempt
+                    replica.probing = False  # sent or not: another request may probe it
+            error = now.error
             if error is None:  # cannot happen
                 raise RuntimeError("internal error: error is None")
             self.endpoint.failed(replica, error)
-            error = previous = _cause(error, previous, call)
-            if retest:
-                state.retesting = False
-                state.ok_since_limit = 0
-                state.retest_every = min(state.retest_every * 2, RETEST_EVERY_MAX)
-                if state.batch_limit is not None:
-                    _log.info(
-                        "%s still fails batches above %d texts (%s); retesting after %d requests",
-                        replica.label,
-                        state.batch_limit,
-                        type(error).__name__,
-                        state.retest_every,
-                    )
-                    raise _Split(count=state.batch_limit)  # sent again in pieces
-            if (
-                isinstance(error, HTTPStatusError)
-                and not is_health_failure(error)
-                and not (multi and isinstance(error, ServerError))
+            error = run.previous = _cause(error, run.previous, call)
+            self._learn_failure(run, now, error)
+            if self._new_options(run, now, error) or self._same_replica_trial(
+                run, now, error, texts
             ):
-                replica.succeeded(time.perf_counter() - started)  # it answered: alive
-            if (
-                isinstance(error, TransportError)
-                and fresh
-                and not error.refused
-                and pool.h2c_fallback(replica.key)
-            ):
-                attempt = 0
-                continue  # the server does not speak h2c: resend over HTTP/1.1 at once
-            if (
-                isinstance(error, NotFoundError)
-                and not moved_prefix
-                and state.url_override is None
-                and replica.url.endswith("/v1")
-                and error.message.strip() == "Not Found"
-            ):
-                # Infinity started without --url-prefix behind a /v1 base URL answers
-                # FastAPI's 404 {"detail": "Not Found"}: its routes are at the root.
-                moved_prefix = True
-                state.url_override = f"{replica.url[: -len('/v1')]}/embeddings"
-                state.profile, state.source = (
-                    servers.PROFILES["infinity"],
-                    "404 under /v1 (Infinity without --url-prefix)",
-                )
-                attempt = 0
                 continue
-            if isinstance(error, BadRequestError) and self._adapt(error, fmt, dims, state, replica):
-                attempt = 0  # a new request (other options): its first try
-                continue
-            if force_float:
-                force_float = False  # float failed too: base64 is not the cause
-            elif not tried_float and self._float_may_help(error, fmt, state, multi):
-                tried_float = force_float = True  # does float work where base64 failed?
-                pin = replica  # on the same replica
-                if classify(error) != "outage":
-                    continue  # at once; an outage status: after its backoff, below
-            if not tried_bare and self._try_bare(error, texts, state, bare):
-                tried_bare = bare_now = True  # does the text go through as a bare string?
-                pin = replica
-                continue
-            if (
-                multi
-                and replica_suspect(error)
-                and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
-            ):
-                failed_on.setdefault(replica, error)
-                now = time.monotonic()
-                left = call.remaining()
-                if (left is None or left > 0) and any(
-                    r not in failed_on and r.available(now) for r in self.endpoint.replicas
-                ):
-                    replica.retried(error, 0.0)
-                    continue  # the batch may be fine: resend it on another replica at once
-            if (
-                (bisectable or bisecting)
-                and maybe_input(error)
-                and (fresh or rs.stale_resent or not isinstance(error, NetworkError))
-                and (
-                    rs.attempts >= 1
-                    or bisecting
-                    or classify(error) == "fatal"
-                    or len(failed_on) >= 2
-                )
-            ):
-                # failed again (a transient fault rarely repeats): one of the inputs,
-                # or the batch's size, is the likelier cause: bisect (or, for a single
-                # text, it is that text's error)
-                error._replica = replica  # type: ignore[attr-defined]
-                raise error
-            delay = rs.next_delay(error, now=time.monotonic(), fresh_connection=fresh)
-            delay = self.endpoint.first_contact(
-                error, call.started, delay, self.config.retry.wait_for_server
-            )
-            if delay is None:
-                error._replica = replica  # type: ignore[attr-defined]
-                if multi and classify(error) != "fatal":
-                    self.endpoint.name_failures(error)
-                raise self._unreachable(error, call)
-            if classify(error) == "outage" and len(self.endpoint.replicas) > 1:
-                avoid = replica
-                if any(
-                    r is not replica and r.available(time.monotonic())
-                    for r in self.endpoint.replicas
-                ):
-                    delay = 0.0  # another replica can take it now
+            delay = self._next_step(run, now, error, call, bisectable or bisecting, bisecting)
             replica.retried(error, delay)
             if delay > 0:
                 yield Sleep(delay)
+
+    # ------------------------------------------------ request_flow's decisions
+
+    def _choose(self, run: _Retry) -> Replica:
+        """The replica for the next attempt: not one this batch failed on (nor the one an
+        outage just avoided) while another is available (``Endpoint.choose``)."""
+        return self.endpoint.choose(list(run.failed_on) or run.avoid)
+
+    def _attempt(self, run: _Retry, replica: Replica, call: Call, texts: Sequence[str]) -> _Attempt:
+        """The next attempt on ``replica``: its limits (``_limits``), the options it takes
+        (``wire``, base64 -> float and bare-string trials) and the request."""
+        state = replica.state(self.model)
+        profile = self.profile(replica, state)
+        retest = self._limits(replica, state, profile, texts)
+        fmt, dims = self.wire(state, profile)
+        if run.force_float:
+            fmt = "float"
+        bare = run.bare_now or (len(texts) == 1 and state.bare_input is True)
+        run.bare_now = False
+        request = self._request(replica, state, texts, fmt, dims, call, bare)
+        return _Attempt(replica, state, profile, retest, fmt, dims, bare, request)
+
+    def _limits(
+        self,
+        replica: Replica,
+        state: ReplicaState,
+        profile: servers.ServerProfile,
+        texts: Sequence[str],
+    ) -> bool:
+        """The batch and token limits of ``replica`` for this batch: raises ``_Split``
+        when ``texts`` exceed them; returns whether this batch retests an inferred
+        batch limit (sent whole, above it)."""
+        limit = state.batch_limit
+        retest = False
+        if limit is not None and len(texts) > limit and state.retest_due():
+            with replica._lock:
+                retest = state.retest_due()
+                state.retesting = retest
+            if retest:
+                limit = None  # this batch retests the inferred limit
+        if profile.batch_limit is not None and (limit is None or profile.batch_limit < limit):
+            limit = profile.batch_limit
+        if limit is not None and len(texts) > limit:
+            raise _Split(count=limit)
+        tokens = state.token_limit or self.config.max_batch_tokens
+        if tokens is not None and len(texts) > 1 and sum(map(estimate_tokens, texts)) > tokens:
+            raise _Split(tokens=tokens)
+        return retest
+
+    def _interpret(
+        self, now: _Attempt, reply: Reply, indices: Sequence[int]
+    ) -> tuple[Any, Any, object] | None:
+        """What ``reply`` says: ``(rows, squared norms, payload)`` for a good answer;
+        ``None`` with the error recorded on ``now`` for a status or body that fails."""
+        now.answered = time.perf_counter()  # before decoding: the server's time
+        now.fresh = reply.fresh
+        now.status = reply.status
+        replica, state = now.replica, now.state
+        replica.answered = True
+        if reply.status >= 300:
+            error = self.status_error(reply, replica, now.profile)
+            now.failed(error, type(error).__name__, reply.fresh)
+            return None
+        try:
+            payload = parse_body(reply.body)
+            self._observe(replica, state, reply, payload)
+            rows, sq = decode_rows(payload, indices)
+        except ResponseError as exc:
+            exc.url = exc.url or replica.label
+            if exc.args:  # it may quote the body: never the key
+                exc.args = (scrub(str(exc.args[0]), *self.secrets),)
+            now.failed(exc, "rejected", reply.fresh)
+            return None
+        now.outcome = "ok"
+        return rows, sq, payload
+
+    def _succeeded(
+        self,
+        run: _Retry,
+        now: _Attempt,
+        reply: Reply,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        rows: Any,
+        sq: Any,
+        payload: object,
+    ) -> tuple[Any, Any, dict[int, str], Replica, ReplicaState, int | None]:
+        """Learn from a good answer (health, base64, bare strings, the native size, h2c,
+        truncation, a retested limit); ``request_flow``'s result."""
+        replica, state = now.replica, now.state
+        replica.succeeded(time.perf_counter() - now.started)
+        replica.recovered()
+        self._learn_bare(state, replica, now.bare, len(texts))
+        for other, why in run.failed_on.items():
+            if other is not replica:  # it failed where this one did not
+                self.endpoint.failed(other, why, health=True)
+        if now.fmt == "base64":
+            state.base64_ok = True
+        elif run.force_float:
+            self._no_base64(state, replica, "failed with base64 but not with float")
+        if state.native_dim is None and now.dims is None:
+            state.native_dim = int(rows.shape[1])
+        if reply.http_version == "HTTP/2" and replica.key.http2:
+            pool.h2c_succeeded(replica.key)
+        self._check_usage(replica, state, texts, indices, payload)
+        if state.limit_inferred:
+            self._limit_held(replica, state, len(texts), now.retest)
+        return rows, sq, bad_rows(sq), replica, state, now.dims
+
+    def _account(self, now: _Attempt, texts: int, attempt: int) -> None:
+        """An exchange ended (answered, failed or cancelled): the replica's in-flight
+        count, metrics, the batch sizer, the DEBUG line."""
+        replica, state, outcome = now.replica, now.state, now.outcome
+        replica.end()
+        if now.retest and outcome == "cancelled":
+            state.retesting = False
+        elapsed = time.perf_counter() - now.started
+        replica.metrics.request_finished(outcome, elapsed, texts if outcome == "ok" else 0)
+        if outcome == "ok" or now.error is not None:
+            took = (now.answered or now.started + elapsed) - now.started
+            self._sized(state, texts, took, now.error)
+        if _log.isEnabledFor(logging.DEBUG):
+            _log.debug(
+                "POST %s texts=%d status=%s %.1f ms attempt=%d",
+                replica.label,
+                texts,
+                outcome if now.status is None else now.status,  # no HTTP status: the error
+                elapsed * 1000.0,
+                attempt,
+            )
+
+    def _learn_failure(self, run: _Retry, now: _Attempt, error: QwenEmbedError) -> None:
+        """What a failed attempt teaches about its replica: a retested batch limit still
+        holds (the batch is then sent again in pieces: ``_Split``); an HTTP error that is
+        no sign of ill health shows the replica alive."""
+        replica, state = now.replica, now.state
+        if now.retest:
+            state.retesting = False
+            state.ok_since_limit = 0
+            state.retest_every = min(state.retest_every * 2, RETEST_EVERY_MAX)
+            if state.batch_limit is not None:
+                _log.info(
+                    "%s still fails batches above %d texts (%s); retesting after %d requests",
+                    replica.label,
+                    state.batch_limit,
+                    type(error).__name__,
+                    state.retest_every,
+                )
+                raise _Split(count=state.batch_limit)  # sent again in pieces
+        if (
+            isinstance(error, HTTPStatusError)
+            and not is_health_failure(error)
+            and not (run.multi and isinstance(error, ServerError))
+        ):
+            replica.succeeded(time.perf_counter() - now.started)  # it answered: alive
+
+    def _new_options(self, run: _Retry, now: _Attempt, error: QwenEmbedError) -> bool:
+        """Whether ``error`` asks for the same texts with other options, resent at once
+        as a new request: HTTP/1.1 for a server that does not speak h2c, the root path
+        for Infinity without ``--url-prefix``, float or no ``dimensions`` for a 400
+        refusing them (``_adapt``)."""
+        replica, state = now.replica, now.state
+        if (
+            isinstance(error, TransportError)
+            and now.fresh
+            and not error.refused
+            and pool.h2c_fallback(replica.key)
+        ):
+            run.attempt = 0
+            return True  # the server does not speak h2c: resend over HTTP/1.1 at once
+        if (
+            isinstance(error, NotFoundError)
+            and not run.moved_prefix
+            and state.url_override is None
+            and replica.url.endswith("/v1")
+            and error.message.strip() == "Not Found"
+        ):
+            # Infinity started without --url-prefix behind a /v1 base URL answers
+            # FastAPI's 404 {"detail": "Not Found"}: its routes are at the root.
+            run.moved_prefix = True
+            state.url_override = f"{replica.url[: -len('/v1')]}/embeddings"
+            state.profile, state.source = (
+                servers.PROFILES["infinity"],
+                "404 under /v1 (Infinity without --url-prefix)",
+            )
+            run.attempt = 0
+            return True
+        if isinstance(error, BadRequestError) and self._adapt(
+            error, now.fmt, now.dims, state, replica
+        ):
+            run.attempt = 0  # a new request (other options): its first try
+            return True
+        return False
+
+    def _same_replica_trial(
+        self, run: _Retry, now: _Attempt, error: QwenEmbedError, texts: Sequence[str]
+    ) -> bool:
+        """Whether to try once more on the same replica, at once, with float (a 5xx to
+        base64: ``_float_may_help``) or a bare string (a refused one-item list:
+        ``_try_bare``). An outage status tried with float waits its backoff first
+        (``False``, the replica pinned)."""
+        state, replica = now.state, now.replica
+        if run.force_float:
+            run.force_float = False  # float failed too: base64 is not the cause
+        elif not run.tried_float and self._float_may_help(error, now.fmt, state, run.multi):
+            run.tried_float = run.force_float = True  # does float work where base64 failed?
+            run.pin = replica  # on the same replica
+            if classify(error) != "outage":
+                return True  # at once; an outage status: after its backoff
+        if not run.tried_bare and self._try_bare(error, texts, state, now.bare):
+            run.tried_bare = run.bare_now = True  # does the text go through as a string?
+            run.pin = replica
+            return True
+        return False
+
+    def _next_step(
+        self,
+        run: _Retry,
+        now: _Attempt,
+        error: QwenEmbedError,
+        call: Call,
+        bisectable: bool,
+        bisecting: bool,
+    ) -> float:
+        """After a failure no other option helps: the wait before resending (``0.0``:
+        at once, on another replica when one is free), or raise ``error`` to bisect the
+        batch (or blame its single text) or to fail the call."""
+        replica = now.replica
+        usable = now.fresh or run.rs.stale_resent or not isinstance(error, NetworkError)
+        if run.multi and replica_suspect(error) and usable:
+            run.failed_on.setdefault(replica, error)
+            if self._other_replica_free(run, call):
+                return 0.0  # the batch may be fine: resend it on another replica at once
+        if (
+            bisectable
+            and maybe_input(error)
+            and usable
+            and self._input_likelier(run, error, bisecting)
+        ):
+            # failed again (a transient fault rarely repeats): one of the inputs, or the
+            # batch's size, is the likelier cause: bisect (or, for a single text, it is
+            # that text's error)
+            error._replica = replica  # type: ignore[attr-defined]
+            raise error
+        delay = run.rs.next_delay(error, now=time.monotonic(), fresh_connection=now.fresh)
+        delay = self.endpoint.first_contact(
+            error, call.started, delay, self.config.retry.wait_for_server
+        )
+        if delay is None:
+            error._replica = replica  # type: ignore[attr-defined]
+            if run.multi and classify(error) != "fatal":
+                self.endpoint.name_failures(error)
+            raise self._unreachable(error, call)
+        if classify(error) == "outage" and run.multi:
+            run.avoid = replica
+            if any(
+                r is not replica and r.available(time.monotonic()) for r in self.endpoint.replicas
+            ):
+                delay = 0.0  # another replica can take it now
+        return delay
+
+    def _other_replica_free(self, run: _Retry, call: Call) -> bool:
+        """Whether a replica this batch has not failed on can take it now, in time."""
+        left = call.remaining()
+        if left is not None and left <= 0:
+            return False
+        t = time.monotonic()
+        return any(r not in run.failed_on and r.available(t) for r in self.endpoint.replicas)
+
+    @staticmethod
+    def _input_likelier(run: _Retry, error: QwenEmbedError, bisecting: bool) -> bool:
+        """Whether an input (or the batch's size) is now the likelier cause of a failure
+        one input may cause than the server: it failed before (a transient fault rarely
+        repeats), within a bisection, for good (fatal), or on two replicas."""
+        return (
+            run.rs.attempts >= 1
+            or bisecting
+            or classify(error) == "fatal"
+            or len(run.failed_on) >= 2
+        )
 
     def batch_flow(
         self,
@@ -620,25 +736,14 @@ class Engine(Learning):
         bis: _Bisection | None = None,
     ) -> Flow:
         """One batch to its ``Part``: splits, bisection and per-input failures."""
-        part = Part()
         since = bis.since if bis is not None else time.monotonic()
         try:
-            rows, sq, bad, replica, state, dims = yield from self.request_flow(
+            found = yield from self.request_flow(
                 call, texts, indices, bisectable=len(texts) > 1, bisecting=bis is not None
             )
         except _Split as split:
-            if split.count is not None:
-                runs = [
-                    (i, min(i + split.count, len(texts))) for i in range(0, len(texts), split.count)
-                ]
-            else:
-                from .protocol import split_by_tokens
-
-                sizes = [estimate_tokens(t) for t in texts]
-                runs = split_by_tokens(sizes, 0, len(texts), split.tokens, len(texts))
-                if len(runs) == 1:
-                    runs = [(0, len(texts) // 2), (len(texts) // 2, len(texts))]
-            for start, stop in runs:
+            part = Part()
+            for start, stop in _split_runs(split, texts):
                 sub = yield from self.batch_flow(call, texts[start:stop], indices[start:stop], bis)
                 part.merge(sub, start)
             return part
@@ -648,31 +753,64 @@ class Engine(Learning):
                 # the replica's limit now splits them (``_Split``).
                 self._learn_limit(exc, texts, getattr(exc, "_replica", None))
                 return (yield from self.batch_flow(call, texts, indices, bis))
-            return self._input_failed(call, part, 0, indices[0], exc, bis)
+            return self._input_failed(call, Part(), 0, indices[0], exc, bis)
         except QwenEmbedError as exc:
             if len(texts) > 1 and maybe_input(exc):
                 named = named_position(exc, len(texts))
                 if named is not None:
                     return (yield from self._without(call, texts, indices, named, exc, bis))
                 return (yield from self._bisect(call, texts, indices, exc, bis))
-            if len(texts) != 1 or not input_error(exc):
-                raise
-            if not ambiguous(exc):
-                return self._input_failed(call, part, 0, indices[0], exc, bis)
-            if bis is not None:
-                bis.input_failed = True  # not a batch that failed for its size
-            try:
-                found = yield from self._once_more(call, texts, indices, exc, since)
-            except QwenEmbedError as again:
-                if getattr(again, "_server_wide", False) or not input_error(again):
-                    raise
-                return self._input_failed(call, part, 0, indices[0], again, bis)
-            rows, sq, bad, replica, state, dims = found
-        call.last_ok = time.monotonic()
+            found = yield from self._single_failed(call, texts, indices, exc, bis, since)
+            if isinstance(found, Part):
+                return found
+        return (yield from self._delivered(call, indices, bis, *found))
+
+    def _single_failed(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        exc: QwenEmbedError,
+        bis: _Bisection | None,
+        since: float,
+    ) -> Flow:
+        """A batch that cannot be bisected failed with ``exc``: re-raised unless it is a
+        single text's error; that text's failed ``Part``, or (an error the server may
+        have caused whatever the input: ``_once_more``) ``request_flow``'s result."""
+        if len(texts) != 1 or not input_error(exc):
+            raise exc
+        if not ambiguous(exc):
+            return self._input_failed(call, Part(), 0, indices[0], exc, bis)
         if bis is not None:
-            bis.ok += len(texts)
-            bis.max_ok = max(bis.max_ok, len(texts))
-            bis.ok_on[replica] = max(bis.ok_on.get(replica, 0), len(texts))
+            bis.input_failed = True  # not a batch that failed for its size
+        try:
+            return (yield from self._once_more(call, texts, indices, exc, since))
+        except QwenEmbedError as again:
+            if getattr(again, "_server_wide", False) or not input_error(again):
+                raise
+            return self._input_failed(call, Part(), 0, indices[0], again, bis)
+
+    def _delivered(
+        self,
+        call: Call,
+        indices: Sequence[int],
+        bis: _Bisection | None,
+        rows: Any,
+        sq: Any,
+        bad: dict[int, str],
+        replica: Replica,
+        state: ReplicaState,
+        dims: int | None,
+    ) -> Flow:
+        """A batch answered: its vectors checked (sizes, bad rows) and finished
+        (``_finish``) into a ``Part``; the llama.cpp EOS check once per replica."""
+        part = Part()
+        call.last_ok = time.monotonic()
+        count = len(indices)
+        if bis is not None:
+            bis.ok += count
+            bis.max_ok = max(bis.max_ok, count)
+            bis.ok_on[replica] = max(bis.ok_on.get(replica, 0), count)
         if wrong := size_errors(rows, indices, replica.label, self.model, dims, self.config, call):
             for row, err in enumerate(wrong):  # one size per call; "raise": the first raises
                 self._input_failed(call, part, row, indices[row], err, None)
@@ -692,174 +830,6 @@ class Engine(Learning):
             and self.config.append_eos is None
         ):
             yield from self._eos_check(call, replica, state)
-        return part
-
-    def _bisect(
-        self,
-        call: Call,
-        texts: Sequence[str],
-        indices: Sequence[int],
-        first: QwenEmbedError,
-        bis: _Bisection | None,
-    ) -> Flow:
-        top = bis is None
-        if bis is None:
-            bis = _Bisection(since=time.monotonic())
-            replica = getattr(first, "_replica", None)
-            if replica is not None:
-                replica.metrics.fallback("bisections")
-        part = Part()
-        mid = len(texts) // 2
-        for start, stop in ((0, mid), (mid, len(texts))):
-            sub = yield from self.batch_flow(call, texts[start:stop], indices[start:stop], bis)
-            part.merge(sub, start)
-            if call.stop and call.lowest is not None and indices[0] > call.lowest:
-                break  # raising anyway, for a lower index than any here
-        if (
-            top
-            and isinstance(first, NetworkError)
-            and not bis.input_failed
-            and bis.max_ok
-            and not call.stop
-        ):
-            # Every piece went through: the batch failed for its size (a server that
-            # drops requests above some size, e.g. out of memory). Learn the limit, for
-            # the replica that dropped it and only from pieces that same replica took
-            # (pieces another replica answered say nothing about this one's size).
-            replica = getattr(first, "_replica", None)
-            took = bis.ok_on.get(replica, 0) if replica is not None else 0
-            if replica is not None and took:
-                state = replica.state(self.model)
-                state.size_failures.append(took)
-                if len(state.size_failures) < 2:
-                    return part  # once could be chance: wait for a second batch to say so
-                if state.batch_limit is None or took < state.batch_limit:
-                    state.batch_limit = took
-                    state.limit_inferred = True  # retested later: it may have been a spell
-                    state.ok_since_limit = 0
-                    replica.metrics.fallback("batch_limit")
-                    _log.warning(
-                        "%s failed a batch of %d texts (%s) but took batches of %d: "
-                        "sending at most %d texts per request from now on",
-                        replica.label,
-                        len(texts),
-                        type(first).__name__,
-                        took,
-                        took,
-                    )
-        return part
-
-    def _without(
-        self,
-        call: Call,
-        texts: Sequence[str],
-        indices: Sequence[int],
-        named: int,
-        exc: QwenEmbedError,
-        bis: _Bisection | None,
-    ) -> Flow:
-        """The server named the bad input: fail it, send the others."""
-        part = Part()
-        if isinstance(exc, BadRequestError):
-            exc.index = indices[named]
-            exc.args = (f"{exc.args[0]} [input index {exc.index} of this call]",)
-        self._input_failed(call, part, named, indices[named], exc, bis)
-        if call.stop:
-            return part
-        for start, stop in ((0, named), (named + 1, len(texts))):
-            if start < stop:
-                sub = yield from self.batch_flow(call, texts[start:stop], indices[start:stop], bis)
-                part.merge(sub, start)
-        return part
-
-    def _once_more(
-        self,
-        call: Call,
-        texts: Sequence[str],
-        indices: Sequence[int],
-        exc: QwenEmbedError,
-        since: float,
-    ) -> Flow:
-        """A single text failed in a way the server may have caused whatever the input
-        (``exc``: a 500, a 424, a dropped connection, a 400 naming no input). Unless the
-        server has been seen to work since, a control request waits for it to work
-        (``_control``); then the text is sent once more. Returns ``request_flow``'s
-        result when it goes through; raises what it failed with the second time (the
-        input's fault: the server worked just before)."""
-        if call.last_ok < since:
-            yield from self._control(call, indices[0], exc)
-        replica = getattr(exc, "_replica", None)
-        if replica is not None:
-            replica.metrics.fallback("resent_alone")
-        return (
-            yield from self.request_flow(call, texts, indices, bisectable=False, bisecting=True)
-        )
-
-    def _control(self, call: Call, index: int, exc: QwenEmbedError) -> Flow:
-        """Before blaming input ``index`` for ``exc`` (an answer that could be the
-        server's as well as the input's) with no success since it was sent: send a
-        known-good text with the same options. It succeeds -> returns (the input may be
-        the cause). It fails too -> the server is down whatever the input: an outage,
-        retried with backoff until the call's deadline; then (or at once, for a failure
-        that is not retryable) ``exc`` is raised without an input index, in both
-        ``on_error`` modes."""
-        replica = getattr(exc, "_replica", None)
-        if replica is not None:
-            replica.metrics.fallback("control_requests")
-        rs = RetryState(policy=self.config.retry, started=call.started, deadline=call.deadline)
-        while True:
-            try:
-                yield from self.request_flow(
-                    call, [_CONTROL_TEXT], [index], bisectable=False, bisecting=True
-                )
-            except QwenEmbedError as control:
-                failed = control
-            else:
-                call.last_ok = time.monotonic()
-                return
-            if getattr(failed, "_server_wide", False):
-                break  # fails fast (a server never reached), or failed already
-            delay = rs.next_delay(failed, now=time.monotonic(), fresh_connection=True, outage=True)
-            if delay is None:
-                break
-            delay = min(delay, _CONTROL_WAIT_MAX)  # a tiny probe: the job resumes soon after
-            where = getattr(failed, "_replica", None) or replica
-            if where is not None:
-                where.retried(failed, delay)
-            yield Sleep(delay)
-        if failed is not exc and getattr(failed, "_server_wide", False):
-            raise failed
-        note = (
-            " (a control request with a known-good text failed too "
-            f"({type(failed).__name__}): the server fails whatever the input)"
-        )
-        if exc.args and note not in str(exc.args[0]):
-            exc.args = (f"{exc.args[0]}{note}", *exc.args[1:])
-        call.stop = True
-        exc._server_wide = True  # type: ignore[attr-defined]
-        raise exc
-
-    def _input_failed(
-        self,
-        call: Call,
-        part: Part,
-        offset: int,
-        index: int,
-        exc: QwenEmbedError,
-        bis: _Bisection | None,
-    ) -> Part:
-        """Input ``index`` cannot be embedded: raise (``"raise"``) or record it."""
-        if bis is not None:
-            bis.failed_leaves += 1
-            bis.input_failed = True
-        _pin(exc, index)
-        if call.on_error == "raise":
-            call.stop = True
-            call.lowest = index if call.lowest is None else min(call.lowest, index)
-            raise exc
-        call.failures[index] = exc
-        part.failed[offset] = exc
-        _log.warning("skipping input index %d: %s", index, exc)
         return part
 
 
@@ -899,17 +869,15 @@ class _Headers(Mapping[str, str]):
         return f"_Headers({shown!r}, {self._extra!r})"  # RequestHeaders masks its secrets
 
 
-def _pin(exc: QwenEmbedError, index: int) -> None:
-    """Give ``exc`` the caller's input index (and say it in the message once)."""
-    current = getattr(exc, "index", None)
-    if current is None:
-        exc.index = index  # type: ignore[attr-defined]
-    text = str(exc.args[0]) if exc.args else ""
-    if (
-        isinstance(exc, HTTPStatusError | ResponseError | TransportError)
-        and "input index" not in text
-    ):
-        exc.args = (f"{text} [input index {index} of this call]",)
+def _split_runs(split: _Split, texts: Sequence[str]) -> list[tuple[int, int]]:
+    """The ``(start, stop)`` pieces of ``texts`` within the limit ``split`` names: at most
+    ``split.count`` texts, or about ``split.tokens`` estimated tokens (halves when the
+    token split cannot cut it)."""
+    n = len(texts)
+    if split.count is not None:
+        return [(i, min(i + split.count, n)) for i in range(0, n, split.count)]
+    runs = split_by_tokens([estimate_tokens(t) for t in texts], 0, n, split.tokens, n)
+    return runs if len(runs) > 1 else [(0, n // 2), (n // 2, n)]
 
 
 def _cause(error: QwenEmbedError, previous: QwenEmbedError | None, call: Call) -> QwenEmbedError:

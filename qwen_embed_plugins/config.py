@@ -431,6 +431,20 @@ def _normalise_one_url(value: object) -> str:
     return url
 
 
+def _resolved_api_key(api_key: Any) -> Secret | None:
+    """The API key as given (``str``, ``Secret``, ``None``) or from the environment
+    (``NOT_GIVEN``), checked (``_checked_api_key``)."""
+    if isinstance(api_key, NotGiven):
+        api_key = env_setting("api_key")
+    if isinstance(api_key, Secret):
+        api_key = api_key.get_secret_value()
+    if isinstance(api_key, str):
+        return _checked_api_key(api_key)
+    if api_key is not None:
+        raise ConfigError("api_key must be a str, a Secret or None")
+    return None
+
+
 def _normalise_base_url(value: object) -> str | tuple[str, ...]:
     """One URL, or the sorted, de-duplicated tuple of several replica URLs."""
     if isinstance(value, str) and "," in value:
@@ -640,23 +654,20 @@ class EmbeddingConfig(_Replaceable):
     extra_body: Mapping[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        self._resolve()
+        self._check_numbers()
+        self._check_dimensions()
+        self._check_choices()
+        self._check_proxy()
+
+    def _resolve(self) -> None:
+        """Fill the settings not given from the environment (``env_setting``) and the
+        defaults, in their checked forms (a ``Secret`` key as ``str``, a proxy URL with
+        credentials as ``ProxyURL``, a number of seconds as ``Timeouts``)."""
         set_ = object.__setattr__
-
-        def given(name: str, default: Any) -> Any:
-            value = getattr(self, name)
-            return env_setting(name, default) if isinstance(value, NotGiven) else value
-
         base_url = self.base_url if self.base_url is not None else env_setting("base_url")
         set_(self, "base_url", _normalise_base_url(base_url))
-        api_key = self.api_key
-        if isinstance(api_key, NotGiven):
-            api_key = env_setting("api_key")
-        if isinstance(api_key, Secret):
-            api_key = api_key.get_secret_value()
-        if isinstance(api_key, str):
-            api_key = _checked_api_key(api_key)
-        elif api_key is not None:
-            raise ConfigError("api_key must be a str, a Secret or None")
+        api_key = _resolved_api_key(self.api_key)
         set_(self, "api_key", api_key)
         set_(self, "headers", request_headers(self.headers, api_key=api_key is not None))
         set_(self, "extra_body", request_body(self.extra_body))
@@ -672,7 +683,8 @@ class EmbeddingConfig(_Replaceable):
             ("http2", False),
             ("server", "auto"),
         ):
-            set_(self, name, given(name, default))
+            value = getattr(self, name)
+            set_(self, name, env_setting(name, default) if isinstance(value, NotGiven) else value)
         proxy = self.proxy
         if isinstance(proxy, NotGiven):
             proxy = env_setting("proxy", NOT_GIVEN)
@@ -689,6 +701,9 @@ class EmbeddingConfig(_Replaceable):
             raise ConfigError("limits must be a Limits")
         if not isinstance(self.retry, RetryConfig):
             raise ConfigError("retry must be a RetryConfig")
+
+    def _check_numbers(self) -> None:
+        """Integer settings within their ranges (``ConfigError`` naming the setting)."""
         if self.batch_size != "auto":
             _check_int("EmbeddingConfig", "batch_size", self.batch_size, 1, 2048)
         if self.max_batch_tokens is not None:
@@ -706,19 +721,27 @@ class EmbeddingConfig(_Replaceable):
             _check_int(
                 "EmbeddingConfig", "max_response_bytes", self.max_response_bytes, 1024, 1 << 40
             )
-        if self.dimensions is not None:
-            full = known_model_dims(model)
-            low, high = (QWEN3_MIN_DIMENSIONS, full) if full else (1, 65_536)
-            if (
-                isinstance(self.dimensions, bool)
-                or not isinstance(self.dimensions, int)
-                or not (low <= self.dimensions <= high)
-            ):
-                where = f" for {model}" if full else ""
-                raise ConfigError(
-                    f"EmbeddingConfig.dimensions must be an integer in [{low}, {high}]{where}, "
-                    f"got {self.dimensions!r}"
-                )
+
+    def _check_dimensions(self) -> None:
+        """``dimensions`` within what the model has (Qwen3: 32 up to its full size)."""
+        if self.dimensions is None:
+            return
+        model = str(self.model)
+        full = known_model_dims(model)
+        low, high = (QWEN3_MIN_DIMENSIONS, full) if full else (1, 65_536)
+        if (
+            isinstance(self.dimensions, bool)
+            or not isinstance(self.dimensions, int)
+            or not (low <= self.dimensions <= high)
+        ):
+            where = f" for {model}" if full else ""
+            raise ConfigError(
+                f"EmbeddingConfig.dimensions must be an integer in [{low}, {high}]{where}, "
+                f"got {self.dimensions!r}"
+            )
+
+    def _check_choices(self) -> None:
+        """``server``, ``query_instruction``, ``verify`` and ``insecure_key``."""
         if self.server != "auto" and self.server not in SERVER_NAMES:
             raise ConfigError(
                 f"EmbeddingConfig.server must be 'auto' or one of {', '.join(SERVER_NAMES)}, "
@@ -727,13 +750,18 @@ class EmbeddingConfig(_Replaceable):
         if self.query_instruction is not None and not isinstance(self.query_instruction, str):
             raise ConfigError("query_instruction must be a str, 'auto' or None")
         if self.query_instruction == "auto":
-            default_query_instruction(model)  # logs the choice (once per model)
+            default_query_instruction(str(self.model))  # logs the choice (once per model)
         if not isinstance(self.verify, bool | str):
             raise ConfigError("verify must be True, False or a CA bundle path")
         if isinstance(self.verify, str) and not os.path.exists(self.verify):
             raise ConfigError(f"verify: CA bundle file not found: {self.verify}")
         if self.insecure_key not in ("warn", "error", "allow"):
             raise ConfigError("insecure_key must be 'warn', 'error' or 'allow'")
+
+    def _check_proxy(self) -> None:
+        """An http(s) proxy URL (or none); no key over plain HTTP with
+        ``insecure_key='error'``."""
+        proxy = self.proxy
         if isinstance(proxy, ProxyURL):
             proxy = proxy.get_secret_value()
         if (

@@ -1,0 +1,258 @@
+"""Failures one input may cause: the bisecting half of ``_engine.Engine`` (a mixin, as
+``_learn.Learning`` is its learning half).
+
+A batch that fails in a way one input can cause (500, a connection dropped after the
+request was sent, a 400 that names no input) is split and the halves resent until the
+failing input(s) are isolated (``_bisect``); a 400 naming its input fails that one and
+sends the others (``_without``). A single text is blamed only when it fails again after
+the server was seen working (``_once_more``: a control request shows it, ``_control``; a
+control that fails too is an outage, waited out until the deadline). A batch whose every
+half succeeds failed for its size: the replica's batch limit is learned. What reaches the
+caller (``_input_failed``): ``on_error="raise"`` raises the first bad input's error (the
+lowest index), ``"skip"`` leaves ``None`` in its slot and reports the error.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ._run import Call, Flow, Part, Sleep
+from .balance import Replica
+from .config import EmbeddingConfig
+from .errors import (
+    BadRequestError,
+    HTTPStatusError,
+    NetworkError,
+    QwenEmbedError,
+    ResponseError,
+    TransportError,
+)
+from .retry import RetryState
+
+__all__ = ["Bisecting"]
+
+_log = logging.getLogger("qwen_embed_plugins")
+
+_CONTROL_TEXT = "hello"  # a control request's input: any server embeds it
+_CONTROL_WAIT_MAX = 1.0  # seconds: the longest wait between control requests in an outage
+
+
+@dataclass
+class _Bisection:
+    since: float  # monotonic time the bisected batch failed
+    ok: int = 0
+    max_ok: int = 0
+    ok_on: dict[Replica, int] = field(default_factory=dict)  # replica -> largest piece
+    failed_leaves: int = 0
+    input_failed: bool = False
+
+
+class Bisecting:
+    """The bisecting half of ``Engine`` (see the module docstring)."""
+
+    config: EmbeddingConfig
+    model: str
+
+    def batch_flow(  # provided by Engine
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        bis: _Bisection | None = None,
+    ) -> Flow:
+        raise NotImplementedError
+
+    def request_flow(  # provided by Engine
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        *,
+        bisectable: bool,
+        bisecting: bool = False,
+    ) -> Flow:
+        raise NotImplementedError
+
+    def _bisect(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        first: QwenEmbedError,
+        bis: _Bisection | None,
+    ) -> Flow:
+        top = bis is None
+        if bis is None:
+            bis = _Bisection(since=time.monotonic())
+            replica = getattr(first, "_replica", None)
+            if replica is not None:
+                replica.metrics.fallback("bisections")
+        part = Part()
+        mid = len(texts) // 2
+        for start, stop in ((0, mid), (mid, len(texts))):
+            sub = yield from self.batch_flow(call, texts[start:stop], indices[start:stop], bis)
+            part.merge(sub, start)
+            if call.stop and call.lowest is not None and indices[0] > call.lowest:
+                break  # raising anyway, for a lower index than any here
+        if (
+            top
+            and isinstance(first, NetworkError)
+            and not bis.input_failed
+            and bis.max_ok
+            and not call.stop
+        ):
+            # Every piece went through: the batch failed for its size (a server that
+            # drops requests above some size, e.g. out of memory). Learn the limit, for
+            # the replica that dropped it and only from pieces that same replica took
+            # (pieces another replica answered say nothing about this one's size).
+            replica = getattr(first, "_replica", None)
+            took = bis.ok_on.get(replica, 0) if replica is not None else 0
+            if replica is not None and took:
+                state = replica.state(self.model)
+                state.size_failures.append(took)
+                if len(state.size_failures) < 2:
+                    return part  # once could be chance: wait for a second batch to say so
+                if state.batch_limit is None or took < state.batch_limit:
+                    state.batch_limit = took
+                    state.limit_inferred = True  # retested later: it may have been a spell
+                    state.ok_since_limit = 0
+                    replica.metrics.fallback("batch_limit")
+                    _log.warning(
+                        "%s failed a batch of %d texts (%s) but took batches of %d: "
+                        "sending at most %d texts per request from now on",
+                        replica.label,
+                        len(texts),
+                        type(first).__name__,
+                        took,
+                        took,
+                    )
+        return part
+
+    def _without(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        named: int,
+        exc: QwenEmbedError,
+        bis: _Bisection | None,
+    ) -> Flow:
+        """The server named the bad input: fail it, send the others."""
+        part = Part()
+        if isinstance(exc, BadRequestError):
+            exc.index = indices[named]
+            exc.args = (f"{exc.args[0]} [input index {exc.index} of this call]",)
+        self._input_failed(call, part, named, indices[named], exc, bis)
+        if call.stop:
+            return part
+        for start, stop in ((0, named), (named + 1, len(texts))):
+            if start < stop:
+                sub = yield from self.batch_flow(call, texts[start:stop], indices[start:stop], bis)
+                part.merge(sub, start)
+        return part
+
+    def _once_more(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        exc: QwenEmbedError,
+        since: float,
+    ) -> Flow:
+        """A single text failed in a way the server may have caused whatever the input
+        (``exc``: a 500, a 424, a dropped connection, a 400 naming no input). Unless the
+        server has been seen to work since, a control request waits for it to work
+        (``_control``); then the text is sent once more. Returns ``request_flow``'s
+        result when it goes through; raises what it failed with the second time (the
+        input's fault: the server worked just before)."""
+        if call.last_ok < since:
+            yield from self._control(call, indices[0], exc)
+        replica = getattr(exc, "_replica", None)
+        if replica is not None:
+            replica.metrics.fallback("resent_alone")
+        return (
+            yield from self.request_flow(call, texts, indices, bisectable=False, bisecting=True)
+        )
+
+    def _control(self, call: Call, index: int, exc: QwenEmbedError) -> Flow:
+        """Before blaming input ``index`` for ``exc`` (an answer that could be the
+        server's as well as the input's) with no success since it was sent: send a
+        known-good text with the same options. It succeeds -> returns (the input may be
+        the cause). It fails too -> the server is down whatever the input: an outage,
+        retried with backoff until the call's deadline; then (or at once, for a failure
+        that is not retryable) ``exc`` is raised without an input index, in both
+        ``on_error`` modes."""
+        replica = getattr(exc, "_replica", None)
+        if replica is not None:
+            replica.metrics.fallback("control_requests")
+        rs = RetryState(policy=self.config.retry, started=call.started, deadline=call.deadline)
+        while True:
+            try:
+                yield from self.request_flow(
+                    call, [_CONTROL_TEXT], [index], bisectable=False, bisecting=True
+                )
+            except QwenEmbedError as control:
+                failed = control
+            else:
+                call.last_ok = time.monotonic()
+                return
+            if getattr(failed, "_server_wide", False):
+                break  # fails fast (a server never reached), or failed already
+            delay = rs.next_delay(failed, now=time.monotonic(), fresh_connection=True, outage=True)
+            if delay is None:
+                break
+            delay = min(delay, _CONTROL_WAIT_MAX)  # a tiny probe: the job resumes soon after
+            where = getattr(failed, "_replica", None) or replica
+            if where is not None:
+                where.retried(failed, delay)
+            yield Sleep(delay)
+        if failed is not exc and getattr(failed, "_server_wide", False):
+            raise failed
+        note = (
+            " (a control request with a known-good text failed too "
+            f"({type(failed).__name__}): the server fails whatever the input)"
+        )
+        if exc.args and note not in str(exc.args[0]):
+            exc.args = (f"{exc.args[0]}{note}", *exc.args[1:])
+        call.stop = True
+        exc._server_wide = True  # type: ignore[attr-defined]
+        raise exc
+
+    def _input_failed(
+        self,
+        call: Call,
+        part: Part,
+        offset: int,
+        index: int,
+        exc: QwenEmbedError,
+        bis: _Bisection | None,
+    ) -> Part:
+        """Input ``index`` cannot be embedded: raise (``"raise"``) or record it."""
+        if bis is not None:
+            bis.failed_leaves += 1
+            bis.input_failed = True
+        _pin(exc, index)
+        if call.on_error == "raise":
+            call.stop = True
+            call.lowest = index if call.lowest is None else min(call.lowest, index)
+            raise exc
+        call.failures[index] = exc
+        part.failed[offset] = exc
+        _log.warning("skipping input index %d: %s", index, exc)
+        return part
+
+
+def _pin(exc: QwenEmbedError, index: int) -> None:
+    """Give ``exc`` the caller's input index (and say it in the message once)."""
+    current = getattr(exc, "index", None)
+    if current is None:
+        exc.index = index  # type: ignore[attr-defined]
+    text = str(exc.args[0]) if exc.args else ""
+    if (
+        isinstance(exc, HTTPStatusError | ResponseError | TransportError)
+        and "input index" not in text
+    ):
+        exc.args = (f"{text} [input index {index} of this call]",)
