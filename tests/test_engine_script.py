@@ -17,8 +17,8 @@ import pytest
 import qwen_embed_plugins as q
 from qwen_embed_plugins._engine import Engine
 from qwen_embed_plugins._run import Call, Flow, Part, Send, Sleep
+from qwen_embed_plugins._transport import Reply, Request
 from qwen_embed_plugins.errors import QwenEmbedError, total_timeout_error
-from qwen_embed_plugins.transport import Reply, Request
 
 DIM = 4
 FAST = q.RetryConfig(backoff_initial=0.01, backoff_max=0.02, max_attempts=2)
