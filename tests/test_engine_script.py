@@ -237,6 +237,7 @@ def test_the_deadline_in_an_outage_reports_the_outage() -> None:
     with pytest.raises(q.HTTPStatusError) as info:
         script.run(batch(eng, call, ["still busy"]))
     assert info.value.status == 503
+    assert isinstance(info.value.__context__, q.ReadTimeout)  # why the retries stopped
     assert len(script.inputs) == 4
 
 
