@@ -882,8 +882,14 @@ def _split_runs(split: _Split, texts: Sequence[str]) -> list[tuple[int, int]]:
 
 def _cause(error: QwenEmbedError, previous: QwenEmbedError | None, call: Call) -> QwenEmbedError:
     """The error to act on: a retry that the call's deadline cut short (a timeout with no
-    time left) says nothing new: the failure it retried is the cause."""
+    time left) says nothing new: the failure it retried (in an outage, the server's last
+    answer) is the cause, with the timeout as its ``__context__`` (why the retries
+    stopped, shown in a traceback)."""
     left = call.remaining()
     if previous is None or left is None or left > 0.01:
         return error
-    return previous if isinstance(error, TimeoutException) else error
+    if not isinstance(error, TimeoutException):
+        return error
+    if previous.__context__ is None:
+        previous.__context__ = error
+    return previous

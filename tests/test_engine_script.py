@@ -5,6 +5,7 @@ bare string, and which error a call's deadline ends on."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -16,7 +17,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins._engine import Engine
-from qwen_embed_plugins._run import Call, Flow, Part, Send, Sleep
+from qwen_embed_plugins._run import Call, Flow, Part, Send, Sleep, run_async, run_sync
 from qwen_embed_plugins._transport import Reply, Request
 from qwen_embed_plugins.errors import QwenEmbedError, total_timeout_error
 
@@ -237,6 +238,7 @@ def test_the_deadline_in_an_outage_reports_the_outage() -> None:
     with pytest.raises(q.HTTPStatusError) as info:
         script.run(batch(eng, call, ["still busy"]))
     assert info.value.status == 503
+    assert isinstance(info.value.__context__, q.ReadTimeout)  # why the retries stopped
     assert len(script.inputs) == 4
 
 
@@ -249,3 +251,39 @@ def test_the_deadline_with_no_answer_reports_the_timeout() -> None:
     with pytest.raises(q.ReadTimeout, match="the call's deadline"):
         script.run(batch(eng, call, ["silent"]))
     assert len(script.inputs) == 1
+
+
+def test_both_drivers_run_the_same_decisions() -> None:
+    """``run_sync`` and ``run_async`` (the clients' drivers) perform the same flow: the
+    same requests for the same script ([503, 503, 200]), two backoffs slept."""
+
+    def scripted() -> tuple[Callable[[Send], Reply], list[Any]]:
+        seen: list[Any] = []
+
+        def send(op: Send) -> Reply:
+            seen.append(orjson.loads(op.request.body)["input"])
+            if len(seen) <= 2:
+                return status(503, "The request queue is full.")
+            return ok(op.request)
+
+        return send, seen
+
+    eng = engine()
+    send, seen = scripted()
+    part = run_sync(batch(eng, eng.new_call(query=True), ["q"]), send)
+    assert seen == [["q"]] * 3
+    assert len(rows_of(part, 1)) == 1
+
+    async def main() -> tuple[Part, list[Any]]:
+        send, seen = scripted()
+
+        async def asend(op: Send) -> Reply:
+            return send(op)
+
+        eng = engine()
+        found = await run_async(batch(eng, eng.new_call(query=True), ["q"]), asend)
+        return found, seen
+
+    part, seen = asyncio.run(main())
+    assert seen == [["q"]] * 3
+    assert len(rows_of(part, 1)) == 1

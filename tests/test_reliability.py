@@ -167,8 +167,11 @@ def test_overload_is_an_outage_retried_until_the_deadline(srv: EmbeddingServer) 
     assert srv.requests == 11  # ten refusals, then the answer
     srv.reset_counters()
     srv.inject_overloaded(count=10_000)
+    # a deadline that a loaded machine answers well within, several times over (a call
+    # that no answer reached before its deadline ends on the timeout: no server said
+    # anything; tests/test_engine_script.py shows both endings without a clock race)
     short = q.EmbeddingClient(
-        base_url=srv.base_url, retry=fast.replace(query_deadline=0.3, circuit_failure_threshold=0)
+        base_url=srv.base_url, retry=fast.replace(query_deadline=2.0, circuit_failure_threshold=0)
     )
     with pytest.raises(q.OverloadedError, match="request queue is full"):
         short.embed_query("still busy")
@@ -210,18 +213,17 @@ def test_open_circuit_sends_nothing() -> None:
         client = q.EmbeddingClient(
             base_url=srv.base_url,
             retry=q.RetryConfig(
-                backoff_initial=0.01,
-                backoff_max=0.02,
-                query_deadline=0.3,
+                max_attempts=1,  # one request per call: the breaker opens on a count, not a time
                 circuit_failure_threshold=4,
                 circuit_cooldown=600.0,  # no probe while the test runs, however slow
                 circuit_open_after=0.0,
             ),
         )
-        with pytest.raises(q.OverloadedError):
-            client.embed_query("down")
+        for _ in range(4):
+            with pytest.raises(q.OverloadedError):
+                client.embed_query("down")
         sent = srv.requests
-        assert sent >= 4
+        assert sent == 4
         srv.clear_faults()
         with pytest.raises(q.CircuitOpenError, match="circuit open") as info:
             client.embed_query("healthy again, but the circuit is open")
