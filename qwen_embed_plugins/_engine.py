@@ -47,6 +47,7 @@ from .balance import RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint
 from .config import (
     EmbeddingConfig,
     OnError,
+    RequestBody,
     RequestHeaders,
     insecure_key_target,
     known_model_dims,
@@ -162,6 +163,8 @@ class Engine(Learning, Bisecting):
         self.endpoint: Endpoint = endpoint_for(config)
         self.timeouts = config.timeouts
         self.headers = _Headers(self._api_key, config.headers)
+        if isinstance(config.extra_body, RequestBody):
+            config.extra_body.check()  # a secret field withheld from a pickle
         self.fixed = None if config.server == "auto" else servers.get_profile(str(config.server))
         self._contexts: dict[str, ErrorContext] = {}
         self._gates: dict[str, Any] = {}
@@ -189,11 +192,13 @@ class Engine(Learning, Bisecting):
     @property
     def secrets(self) -> tuple[str, ...]:
         """Every secret a request carries (the API key, the credential-like header
-        values): scrubbed from anything the server sends back."""
-        key, headers = self.secret, self.config.headers
+        and ``extra_body`` field values): scrubbed from anything the server sends back."""
+        key, headers, body = self.secret, self.config.headers, self.config.extra_body
         found: tuple[str, ...] = () if key is None else (key,)
         if isinstance(headers, RequestHeaders):
             found += headers.secret_values()
+        if isinstance(body, RequestBody):
+            found += body.secret_values()
         return found
 
     # ---------------------------------------------------------------- per replica
@@ -206,6 +211,7 @@ class Engine(Learning, Bisecting):
                 url=replica.label,
                 secret=self._api_key,
                 headers=self.config.headers,
+                body=self.config.extra_body,
                 connect=t.connect,
                 read=t.read,
                 write=t.write,

@@ -2,7 +2,7 @@
 
 Both are frozen and hashable (part of the config), and neither is part of the pool key:
 they travel with each request, so they never split a pool. Credential-like header values
-never show in a ``repr``, a dump or a pickle.
+and body fields never show in a ``repr``, a dump or a pickle.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ __all__ = [
     "RESERVED_BODY_KEYS",
     "RequestBody",
     "RequestHeaders",
+    "is_secret_field",
     "is_secret_header",
     "request_body",
     "request_headers",
@@ -195,21 +196,106 @@ def request_headers(value: object, *, api_key: bool = False) -> RequestHeaders |
     )
 
 
+def is_secret_field(name: str) -> bool:
+    """Whether ``extra_body`` field ``name`` (at any depth) holds a credential: a name
+    with a word ``auth*``, ``api_key`` / ``apikey``, ``token``, ``secret``, ``password``,
+    ``credential(s)``, ``cookie`` or ``bearer`` (case-insensitive; ``-``, ``_``, ``.``
+    and camelCase separate words, so ``access_token`` and ``apiKey`` are secret and
+    ``max_tokens`` is not). Its value is hidden like a secret header's."""
+    words = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
+    return _SECRET_FIELD.search(words) is not None
+
+
+_SECRET_FIELD = re.compile(
+    r"(?:^|[-_. ])(?:auth[a-z]*|api[-_]?key|access[-_]?key|token|secret|password|passwd"
+    r"|credentials?|cookie|bearer)(?:$|[-_. ])"
+)
+
+
+def _secret_parts(items: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+    """``(path, value)`` of each value held under a credential-like field name."""
+    if isinstance(items, dict):
+        for key, value in items.items():
+            if is_secret_field(key):
+                yield (*path, key), value
+            else:
+                yield from _secret_parts(value, (*path, key))
+    elif isinstance(items, list):
+        for i, value in enumerate(items):
+            yield from _secret_parts(value, (*path, str(i)))
+
+
+def _strings(value: Any) -> Iterator[str]:
+    """The strings (and numbers, as text) inside a JSON value."""
+    if isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+    elif value is not None and not isinstance(value, bool):
+        yield str(value)
+
+
+def _masked(items: Any) -> Any:
+    """A copy of ``items`` with every value under a credential-like name as the mask."""
+    if isinstance(items, dict):
+        return {k: _MASK if is_secret_field(k) else _masked(v) for k, v in items.items()}
+    if isinstance(items, list):
+        return [_masked(v) for v in items]
+    return items
+
+
 class RequestBody(Mapping[str, Any]):
     """``EmbeddingConfig.extra_body``: extra JSON fields of every request body, immutable
-    and hashable (by their canonical JSON)."""
+    and hashable (by their canonical JSON).
 
-    __slots__ = ("_items", "_json")
+    Values under credential-like field names (``is_secret_field``, at any depth) show as
+    ``'**********'`` in ``repr`` and ``masked()``, and are never pickled: an unpickled
+    copy raises ``ConfigError`` naming the field when read (a client built from it asks
+    for the value again).
+    """
 
-    def __init__(self, items: Mapping[str, Any]) -> None:
+    __slots__ = ("_items", "_json", "_withheld")
+
+    def __init__(self, items: Mapping[str, Any], withheld: tuple[str, ...] = ()) -> None:
         try:
             self._json = orjson.dumps(dict(items), option=orjson.OPT_SORT_KEYS)
         except TypeError as exc:
             raise ConfigError(f"extra_body must be JSON-serialisable: {exc}") from None
         self._items: dict[str, Any] = orjson.loads(self._json)  # a deep, private copy
+        self._withheld = withheld
 
     def __getitem__(self, name: str) -> Any:
+        self.check(name)
         return self._items[name]
+
+    def check(self, name: str | None = None) -> None:
+        """Raise ``ConfigError`` if a secret value (of field ``name``, or of any field)
+        was withheld from the pickle this copy came from."""
+        for dotted in self._withheld:
+            if name is None or dotted.split(".", 1)[0] == name:
+                raise ConfigError(
+                    f"extra_body field {dotted!r} looks like a credential, so it was not "
+                    "pickled or serialised; pass extra_body= with its value again in this "
+                    "process"
+                )
+
+    def withheld(self) -> list[str]:
+        """The dotted names of secret fields whose values were not pickled."""
+        return list(self._withheld)
+
+    def secret_values(self) -> tuple[str, ...]:
+        """The values under credential-like names (their strings): scrubbed, like the
+        API key, from anything a server sends back."""
+        if self._withheld:
+            return ()
+        return tuple(s for _, value in _secret_parts(self._items) for s in _strings(value))
+
+    def masked(self) -> dict[str, Any]:
+        """The fields with every secret value replaced by ``'**********'``."""
+        masked: dict[str, Any] = _masked(self._items)
+        return masked
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._items)
@@ -219,17 +305,25 @@ class RequestBody(Mapping[str, Any]):
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, RequestBody):
-            return other._json == self._json
-        return isinstance(other, Mapping) and dict(other) == self._items
+            return other._json == self._json and other._withheld == self._withheld
+        return not self._withheld and isinstance(other, Mapping) and dict(other) == self._items
 
     def __hash__(self) -> int:
-        return hash(self._json)
+        return hash((self._json, self._withheld))
 
     def __repr__(self) -> str:
-        return f"RequestBody({self._items!r})"
+        return f"RequestBody({self.masked()!r})"
 
-    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any]]]:
-        return (RequestBody, (self._items,))
+    def __reduce__(self) -> tuple[Any, tuple[dict[str, Any], tuple[str, ...]]]:
+        withheld = {*self._withheld, *(".".join(p) for p, _ in _secret_parts(self._items))}
+        return (RequestBody, (self.masked(), tuple(sorted(withheld))))
+
+    # copy/deepcopy stay in the process: keep the values
+    def __copy__(self) -> RequestBody:
+        return self
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RequestBody:
+        return self
 
 
 def request_body(value: object) -> RequestBody | None:
@@ -255,4 +349,12 @@ def request_body(value: object) -> RequestBody | None:
                 f"extra_body: {key!r} is written by the client itself and cannot be "
                 f"overridden{hint}"
             )
-    return value if isinstance(value, RequestBody) else RequestBody(value)
+    if isinstance(value, RequestBody):
+        return value  # one with a withheld secret raises when a client is built from it
+    for path, item in _secret_parts(dict(value)):
+        if item == _MASK:
+            raise ConfigError(
+                f"extra_body: {'.'.join(path)!r} holds the mask {_MASK!r} of a dumped "
+                "secret, not its value; pass the real value"
+            )
+    return RequestBody(value)

@@ -23,6 +23,7 @@ from ._extras import (
     RESERVED_BODY_KEYS,
     RequestBody,
     RequestHeaders,
+    is_secret_field,
     is_secret_header,
     request_body,
     request_headers,
@@ -63,6 +64,7 @@ __all__ = [
     "insecure_key_target",
     "is_loopback",
     "is_qwen3_embedding",
+    "is_secret_field",
     "is_secret_header",
     "known_model_dims",
     "redact_url",
@@ -622,7 +624,10 @@ class EmbeddingConfig(_Replaceable):
         extra_body: extra JSON fields merged into every request body (vLLM's
             ``truncate_prompt_tokens``, TEI's ``truncate``, Ollama's ``options``), or
             ``None``. ``input``, ``model``, ``encoding_format`` and ``dimensions`` are
-            the client's own and refused. Stored as ``RequestBody``.
+            the client's own and refused. Values under credential-like field names
+            (``is_secret_field``: ``api_key``, ``access_token``, ``password``, ... at any
+            depth) are hidden from ``repr``, logs and errors and never pickled.
+            Stored as ``RequestBody``.
     """
 
     base_url: str | tuple[str, ...] | list[str] | None = None

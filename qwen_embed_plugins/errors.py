@@ -459,6 +459,8 @@ class ErrorContext:
         max_connections: the pool's connection limit (connections).
         headers: the configured request headers (``config.RequestHeaders``): the values
             of the credential-like ones are scrubbed from every text too.
+        body: the configured ``extra_body`` (``config.RequestBody``): the values of its
+            credential-like fields are scrubbed from every text too.
     """
 
     url: str
@@ -470,6 +472,7 @@ class ErrorContext:
     total: float | None = None
     max_connections: int | None = None
     headers: Any = field(default=None, repr=False)  # a config.RequestHeaders (or None)
+    body: Any = field(default=None, repr=False)  # a config.RequestBody (or None)
 
     def key(self) -> str | None:
         """The API key to scrub from texts (``None``: no key)."""
@@ -481,10 +484,13 @@ class ErrorContext:
 
     def secrets(self) -> tuple[str, ...]:
         """Every secret to scrub from texts: the API key and the credential-like header
-        values."""
+        and body field values."""
         key = self.key()
         found: tuple[str, ...] = () if key is None else (key,)
-        return found if self.headers is None else (*found, *self.headers.secret_values())
+        for extras in (self.headers, self.body):
+            if extras is not None:
+                found = (*found, *extras.secret_values())
+        return found
 
 
 def pool_timeout_error(ctx: ErrorContext) -> PoolTimeout:

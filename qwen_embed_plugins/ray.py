@@ -40,7 +40,8 @@ first dataset) never reports usage statistics online.
 The API key and a proxy password are never pickled (see ``config.Secret``,
 ``config.ProxyURL``; a proxy with a password must be in the workers' environment as
 ``QWEN_EMBED_PROXY``). An explicit ``api_key=``, and the values of credential-like
-``headers=`` (``X-Api-Key``, ...: never pickled either), travel to
+``headers=`` (``X-Api-Key``, ...) and of credential-like ``extra_body`` fields (never
+pickled either), travel to
 the workers through Ray's object store (``ray.put``): what Ray pickles for the actors
 holds only its ``ObjectRef``, and each actor reads them with ``ray.get`` (see
 ``_WorkerKey``); nothing logs it (Ray logs a ``runtime_env``, env vars included, when it
@@ -74,6 +75,7 @@ from .config import (
     Limits,
     NotGiven,
     ProxyURL,
+    RequestBody,
     is_secret_header,
     known_model_dims,
 )
@@ -125,7 +127,8 @@ def _ensure_ray(address: str | None) -> None:
 
 class _WorkerKey:
     """The secrets on their way to the Ray actors, held in Ray's object store: an
-    explicit API key (or ``None``) and the credential-like header values (name -> value).
+    explicit API key (or ``None``), the credential-like header values (name -> value)
+    and an ``extra_body`` holding credential-like fields (whole, or ``None``).
 
     Pickling it (as Ray does with the actors' constructor arguments, or ``pickle``)
     carries only the ``ObjectRef``, an id; ``repr`` shows no key. The actor reads the
@@ -139,20 +142,25 @@ class _WorkerKey:
         self._ref = ref
 
     @classmethod
-    def put(cls, key: str | None, headers: Mapping[str, str]) -> _WorkerKey:
-        """Store ``key`` and the secret ``headers`` in the object store (``ray.put``)."""
-        return cls(ray.put((key, dict(headers))))
+    def put(
+        cls, key: str | None, headers: Mapping[str, str], body: dict[str, Any] | None = None
+    ) -> _WorkerKey:
+        """Store ``key``, the secret ``headers`` and ``body`` in the object store
+        (``ray.put``)."""
+        return cls(ray.put((key, dict(headers), body)))
 
-    def get(self) -> tuple[str | None, dict[str, str]]:
-        """The key and the secret headers (``ray.get``), in an actor."""
-        key, headers = ray.get(self._ref)
-        return key, headers
+    def get(self) -> tuple[str | None, dict[str, str], dict[str, Any] | None]:
+        """The key, the secret headers and the body (``ray.get``), in an actor."""
+        key, headers, body = ray.get(self._ref)
+        return key, headers, body
 
     def restore(self, config: EmbeddingConfig) -> EmbeddingConfig:
         """``config`` (as unpickled in an actor) with the key and the secret header
         values put back."""
-        key, secret = self.get()
+        key, secret, body = self.get()
         changes: dict[str, Any] = {} if key is None else {"api_key": key}
+        if body is not None:
+            changes["extra_body"] = body
         if secret and config.headers is not None:
             kept = config.headers
             changes["headers"] = {k: secret[k] if k in secret else kept[k] for k in kept}
@@ -196,9 +204,12 @@ def _client_config(
     key = config.api_key_value()
     headers = config.headers or {}
     secret = {name: headers[name] for name in headers if is_secret_header(name)}
+    extra = config.extra_body
+    body = dict(extra) if isinstance(extra, RequestBody) and extra.masked() != extra else None
     if isinstance(explicit, NotGiven) or key is None:
-        return config, key is not None, _WorkerKey.put(None, secret) if secret else None
-    return config.replace(api_key=None), False, _WorkerKey.put(key, secret)
+        found = secret or body is not None
+        return config, key is not None, _WorkerKey.put(None, secret, body) if found else None
+    return config.replace(api_key=None), False, _WorkerKey.put(key, secret, body)
 
 
 def _compute(concurrency: int | tuple[int, int]) -> Any:

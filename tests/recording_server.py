@@ -34,9 +34,11 @@ class RecordingServer:
     """``with RecordingServer() as srv: ...``; ``srv.base_url``, ``srv.received``.
 
     ``echo`` makes it a server that repeats what it was sent: ``"error"`` answers every
-    request with HTTP ``status`` whose JSON error body and ``x-request-id`` header quote
-    every request header (name and value); ``"status_line"`` answers with a malformed
-    status line quoting them.
+    request with HTTP ``status`` whose JSON error body quotes every request header (name
+    and value) and the request body, and whose ``x-request-id`` quotes the headers;
+    ``"ok"`` answers with the embeddings and quotes the headers in an extra body field
+    and in ``x-request-id``; ``"status_line"`` answers with a malformed status line
+    quoting them.
     """
 
     def __init__(self, *, dim: int = 1024, echo: str | None = None, status: int = 400) -> None:
@@ -64,7 +66,8 @@ class RecordingServer:
                     self.close_connection = True
                     return
                 if echo == "error":
-                    message = {"message": f"request refused; it carried {quoted}"}
+                    said = raw.decode("utf-8", "replace")
+                    message = {"message": f"request refused; it carried {quoted}; body {said}"}
                     self._send(status, {"error": message}, {"x-request-id": quoted})
                     return
                 if not self.path.endswith("/embeddings"):
@@ -81,7 +84,12 @@ class RecordingServer:
                         emb = row.astype(np.float64).tolist()
                     data.append({"object": "embedding", "index": i, "embedding": emb})
                 # no "usage": token counts are not what these tests are about
-                self._send(200, {"object": "list", "data": data, "model": body.get("model")})
+                doc: dict[str, Any] = {"object": "list", "data": data, "model": body.get("model")}
+                if echo == "ok":
+                    doc["note"] = f"served; it carried {quoted}"
+                    self._send(200, doc, {"x-request-id": quoted})
+                    return
+                self._send(200, doc)
 
             def _send(self, status: int, doc: object, extra: dict[str, str] | None = None) -> None:
                 payload = orjson.dumps(doc)

@@ -81,6 +81,25 @@ def test_the_client_names_the_unknown_model(process: bool) -> None:
         assert server.requests == 2
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--model", "minilm"),
+        ("--model", "all-MiniLM-L6-v2"),
+        ("--model-names", "x,sentence-transformers/all-MiniLM-L6-v2"),
+    ],
+)
+def test_the_real_model_names_point_to_the_real_model_route(args: tuple[str, str]) -> None:
+    """``serve --model minilm`` would rename deterministic vectors: it names the command
+    that serves the real all-MiniLM-L6-v2 instead, and serves nothing."""
+    result = run("serve", "--port", "0", "--duration", "0.01", *args)
+    assert result.exit_code == 1
+    text = " ".join(result.stderr.split())
+    assert "deterministic test vectors, not a real model" in text
+    assert "python3 scripts/realserver.py start" in text
+    assert "Serving" not in result.stdout
+
+
 def test_any_model_name_is_answered_by_default() -> None:
     with EmbeddingServer() as server:
         assert EmbeddingClient(base_url=server.base_url, model="x").embed_query("q")

@@ -22,6 +22,7 @@ import io
 import logging
 import os
 import re
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +39,7 @@ DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 SNIPPETS_TESTED_ELSEWHERE = {ROOT / "docs" / "langchain.md": ROOT / "tests" / "test_langchain.py"}
 # Printed lines are a real model's answers, checked by tests/realserver/test_vector_stores.py.
 REAL_MODEL_OUTPUT = {ROOT / "docs" / "vector-stores.md"}
-MAX_NOT_RUN = 2
+MAX_NOT_RUN = 0
 
 _BLOCK = re.compile(
     r"(?:^<!--\s*not-run:\s*(?P<reason>.*?)\s*-->\n)?"
@@ -89,7 +90,9 @@ def srv() -> Iterator[EmbeddingServer]:
 
 @contextlib.contextmanager
 def _restored_global_state() -> Iterator[None]:
-    """Undo what snippets change process-wide: environment, LlamaIndex Settings, logging."""
+    """Undo what snippets change process-wide: environment, LlamaIndex Settings, logging,
+    Chroma's in-memory databases (one per process, so a block's ``create_collection``
+    would find the previous block's)."""
     from llama_index.core import Settings
 
     environ = dict(os.environ)
@@ -105,6 +108,10 @@ def _restored_global_state() -> Iterator[None]:
         Settings._embed_model = embed_model
         logger.setLevel(level)
         logging.getLogger().handlers[:] = root_handlers
+        if "chromadb" in sys.modules:
+            from chromadb.api.client import SharedSystemClient
+
+            SharedSystemClient.clear_system_cache()
 
 
 def run_snippet(snippet: Snippet, base_url: str) -> str:

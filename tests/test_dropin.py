@@ -328,6 +328,207 @@ def test_secret_header_values_echoed_in_a_malformed_status_line_are_scrubbed(pat
     _no_secret(repr(info.value))
 
 
+SDK_KEY = "sk-sdk-key-5e6f7a8b9c"
+
+
+def _sdk_clean(*texts: str) -> None:
+    for text in texts:
+        _no_secret(text)
+        assert SDK_KEY not in text
+        assert SDK_KEY.upper() not in text
+
+
+def _sdk_create(path: str, url: str) -> Any:
+    """One ``embeddings.create`` through ``openai_client()`` (sync or async) with the API
+    key and the secret ``HEADERS``; the SDK's answer or its exception."""
+    config = EmbeddingConfig(base_url=url, api_key=SDK_KEY, headers=HEADERS)
+
+    async def run() -> Any:
+        sdk = AsyncEmbeddingClient(config).openai_client()
+        return await sdk.embeddings.create(input=["x"], model=q.DEFAULT_MODEL)
+
+    if path == "async":
+        return asyncio.run(run())
+    sdk = EmbeddingClient(config).openai_client()
+    return sdk.embeddings.create(input=["x"], model=q.DEFAULT_MODEL)
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_openai_client_error_text_echoing_the_key_is_scrubbed(
+    path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``openai_client()``: a server quoting every request header (``Authorization`` with
+    the API key, the secret headers) in its error body and its ``x-request-id``. The
+    SDK's ``APIStatusError`` (its message, ``body``, ``response`` text and headers,
+    ``request_id``) and the SDK's logs hold none of them; the other values are kept."""
+    import openai
+
+    caplog.set_level(logging.DEBUG)
+    with (
+        RecordingServer(echo="error", status=500) as server,
+        pytest.raises(openai.APIStatusError) as info,
+    ):
+        _sdk_create(path, server.base_url)
+    error = info.value
+    assert error.status_code == 500
+    assert "x-tenant=acme" in str(error).lower()  # the echo reached the SDK's message
+    assert "x-tenant=acme" in (error.request_id or "").lower()
+    _sdk_clean(
+        str(error),
+        repr(error.body),
+        error.response.text,
+        repr(error.response.headers.multi_items()),
+        str(error.request_id),
+        caplog.text,
+    )
+
+
+@pytest.mark.parametrize("path", ["sync", "async"])
+def test_openai_client_success_echoing_the_key_is_scrubbed(path: str) -> None:
+    """The same server answering 200 with the headers quoted in an extra body field and
+    in ``x-request-id``: the SDK's response object shows neither secret, and the vector
+    (base64, the SDK's default) is intact."""
+    with RecordingServer(echo="ok") as server:
+        answer = _sdk_create(path, server.base_url)
+    assert answer.data[0].embedding == pytest.approx(expected_embedding("x").tolist(), abs=1e-6)
+    dumped = answer.model_dump_json()
+    assert "x-tenant=acme" in dumped.lower()
+    _sdk_clean(dumped, repr(answer))
+
+
+BODY_SECRET = "body-secret-3c4d5e6f70"
+NESTED_SECRET = "nested-tok-8a9b0c1d2e"
+SECRET_BODY = {
+    "truncate_prompt_tokens": 64,
+    "api_key": BODY_SECRET,
+    "options": {"num_ctx": 8192, "accessToken": NESTED_SECRET},
+}
+
+
+def _no_body_secret(text: str) -> None:
+    assert BODY_SECRET not in text
+    assert NESTED_SECRET not in text
+
+
+@pytest.mark.unit
+def test_secret_extra_body_fields_never_in_repr_or_pickle() -> None:
+    """``extra_body`` values under credential-like names (any depth, any case) are
+    masked in ``repr``; a pickle withholds them and a client built from the copy asks
+    for them again, naming the field; the other fields travel."""
+    config = EmbeddingConfig(base_url=UNUSED_URL, extra_body=SECRET_BODY)
+    _no_body_secret(repr(config))
+    assert "'truncate_prompt_tokens': 64" in repr(config)
+    assert "'num_ctx': 8192" in repr(config)
+    assert config.extra_body is not None
+    assert dict(config.extra_body) == SECRET_BODY  # the values themselves are kept
+    data = pickle.dumps(config)
+    _no_body_secret(data.decode("latin-1"))
+    copy = pickle.loads(data)
+    assert copy.extra_body.withheld() == ["api_key", "options.accessToken"]
+    with pytest.raises(ConfigError, match="'api_key' looks like a credential, so it was not"):
+        EmbeddingClient(copy)
+    with pytest.raises(ConfigError, match=r"'options\.accessToken' looks like a credential"):
+        copy.extra_body["options"]
+    fine = copy.replace(extra_body=SECRET_BODY)
+    assert dict(fine.extra_body) == SECRET_BODY
+    with pytest.raises(ConfigError, match="holds the mask"):
+        EmbeddingConfig(base_url=UNUSED_URL, extra_body=config.extra_body.masked())
+    plain = EmbeddingConfig(base_url=UNUSED_URL, extra_body={"max_tokens": 5, "keep_alive": 1})
+    assert pickle.loads(pickle.dumps(plain)).extra_body == {"max_tokens": 5, "keep_alive": 1}
+
+
+def _body_call(path: str, url: str) -> Callable[[], object]:
+    """One embedding call with ``SECRET_BODY`` on ``path`` (no retries)."""
+    if path == "langchain":
+        emb = QwenPooledEmbeddings(base_url=url, model_kwargs=SECRET_BODY, max_retries=0)
+        return lambda: emb.embed_documents(["x"])
+    if path == "llama_index":
+        model = QwenPooledEmbedding(base_url=url, additional_kwargs=SECRET_BODY, max_retries=0)
+        return lambda: model.get_text_embedding_batch(["x"])
+    retry = q.RetryConfig(max_attempts=1, deadline=30)
+    config = EmbeddingConfig(base_url=url, extra_body=SECRET_BODY, retry=retry)
+    if path == "async":
+        return lambda: asyncio.run(AsyncEmbeddingClient(config).embed_documents(["x"]))
+    return lambda: EmbeddingClient(config).embed_documents(["x"])
+
+
+@pytest.mark.parametrize("path", ["sync", "async", "langchain", "llama_index"])
+def test_secret_extra_body_fields_echoed_in_an_error_are_scrubbed(
+    path: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server quoting the request body in its error (HTTP 400): the secret field
+    values are sent, and scrubbed from the error, its pickle and the logs; the other
+    fields are kept."""
+    caplog.set_level(logging.DEBUG)
+    with (
+        RecordingServer(echo="error", status=400) as server,
+        pytest.raises(q.QwenEmbedError) as info,
+    ):
+        _body_call(path, server.base_url)()
+    sent = server.all()[0].body
+    assert sent["api_key"] == BODY_SECRET
+    assert sent["options"]["accessToken"] == NESTED_SECRET
+    error = info.value
+    assert "truncate_prompt_tokens" in str(error)  # the echo reached the error
+    for text in (str(error), repr(error), repr(vars(error)), caplog.text):
+        _no_body_secret(text)
+    _no_body_secret("".join(traceback.format_exception(error)))
+    _no_body_secret(pickle.dumps(error).decode("latin-1"))
+
+
+def test_openai_client_scrubs_secret_extra_body_fields_from_errors(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``openai_client()`` of a config with secret ``extra_body`` fields: a server
+    quoting them back has them scrubbed from the SDK's error (the caller passes the
+    body fields to ``embeddings.create`` itself)."""
+    import openai
+
+    caplog.set_level(logging.DEBUG)
+    config = EmbeddingConfig(base_url=UNUSED_URL, extra_body=SECRET_BODY)
+    with RecordingServer(echo="error", status=400) as server:
+        sdk = EmbeddingClient(config.replace(base_url=server.base_url)).openai_client()
+        with pytest.raises(openai.BadRequestError) as info:
+            sdk.embeddings.create(input=["x"], model="m", extra_body=SECRET_BODY)
+    assert "truncate_prompt_tokens" in str(info.value)
+    # openai 2.x logs the caller's own request options (its extra_body) at DEBUG before
+    # sending: that is the caller's input, not a server's answer
+    logs = [r.getMessage() for r in caplog.records if "Request options" not in r.getMessage()]
+    for text in (str(info.value), repr(info.value.body), info.value.response.text, *logs):
+        _no_body_secret(text)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("adapter", ["langchain", "llama_index"])
+def test_adapters_mask_secret_extra_body_fields(adapter: str) -> None:
+    """``model_kwargs`` / ``additional_kwargs`` / ``extra_body`` with credential-like
+    fields: masked in repr and dumps (JSON included), withheld from pickles (a copy
+    asks for them again), refused back as the mask."""
+    if adapter == "langchain":
+        emb: Any = QwenPooledEmbeddings(base_url=UNUSED_URL, model_kwargs=SECRET_BODY)
+        error: Any = ValidationError
+    else:
+        emb = QwenPooledEmbedding(base_url=UNUSED_URL, additional_kwargs=SECRET_BODY)
+        error = LlamaValidationError
+    assert dict(emb.config.extra_body) == SECRET_BODY
+    dumps = [repr(emb), str(emb.model_dump()), emb.model_dump_json()]
+    if adapter == "llama_index":
+        dumps += [emb.to_json(), str(emb.to_dict())]
+    for text in dumps:
+        _no_body_secret(text)
+        assert "truncate_prompt_tokens" in text
+    data = pickle.dumps(emb)
+    _no_body_secret(data.decode("latin-1"))
+    copy = pickle.loads(data)
+    with pytest.raises(ConfigError, match="'api_key' looks like a credential"):
+        copy.embed_query("x") if adapter == "langchain" else copy.get_query_embedding("x")
+    with pytest.raises(error, match="holds the mask"):
+        type(emb).model_validate_json(emb.model_dump_json())
+    emb.extra_body = {"password": BODY_SECRET}  # assignment: stored masked too
+    _no_body_secret(repr(emb))
+    _no_body_secret(pickle.dumps(emb).decode("latin-1"))
+
+
 # --------------------------------------------------------------------------- LangChain
 
 

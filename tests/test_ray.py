@@ -247,7 +247,7 @@ def test_explicit_api_key_reaches_the_workers_but_no_pickle_or_log(
         repr((config, shipped)).encode(),
     ):
         assert key.encode() not in blob
-    assert shipped.get() == (key, {})
+    assert shipped.get() == (key, {}, None)
     sockets = Path(ray.nodes()[0]["ObjectStoreSocketName"]).parent
     logs = sockets.parent / "logs"
     assert logs.is_dir()
@@ -257,20 +257,23 @@ def test_explicit_api_key_reaches_the_workers_but_no_pickle_or_log(
 
 
 def test_secret_headers_reach_the_workers_but_no_pickle_or_log() -> None:
-    """A credential-like ``headers=`` value is never pickled (an unpickled config asks
-    for it again): it travels with the key through Ray's object store, so the actors send
-    it (they failed with "pass headers= with its value again in this process"), while
-    what Ray pickles for them, its repr and the session's logs hold no trace of it."""
+    """A credential-like ``headers=`` value (and ``extra_body`` field) is never pickled
+    (an unpickled config asks for it again): it travels with the key through Ray's
+    object store, so the actors send it (they failed with "pass headers= with its value
+    again in this process"), while what Ray pickles for them, its repr and the session's
+    logs hold no trace of it."""
     import pickle
 
     from recording_server import RecordingServer
 
     secret = "gw-test-ray-header-7d41c9"
     headers = {"X-Tenant": "acme", "X-Api-Key": secret}
+    in_body = "body-test-ray-field-3e58a1"
+    body = {"truncate_prompt_tokens": 8, "options": {"api_key": in_body}}
     rows = [{"id": i, "text": t} for i, t in enumerate(_texts(50))]
     with RecordingServer() as server:
         ds = qray.embed_dataset(
-            ray.data.from_items(rows), base_url=server.base_url, headers=headers
+            ray.data.from_items(rows), base_url=server.base_url, headers=headers, extra_body=body
         )
         out = _collect(ds)
         seen = server.all()
@@ -279,7 +282,9 @@ def test_secret_headers_reach_the_workers_but_no_pickle_or_log() -> None:
     assert {(r.headers.get("x-api-key"), r.headers.get("x-tenant")) for r in seen} == {
         (secret, "acme")
     }
-    config, needs_key, shipped = qray._client_config(server.base_url, 4, None, {"headers": headers})
+    assert all(r.body["options"] == {"api_key": in_body} for r in seen)
+    settings = {"headers": headers, "extra_body": body}
+    config, needs_key, shipped = qray._client_config(server.base_url, 4, None, settings)
     assert shipped is not None
     assert not needs_key
     for blob in (
@@ -288,11 +293,15 @@ def test_secret_headers_reach_the_workers_but_no_pickle_or_log() -> None:
         repr((config, shipped)).encode(),
     ):
         assert secret.encode() not in blob
-    assert shipped.restore(pickle.loads(pickle.dumps(config))).headers == headers
+        assert in_body.encode() not in blob
+    restored = shipped.restore(pickle.loads(pickle.dumps(config)))
+    assert restored.headers == headers
+    assert restored.extra_body == body
     logs = Path(ray.nodes()[0]["ObjectStoreSocketName"]).parent.parent / "logs"
     for path in logs.rglob("*"):
         if path.is_file():
             assert secret.encode() not in path.read_bytes(), path
+            assert in_body.encode() not in path.read_bytes(), path
 
 
 def test_embed_files_parquet_in_parquet_out(tmp_path: Path) -> None:

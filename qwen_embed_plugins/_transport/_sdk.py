@@ -8,9 +8,10 @@ for the async client). Each SDK request therefore gets what every other request 
 library gets, written once in ``_contract`` and the backends: the endpoint's pool and
 process gate, the response size cap (received and after decoding), one total time
 budget (``Timeouts.total`` and ``RetryConfig.deadline``, whichever is sooner; the SDK's
-own ``timeout=`` is ignored), connections with unread bytes never reused, and response
-header values scrubbed of the API key before the SDK sees them (it logs and keeps
-``x-request-id``). The transport looks the pool up on each request, so an SDK object
+own ``timeout=`` is ignored), connections with unread bytes never reused, and the response's
+header values and body scrubbed of the secrets (the API key, credential-like header
+values) before the SDK sees them (it logs ``x-request-id`` and quotes an error body in
+``APIStatusError``). The transport looks the pool up on each request, so an SDK object
 kept by the user keeps working after ``close_all()``, in a forked child, on every event
 loop, and after the cleartext HTTP/2 -> HTTP/1.1 fallback (which it triggers itself).
 
@@ -27,6 +28,8 @@ costs ~1.7 s of CPU.
 from __future__ import annotations
 
 from typing import Any, cast
+
+import orjson
 
 from .. import pool
 from ..config import EmbeddingConfig
@@ -82,6 +85,7 @@ class _Exchanges:
             total=self.total,
             max_connections=config.limits.max_connections,
             headers=config.headers,
+            body=config.extra_body,
         )
 
     def request(self, request: Any, body: bytes) -> Request:
@@ -109,10 +113,10 @@ class _Exchanges:
         ]
         if reply.http_version == "HTTP/2" and self.config.http2:
             pool.h2c_succeeded(self.config.pool_key)
-        return httpx.Response(
+        return httpx.Response(  # no reason phrase: httpx gives the standard one
             status_code=reply.status,
             headers=headers,
-            content=reply.body,
+            content=_scrubbed_body(reply.status, reply.body, secrets),
             request=request,
             extensions={"http_version": reply.http_version.encode("ascii")},
         )
@@ -147,6 +151,40 @@ def _as_httpx(exc: QwenEmbedError, request: Any) -> Exception:
         kind = httpx.DecodingError
     error: Exception = kind(str(exc), request=request)
     return error
+
+
+def _scrubbed_body(status: int, body: bytes, secrets: tuple[str | None, ...]) -> bytes:
+    """``body`` with every echo of ``secrets`` scrubbed (``errors.scrub``) before the SDK
+    sees it (it quotes an error body in ``APIStatusError`` and keeps a success body's
+    extra fields). An error body is scrubbed as text. A success body is scrubbed only
+    when it holds a secret (exact or case-changed), field by field as JSON, the vectors
+    (``data[i].embedding``) left as they are: a base64 vector may hold a short key's
+    letters by chance."""
+    keys = [k for k in secrets if k and len(k) >= 4]
+    if not body or not keys:
+        return body
+    if not 200 <= status < 300:
+        return scrub(body.decode("utf-8", "replace"), *keys).encode("utf-8")
+    lowered = body.lower()
+    if not any(k.lower().encode("utf-8", "replace") in lowered for k in keys):
+        return body
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return scrub(body.decode("utf-8", "replace"), *keys).encode("utf-8")
+
+    def clean(value: Any, vector: bool = False) -> Any:
+        if vector:
+            return value
+        if isinstance(value, str):
+            return scrub(value, *keys)
+        if isinstance(value, list):
+            return [clean(v) for v in value]
+        if isinstance(value, dict):
+            return {clean(k): clean(v, k == "embedding") for k, v in value.items()}
+        return value
+
+    return orjson.dumps(clean(doc))
 
 
 def _request_secret(request: Any) -> str | None:

@@ -340,7 +340,7 @@ def _headers_out(value: RequestHeaders | None) -> dict[str, str] | None:
 
 
 def _body_out(value: RequestBody | None) -> dict[str, Any] | None:
-    return None if value is None else dict(value)
+    return None if value is None else value.masked()
 
 
 def coerce(name: str, value: Any) -> Any:
@@ -376,7 +376,8 @@ ExtraBodyField = Annotated[
     PlainValidator(_body_in, json_schema_input_type=dict[str, Any] | None),
     PlainSerializer(_body_out),
 ]
-"""An adapter's ``extra_body`` field: stored as the core ``RequestBody``."""
+"""An adapter's ``extra_body`` field: stored as the core ``RequestBody`` (values of
+credential-like fields masked in ``repr`` and dumps, never pickled)."""
 
 
 # --------------------------------------------------------------------------- parameter names
@@ -743,7 +744,9 @@ class FlatSettings(BaseModel):
     extra_body: ExtraBodyField = None
     """Extra JSON fields merged into every request body (vLLM truncate_prompt_tokens,
     TEI truncate, Ollama options/keep_alive); input, model, encoding_format and
-    dimensions are the client's own and refused."""
+    dimensions are the client's own and refused. Values of credential-like fields
+    (api_key, access_token, password, *secret*, ... at any depth) are masked in repr
+    and dumps and never pickled."""
 
     _cache: ClientCache = PrivateAttr(default_factory=ClientCache)
 

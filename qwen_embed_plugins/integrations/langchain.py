@@ -12,9 +12,10 @@ Needs the ``langchain`` extra (from a checkout: ``pip install -e ".[langchain]"`
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Iterable, Iterator, Sized
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from contextlib import contextmanager
-from typing import Any, ClassVar, Literal, Self
+from dataclasses import InitVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.utils import secret_from_env
@@ -219,6 +220,23 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
     """Show a ``tqdm`` progress bar (in texts) that advances once per finished batch
     in ``embed_documents`` / ``aembed_documents``. Needs ``tqdm`` (in the
     ``langchain`` extra). Also accepted as ``show_progress_bar=``."""
+
+    if TYPE_CHECKING:
+        # OpenAIEmbeddings' names (``_STOCK``): constructor keywords for type checkers
+        # (pydantic's ``dataclass_transform`` signature lists fields only), not fields;
+        # the validator renames them to their fields
+        chunk_size: InitVar[int | Literal["auto"]] = "auto"
+        timeout: InitVar[float | None] = None
+        request_timeout: InitVar[float | None] = None
+        show_progress_bar: InitVar[bool] = False
+        default_headers: InitVar[Mapping[str, str] | None] = None
+        model_kwargs: InitVar[Mapping[str, Any] | None] = None
+        openai_api_key: InitVar[SecretStr | str | None] = None
+        openai_api_base: InitVar[str | None] = None
+        openai_proxy: InitVar[str | None] = None
+        check_embedding_ctx_length: InitVar[bool] = False
+        tiktoken_enabled: InitVar[bool] = False
+        skip_empty: InitVar[bool] = False
 
     # With FlatSettings': extra="forbid", attribute docstrings, inputs hidden in errors.
     model_config = ConfigDict(populate_by_name=True, protected_namespaces=())

@@ -37,8 +37,9 @@ import asyncio
 import contextlib
 import contextvars
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
+from dataclasses import InitVar
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import llama_index.core.instrumentation as _instrumentation
@@ -270,6 +271,18 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     _model_field: ClassVar[str] = "model_name"
     _batch_field: ClassVar[str] = "embed_batch_size"
     _key_from_env: ClassVar[Literal["always", "if_it_had_one"]] = "always"
+
+    if TYPE_CHECKING:
+        # OpenAILikeEmbedding's names (``_STOCK``): constructor keywords for type checkers
+        # (pydantic's ``dataclass_transform`` signature lists fields only), not fields;
+        # the validator renames them to their fields
+        batch_size: InitVar[int | Literal["auto"]] = "auto"
+        model: InitVar[str | None] = None
+        api_base: InitVar[str | None] = None
+        timeout: InitVar[float | None] = None
+        default_headers: InitVar[Mapping[str, str] | None] = None
+        additional_kwargs: InitVar[Mapping[str, Any] | None] = None
+        reuse_client: InitVar[bool] = True
 
     if not TYPE_CHECKING:
         # Type checkers keep pydantic's field-based signature; at run time the core

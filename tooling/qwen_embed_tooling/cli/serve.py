@@ -8,6 +8,19 @@ from qwen_embed_plugins.cli._options import shown, sized
 
 __all__ = ["serve"]
 
+# Names of the real model of scripts/realserver.py: this server would only rename its
+# deterministic vectors, so asking for one gets the command that serves the real one.
+_REAL_MODELS = frozenset({"minilm", "all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"})
+_REAL_MODEL_ROUTE = (
+    "qwen-embed serve answers with deterministic test vectors, not a real model, so "
+    "--model {name} would only rename them. For all-MiniLM-L6-v2 (real weights, 384 "
+    "dimensions, through Infinity) run, in a checkout: python3 scripts/realserver.py "
+    "start  (the first run installs it into ~/.cache/qwen-embed-plugins: 1.6 GB, "
+    "~100 s; it prints http://127.0.0.1:7997/v1 once healthy, model all-MiniLM-L6-v2); "
+    "python3 scripts/realserver.py stop  stops it. See README, 'A real model for "
+    "prototyping'."
+)
+
 
 @click.command()
 @shown(
@@ -67,7 +80,8 @@ def serve(
     Deterministic vectors (not a real model), SGLang's dialect, on 127.0.0.1. Stops
     after --duration (status 0) or on Ctrl-C (status 130).
     A real model instead: `python3 scripts/realserver.py start` in a checkout serves
-    all-MiniLM-L6-v2 through Infinity (see README, "A real model for prototyping").
+    all-MiniLM-L6-v2 through Infinity (see README, "A real model for prototyping");
+    `--model minilm` (or all-MiniLM-L6-v2) prints that command and exits with status 1.
     """
     import errno
     import threading
@@ -79,6 +93,9 @@ def serve(
 
     hint = f"needs the tooling's dependencies: {_install_command('tooling')}"
     names = [name.strip() for name in model_names.split(",") if name.strip()]
+    for name in (model, *names):
+        if name is not None and name.strip().lower() in _REAL_MODELS:
+            fail(_REAL_MODEL_ROUTE.format(name=name))
     try:
         server = EmbeddingServer(
             port=port,

@@ -210,7 +210,9 @@ class _ThreadServer:
         settings = self._settings
         config = uvicorn.Config(
             self._asgi,
-            http="auto",  # httptools when installed (as in uvicorn[standard]), else h11
+            # h11 whatever is installed: httptools (uvicorn[standard], brought by chromadb)
+            # parses and answers differently, and the servers' behaviour is the tests'
+            http="h11",
             ws="none",
             lifespan="on",
             interface="asgi3",
