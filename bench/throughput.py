@@ -11,9 +11,11 @@ embedding call only:
   time, FIFO;
 - ``gpu_dynamic``: ``DynamicBatching(window=2 ms, max_tokens=8192, base=5 ms,
   per_token=0.05 ms)``: requests merged server-side into passes, one pass at a time;
-- ``infinity``: the real Infinity server (``QWEN_EMBED_REALSERVER_URL``, else
-  ``scripts/realserver.py status``), tiny Qwen3 and MiniLM; skipped, with the reason
-  printed, when it is not running (this script never starts it).
+- ``infinity``: the real Infinity server (CPU, in its own process), both of its models:
+  the tiny random-weight Qwen3 and MiniLM. Started here by ``scripts/realserver.py
+  start --port 0`` and stopped afterwards (or the one at ``QWEN_EMBED_REALSERVER_URL``);
+  skipped, with the reason printed, when its venv and model are not cached
+  (``python scripts/realserver.py setup`` installs them: minutes, 1.5 GB).
 
 Clients, sync and async, each with its DEFAULT settings: ours (LangChain
 ``QwenPooledEmbeddings.embed_documents`` / ``aembed_documents``, LlamaIndex
@@ -64,6 +66,8 @@ STOCK = {
 CLIENTS = (*OURS["sync"], *OURS["async"], *STOCK["sync"], *STOCK["async"])
 GRID = ((256, 2), (256, 4), (1024, 2), (1024, 4), (2048, 2), (2048, 8))
 QUICK_GRID = ((256, 4),)
+REAL_GRID = ((16, 2), (32, 2), (32, 4), (64, 2), (128, 1), (128, 2))
+"""The real server's grid: a CPU server, whose capacity is tens to hundreds of texts/s."""
 MODELS = ("constant", "gpu_serial", "gpu_dynamic", "infinity")
 TIMEOUT = 1800.0
 
@@ -88,31 +92,60 @@ def server_kwargs(name: str) -> dict[str, Any]:
     raise ValueError(name)
 
 
-def infinity_url() -> tuple[str | None, str]:
-    """The real Infinity server's base URL, or ``None`` and why not."""
+REALSERVER = Path(__file__).resolve().parents[1] / "scripts" / "realserver.py"
+
+
+def _realserver(*args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(REALSERVER), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def infinity_ready() -> str | None:
+    """Why the real Infinity server cannot be started here, or ``None`` when it can: its
+    venv and the tiny Qwen3 model are cached (``scripts/realserver.py setup``; this
+    script never installs them, which takes minutes and 1.5 GB)."""
+    if os.environ.get("QWEN_EMBED_REALSERVER_URL"):
+        return None
+    try:
+        proc = _realserver("paths")
+        paths = json.loads(proc.stdout)
+    except (OSError, subprocess.TimeoutExpired, ValueError) as exc:
+        return f"scripts/realserver.py paths failed: {exc}"
+    for key in ("venv", "model"):
+        if not (Path(paths[key]) / ".qwen-embed-complete.json").exists():
+            return (
+                f"the real Infinity server is not set up ({paths[key]} missing: "
+                "run `python scripts/realserver.py setup`)"
+            )
+    return None
+
+
+@contextlib.contextmanager
+def infinity_server() -> Iterator[tuple[str, list[str]]]:
+    """(base URL, served model names) of a real Infinity server: the one at
+    ``QWEN_EMBED_REALSERVER_URL`` if set (``/v1/models`` names its models), else one
+    started here on a free port in its own process and stopped afterwards."""
     url = os.environ.get("QWEN_EMBED_REALSERVER_URL")
     if url:
-        return url.rstrip("/"), "QWEN_EMBED_REALSERVER_URL"
-    script = Path(__file__).resolve().parents[1] / "scripts" / "realserver.py"
-    try:
-        proc = subprocess.run(
-            [sys.executable, str(script), "status", "--json"],
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"scripts/realserver.py status failed: {exc}"
+        import httpx
+
+        url = url.rstrip("/")
+        listed = httpx.get(url + "/models", timeout=30).json()["data"]
+        yield url, [str(m["id"]) for m in listed]
+        return
+    proc = _realserver("start", "--port", "0", "--json", timeout=600)
     if proc.returncode != 0:
-        return None, (
-            "the real Infinity server is not running (start it with "
-            "`python scripts/realserver.py start`, or set QWEN_EMBED_REALSERVER_URL)"
-        )
+        raise RuntimeError(f"scripts/realserver.py start failed:\n{proc.stderr[-3000:]}")
+    state = json.loads(proc.stdout.strip().splitlines()[-1])
     try:
-        return str(json.loads(proc.stdout)["base_url"]).rstrip("/"), "scripts/realserver.py"
-    except (ValueError, KeyError) as exc:
-        return None, f"scripts/realserver.py status gave no base_url: {exc}"
+        yield str(state["base_url"]).rstrip("/"), [str(m) for m in state["models"]]
+    finally:
+        _realserver("stop", "--port", str(state["port"]))
 
 
 # ----------------------------------------------------------------------------- workers
@@ -253,12 +286,11 @@ def run_worker(
 
 
 @contextlib.contextmanager
-def _target(name: str, infinity: str | None) -> Iterator[tuple[Any, str, list[str]]]:
+def _target(name: str) -> Iterator[tuple[Any, str, list[str]]]:
     """(server or None, base URL, models to embed with) of a server model."""
     if name == "infinity":
-        if infinity is None:
-            raise RuntimeError("no Infinity URL")
-        yield None, infinity, ["Qwen/Qwen3-Embedding-0.6B", "all-MiniLM-L6-v2"]
+        with infinity_server() as (base_url, served):
+            yield None, base_url, served
         return
     from qwen_embed_tooling.testing import EmbeddingServer
 
@@ -344,7 +376,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "--real-texts",
         type=int,
         default=None,
-        help="passages on the real Infinity server (a shared CPU server: default 500)",
+        help="passages on the real Infinity server (a CPU server on the same cores: default 200)",
     )
     ap.add_argument("--rounds", type=int, default=None, help="interleaved rounds (default 3)")
     ap.add_argument(
@@ -366,7 +398,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     IN_PROCESS = args.quick
     texts = args.texts or (300 if args.quick else 10_000)
     gpu_texts = args.gpu_texts or (60 if args.quick else 2_000)
-    real_texts = args.real_texts or (60 if args.quick else 500)
+    real_texts = args.real_texts or (60 if args.quick else 200)
     rounds = args.rounds or (1 if args.quick else 3)
     grid = QUICK_GRID if args.quick else GRID
     chosen = args.models or ("constant" if args.quick else ",".join(MODELS))
@@ -386,18 +418,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         "skipped": {},
     }
     for name in models:
-        infinity = None
         if name == "infinity":
-            infinity, why = infinity_url()
-            if infinity is None:
+            why = infinity_ready()
+            if why is not None:
                 report["skipped"][name] = why
                 print(f"skipping infinity: {why}", file=sys.stderr)
                 continue
         n = {"constant": texts, "infinity": real_texts}.get(name, gpu_texts)
-        with _target(name, infinity) as (srv, base_url, served):
+        with _target(name) as (srv, base_url, served):
             for model in served:
                 print(f"[{name}/{model}] {n} texts, {rounds} round(s)", file=sys.stderr)
-                report["results"].append(measure(name, base_url, model, srv, n, rounds, grid))
+                g = grid if name != "infinity" or args.quick else REAL_GRID
+                report["results"].append(measure(name, base_url, model, srv, n, rounds, g))
     load = os.getloadavg()
     report["environment"]["load_avg_at_end"] = [round(x, 2) for x in load]
     if args.json_path:
@@ -428,7 +460,7 @@ def render(report: dict[str, Any]) -> str:
                         f"{res['server']} ({res['model'].split('/')[-1]}, {res['texts']:,})",
                         ours,
                         r[ours]["texts_per_s"],
-                        r[ours]["requests"],
+                        "-" if r[ours]["requests"] is None else r[ours]["requests"],
                         f"{stock} {r[stock]['texts_per_s']:,.0f}",
                         f"{q['vs_best_stock']:.2f}x",
                         f"{r['capacity']['texts_per_s']:,.0f} ({cap['batch']}x{cap['in_flight']})",

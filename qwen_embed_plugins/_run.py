@@ -72,6 +72,9 @@ Flow = Generator[Op, Any, Any]
 # --------------------------------------------------------------------------- call state
 
 
+_DIM_LOCK = threading.Lock()
+
+
 @dataclass
 class Call:
     """One embedding call under way.
@@ -99,12 +102,13 @@ class Call:
     lowest: int | None = None
     last_ok: float = float("-inf")
     dim: int | None = None
-    _dim_lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def agree_dim(self, size: int) -> int:
         """The call's vector size: ``size`` if this is the first answer, else the first
         answer's (batches finish on several threads)."""
-        with self._dim_lock:
+        if self.dim is not None:
+            return self.dim
+        with _DIM_LOCK:  # one lock for every call: taken once per call, not one per call
             if self.dim is None:
                 self.dim = size
             return self.dim

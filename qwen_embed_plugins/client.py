@@ -283,6 +283,22 @@ class _Batches:
         return b
 
 
+# --------------------------------------------------------------------------- async library
+
+
+def load_async_library() -> None:
+    """Import the event-loop transport's HTTP library (aiohttp) now, if not yet done.
+
+    Called when an object that makes async calls is built (``AsyncEmbeddingClient``,
+    the LangChain and LlamaIndex adapters), so that the first async call does not
+    import it: that import is a one-off 0.15-0.3 s of CPU on a quiet machine (its
+    module set-up loads the system CA bundle), spent on the event loop, blocking every
+    other task of the program and, in a call timed from a fresh process, making the
+    async path slower than the sync one. A sync ``EmbeddingClient`` does not load it.
+    """
+    import aiohttp  # noqa: F401  (cheap once loaded: a sys.modules lookup)
+
+
 # --------------------------------------------------------------------------- base
 
 
@@ -300,6 +316,12 @@ class _ClientBase:
         self._config = config
         self._engine = Engine(config)
         self._sdk: Any = None  # the openai SDK object, built on first use
+        # how a flow's Send is performed: through the adaptive gate only when there is
+        # one (``max_concurrency="auto"``), else straight to the pool (one layer less)
+        self._perform = self._send if config.max_concurrency == "auto" else self._exchange
+
+    _send: Callable[[Send], Any]
+    _exchange: Callable[[Send], Any]
 
     # pickling / copying: only the config travels (its Secret re-reads the environment)
     def __getstate__(self) -> dict[str, Any]:
@@ -637,7 +659,7 @@ class EmbeddingClient(_ClientBase):
         call = engine.new_call(query=query)
 
         def one(abandon: threading.Event | None = None) -> FloatArray:
-            part: Part = run_sync(engine.batch_flow(call, [text], [0]), self._send, abandon)
+            part: Part = run_sync(engine.batch_flow(call, [text], [0]), self._perform, abandon)
             row: FloatArray = part.pieces[0][1][0]
             return row
 
@@ -663,7 +685,7 @@ class EmbeddingClient(_ClientBase):
         plan, batches = self._plan(inputs.texts)
         sink = _Sink(plan, lists=lists)
         counts = self._batch_counts(plan) if progress is not None else None
-        send = self._send
+        send = self._perform
         indices = _caller_indices(plan, inputs)
 
         def job(b: int) -> None:
@@ -688,8 +710,13 @@ class AsyncEmbeddingClient(_ClientBase):
     Really async: requests run on the running event loop through the pool's transport
     for that loop (one per loop, so ``asyncio.run()`` many times, Jupyter and threads
     with their own loops all work). At most ``max_concurrency`` batches of a call are in
-    flight at once.
+    flight at once. Building one loads the HTTP library (``load_async_library``), so
+    that its first call does not block the event loop importing it.
     """
+
+    def _init(self, config: EmbeddingConfig) -> None:
+        load_async_library()
+        super()._init(config)
 
     @overload
     async def embed_documents(
@@ -750,7 +777,10 @@ class AsyncEmbeddingClient(_ClientBase):
 
     async def embed_query(self, text: str) -> list[float]:
         """Embed one query with the Qwen3 instruction; ``dim`` floats."""
-        result: list[float] = (await self.embed_query_array(text)).tolist()
+        # embed_query_array inlined: one coroutine less per query
+        validate_text(text, None, max_chars=self._config.max_text_chars)
+        query = format_query(text, self._config.query_task)
+        result: list[float] = (await self._embed_one(query, query=True)).tolist()
         return result
 
     async def embed_query_array(self, text: str) -> FloatArray:
@@ -819,12 +849,12 @@ class AsyncEmbeddingClient(_ClientBase):
         call = engine.new_call(query=query)
         delay = engine.endpoint.p95() if query and self._config.hedge else None
         if delay is None:  # the common path: no extra coroutine per query
-            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._send)
+            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._perform)
             first: FloatArray = part.pieces[0][1][0]
             return first
 
         async def one() -> FloatArray:
-            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._send)
+            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._perform)
             row: FloatArray = part.pieces[0][1][0]
             return row
 
@@ -847,7 +877,7 @@ class AsyncEmbeddingClient(_ClientBase):
         plan, batches = self._plan(inputs.texts)
         sink = _Sink(plan, lists=lists)
         counts = self._batch_counts(plan) if progress is not None else None
-        send = self._send
+        send = self._perform
         indices = _caller_indices(plan, inputs)
 
         async def job(b: int) -> None:

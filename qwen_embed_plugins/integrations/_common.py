@@ -34,7 +34,7 @@ from pydantic import (
 )
 
 from .._server_text import has_credentials, redact_url
-from ..client import AsyncEmbeddingClient, EmbeddingClient
+from ..client import AsyncEmbeddingClient, EmbeddingClient, load_async_library
 from ..config import (
     DEFAULT_MODEL,
     ENV_API_KEY,
@@ -796,6 +796,10 @@ class FlatSettings(BaseModel):
             ConfigError: a field holds an invalid value.
         """
         config = self._build_config()
+        # an adapter serves async calls too: load their HTTP library now, not on the
+        # event loop inside the first one (nor inside the first sync call, which builds
+        # the async client with the sync one)
+        load_async_library()
         # __dict__ directly: no __setattr__ (it would refresh again)
         base = config.base_url
         self.__dict__["base_url"] = list(base) if isinstance(base, tuple) else base
