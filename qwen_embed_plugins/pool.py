@@ -143,12 +143,12 @@ def _disown(slot: _LoopSlot) -> _Held | None:
 
 def _loop_collected(slot: _LoopSlot) -> None:
     """Finaliser of a slot's loop, collected without being closed: its transports are
-    collected with it, and close their sockets quietly (``QuietFlag``). Runs inside
-    garbage collection, in any thread: takes no lock; the slot is purged later. It runs
-    before any finaliser of the loop's garbage, so it closes the connections' sockets
-    first (their server sees them close now)."""
+    collected with it (``QuietFlag``). Runs inside garbage collection, in any thread:
+    takes no lock; the slot is purged later. It runs before any finaliser of the loop's
+    garbage, so it shuts the connections' sockets down first (their server sees them
+    close now)."""
     slot.dead = True
-    slot.quiet.close_sockets()
+    slot.quiet.shutdown_sockets(loop_open=False)
     _detached.pop(slot.token, None)
 
 
@@ -241,16 +241,18 @@ async def _loop_sentinel(entry: _Entry, slot: _LoopSlot) -> AsyncGenerator[None,
             await held[0].aclose()
 
 
-def _abandon(slot: _LoopSlot, loop: asyncio.AbstractEventLoop | None = None) -> None:
-    """Release a slot whose loop is closed or collected (or, ``loop``, open but never to
-    run again): its sockets are closed directly (the loop cannot close them), quietly."""
+def _abandon(slot: _LoopSlot) -> None:
+    """Release a slot whose loop is closed or collected (or open but never to run
+    again): its connections are shut down at once (the loop cannot close them; see
+    ``AsyncTransport.abandon``)."""
     slot.dead = True
-    slot.quiet.is_set = True
     slot.forget_loop()
     held = _disown(slot)
     transport = held[0] if held is not None else slot.transport
     if transport is not None:
-        transport.abandon(loop)
+        transport.abandon()
+    loop = slot.loop_ref()
+    slot.quiet.shutdown_sockets(loop_open=loop is not None and not loop.is_closed())
     if held is not None and held[1] is not None:
         # Finish the parked generator without awaiting (its loop is closed).
         with contextlib.suppress(StopIteration, RuntimeError, GeneratorExit):
@@ -432,10 +434,8 @@ def _close_all(*, exiting: bool) -> None:
     if exiting:
         for slot in list(_detached.values()):
             loop = slot.loop_ref()
-            if loop is None or loop.is_closed():
+            if loop is None or loop.is_closed() or not loop.is_running():
                 _abandon(slot)
-            elif not loop.is_running():
-                _abandon(slot, loop)
 
 
 def _release(slot: _LoopSlot, *, exiting: bool) -> None:
@@ -445,7 +445,7 @@ def _release(slot: _LoopSlot, *, exiting: bool) -> None:
     transport = slot.transport
     if loop is not None and not loop.is_closed() and transport is not None:
         if exiting and not loop.is_running():
-            _abandon(slot, loop)  # the interpreter is exiting: it will not run again
+            _abandon(slot)  # the interpreter is exiting: it will not run again
             return
         # Close it inside its own loop: now if the loop is running, else the next time
         # it runs (its sockets belong to that loop's selector). Retired meanwhile: no
