@@ -300,9 +300,8 @@ class AsyncTransport:
     wait in a FIFO gate in front of the pool (at most ``Timeouts.pool`` seconds), never
     inside the HTTP library.
 
-    ``quiet`` (shared with the pool's slot) is set once the transport will not be closed
-    inside its loop any more; the transport's objects then close their sockets quietly
-    when collected (see ``QuietFlag``).
+    ``quiet`` (shared with the pool's slot) keeps the connections' sockets and is set
+    once the transport will not be closed inside its loop any more (see ``QuietFlag``).
     """
 
     def __init__(

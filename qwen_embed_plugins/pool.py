@@ -13,12 +13,12 @@ connections, whichever tenant's key it sends.
   closed inside it. The registry holds loops and their transports weakly: the loop
   object itself owns its transports (an attribute on the loop; a strong reference here
   only for a loop that takes no attribute, such as uvloop's). A loop closed without
-  ``shutdown_asyncgens`` releases its pool at the next lookup or reaper pass (its sockets
-  are closed directly). A loop dropped without being closed at all is garbage-collected
-  with its pools, and its connections are closed then (the server sees them close),
-  quietly: no "Unclosed client session" / "Unclosed connector" / "unclosed transport"
-  message for them. ``asyncio.run()`` twice, Jupyter, pytest and threads with their own
-  loops all work.
+  ``shutdown_asyncgens`` releases its pool at the next lookup or reaper pass (its
+  connections are released directly). A loop dropped without being closed at all is
+  garbage-collected with its pools, and its connections are released then (the server
+  sees them close), with no "Unclosed client session" / "Unclosed connector" message;
+  asyncio itself reports such a loop and its transports (``_async_http``).
+  ``asyncio.run()`` twice, Jupyter, pytest and threads with their own loops all work.
 - **fork**: a child process never touches its parent's sockets: the registry is emptied
   in the child (``os.register_at_fork``) and transports are rebuilt lazily.
 - **Lazy**: nothing is opened until the first request. Creation is lock-guarded.
@@ -407,14 +407,14 @@ def close_all() -> None:
 
     An async pool is closed inside its own event loop (scheduled there: at once if the
     loop is running, else when it next runs); if that loop never runs again and is
-    dropped, or the interpreter exits, its sockets are closed when it is collected,
-    quietly (no "Unclosed ..." message). The sockets of a closed loop's pool are closed
-    directly; a collected loop's pool went with it. Later calls simply open new
+    dropped, or the interpreter exits, its connections are released when it is
+    collected (no aiohttp "Unclosed ..." message). The connections of a closed loop's
+    pool are released directly; a collected loop's pool went with it. Later calls simply open new
     connections; requests in flight on a closed pool are resent once on a new one (a
     close is never counted against the endpoint's health).
 
     At interpreter exit (it runs then too) the pool of a loop that is not running is
-    abandoned at once instead: its sockets are closed directly, quietly.
+    abandoned at once instead: its connections are released directly.
     """
     _close_all(exiting=False)
 
