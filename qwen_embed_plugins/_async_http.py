@@ -257,11 +257,12 @@ def _aiohttp_connector_class() -> Any:
             return quiet.shut or (quiet.is_set and not self.qwen_hooks.loop.is_running())
 
         def __del__(self, _warnings: Any = warnings) -> None:
-            quiet = self.qwen_hooks.quiet
-            if quiet.is_set and not super().closed:
+            hooks = self.__dict__.get("qwen_hooks")  # absent if __init__ failed
+            if hooks is not None and hooks.quiet.is_set and not super().closed:
                 # nobody will close it inside its loop any more: its connections are
-                # shut down (the server sees them close), no "Unclosed connector"
-                quiet.shutdown_sockets(loop_open=not self.qwen_hooks.loop.is_closed())
+                # released (the server sees them close), no "Unclosed connector"
+                with contextlib.suppress(Exception):  # a finaliser must not raise
+                    hooks.quiet.shutdown_sockets(loop_open=not hooks.loop.is_closed())
                 return
             super().__del__(_warnings)
 
