@@ -13,12 +13,12 @@ connections, whichever tenant's key it sends.
   closed inside it. The registry holds loops and their transports weakly: the loop
   object itself owns its transports (an attribute on the loop; a strong reference here
   only for a loop that takes no attribute, such as uvloop's). A loop closed without
-  ``shutdown_asyncgens`` releases its pool at the next lookup or reaper pass (its sockets
-  are closed directly). A loop dropped without being closed at all is garbage-collected
-  with its pools, and its connections are closed then (the server sees them close),
-  quietly: no "Unclosed client session" / "Unclosed connector" / "unclosed transport"
-  message for them. ``asyncio.run()`` twice, Jupyter, pytest and threads with their own
-  loops all work.
+  ``shutdown_asyncgens`` releases its pool at the next lookup or reaper pass (its
+  connections are released directly). A loop dropped without being closed at all is
+  garbage-collected with its pools, and its connections are released then (the server
+  sees them close), with no "Unclosed client session" / "Unclosed connector" message;
+  asyncio itself reports such a loop and its transports (``_async_http``).
+  ``asyncio.run()`` twice, Jupyter, pytest and threads with their own loops all work.
 - **fork**: a child process never touches its parent's sockets: its pools drop their
   transports in the child (the fork hook of ``_state``) and rebuild them lazily.
 - **Lazy**: nothing is opened until the first request. Creation is lock-guarded.
@@ -116,10 +116,8 @@ class _LoopSlot:
         """At interpreter exit, for a detached slot: abandon it if its loop is closed,
         collected or not running (its scheduled close will never run)."""
         loop = self.loop_ref()
-        if loop is None or loop.is_closed():
+        if loop is None or loop.is_closed() or not loop.is_running():
             _abandon(self)
-        elif not loop.is_running():
-            _abandon(self, loop)
 
     def after_fork_in_child(self) -> None:
         """In a forked child: the parent's sockets are never closed here, not even by a
@@ -158,12 +156,12 @@ def _disown(slot: _LoopSlot) -> _Held | None:
 
 def _loop_collected(slot: _LoopSlot) -> None:
     """Finaliser of a slot's loop, collected without being closed: its transports are
-    collected with it, and close their sockets quietly (``QuietFlag``). Runs inside
-    garbage collection, in any thread: takes no lock; the slot is purged later. It runs
-    before any finaliser of the loop's garbage, so it closes the connections' sockets
-    first (their server sees them close now)."""
+    collected with it (``QuietFlag``). Runs inside garbage collection, in any thread:
+    takes no lock; the slot is purged later. It runs before any finaliser of the loop's
+    garbage, so it shuts the connections' sockets down first (their server sees them
+    close now)."""
     slot.dead = True
-    slot.quiet.close_sockets()
+    slot.quiet.shutdown_sockets(loop_open=False)
     STATE.detached.pop(slot.token, None)
 
 
@@ -280,16 +278,18 @@ async def _loop_sentinel(entry: _Entry, slot: _LoopSlot) -> AsyncGenerator[None,
             await held[0].aclose()
 
 
-def _abandon(slot: _LoopSlot, loop: asyncio.AbstractEventLoop | None = None) -> None:
-    """Release a slot whose loop is closed or collected (or, ``loop``, open but never to
-    run again): its sockets are closed directly (the loop cannot close them), quietly."""
+def _abandon(slot: _LoopSlot) -> None:
+    """Release a slot whose loop is closed or collected (or open but never to run
+    again): its connections are shut down at once (the loop cannot close them; see
+    ``AsyncTransport.abandon``)."""
     slot.dead = True
-    slot.quiet.is_set = True
     slot.forget_loop()
     held = _disown(slot)
     transport = held[0] if held is not None else slot.transport
     if transport is not None:
-        transport.abandon(loop)
+        transport.abandon()
+    loop = slot.loop_ref()
+    slot.quiet.shutdown_sockets(loop_open=loop is not None and not loop.is_closed())
     if held is not None and held[1] is not None:
         # Finish the parked generator without awaiting (its loop is closed).
         with contextlib.suppress(StopIteration, RuntimeError, GeneratorExit):
@@ -442,14 +442,14 @@ def close_all() -> None:
 
     An async pool is closed inside its own event loop (scheduled there: at once if the
     loop is running, else when it next runs); if that loop never runs again and is
-    dropped, or the interpreter exits, its sockets are closed when it is collected,
-    quietly (no "Unclosed ..." message). The sockets of a closed loop's pool are closed
-    directly; a collected loop's pool went with it. Later calls simply open new
+    dropped, or the interpreter exits, its connections are released when it is
+    collected (no aiohttp "Unclosed ..." message). The connections of a closed loop's
+    pool are released directly; a collected loop's pool went with it. Later calls simply open new
     connections; requests in flight on a closed pool are resent once on a new one (a
     close is never counted against the endpoint's health).
 
     At interpreter exit (it runs then too) the pool of a loop that is not running is
-    abandoned at once instead: its sockets are closed directly, quietly.
+    abandoned at once instead: its connections are released directly.
     """
     STATE.close()
 
@@ -461,7 +461,7 @@ def _release(slot: _LoopSlot, *, exiting: bool) -> None:
     transport = slot.transport
     if loop is not None and not loop.is_closed() and transport is not None:
         if exiting and not loop.is_running():
-            _abandon(slot, loop)  # the interpreter is exiting: it will not run again
+            _abandon(slot)  # the interpreter is exiting: it will not run again
             return
         # Close it inside its own loop: now if the loop is running, else the next time
         # it runs (its sockets belong to that loop's selector). Retired meanwhile: no

@@ -263,3 +263,73 @@ def test_the_circle_finder_finds_circles() -> None:
 
 def test_no_import_circle_at_all() -> None:
     assert circles(import_graph()) == []
+
+
+# --------------------------------------------------------------------------- backends' privates
+
+# The modules that drive a backend only through its public API (issue 19, Deliver 1).
+PUBLIC_API_ONLY = ("_async_http.py",)
+
+
+def private_attribute_uses(source: str) -> list[str]:
+    """Where ``source`` reads or assigns a private attribute (``_x``, not a dunder) of an
+    object that is not its own: on anything but ``self``, or on ``self`` inside a class
+    that derives from a third-party one (there ``self`` is the backend's object too);
+    and every assignment to ``__class__``."""
+    tree = ast.parse(source)
+    found: list[str] = []
+
+    def third_party_base(cls: ast.ClassDef) -> bool:
+        # our own bases are bare names of this module; a dotted base (``aiohttp.X``) is not
+        return any(isinstance(base, ast.Attribute) for base in cls.bases)
+
+    def visit(node: ast.AST, foreign_self: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, third_party_base(child))
+                continue
+            if isinstance(child, ast.Attribute):
+                name = child.attr
+                on_self = isinstance(child.value, ast.Name) and child.value.id == "self"
+                if name == "__class__" and isinstance(child.ctx, ast.Store):
+                    found.append(f"line {child.lineno}: assigns __class__")
+                elif (
+                    name.startswith("_")
+                    and not (name.startswith("__") and name.endswith("__"))
+                    and (not on_self or foreign_self)
+                ):
+                    found.append(f"line {child.lineno}: .{name}")
+            visit(child, foreign_self)
+
+    visit(tree, False)
+    return found
+
+
+@pytest.mark.parametrize("name", PUBLIC_API_ONLY)
+def test_backends_are_driven_through_their_public_api_only(name: str) -> None:
+    """No reading or assigning of a private attribute of asyncio's, aiohttp's, httpx's
+    or httpcore's objects (``connector._conns``, ``transport._sock``,
+    ``loop._transports``...), and no ``__class__`` swap."""
+    uses = private_attribute_uses((ROOT / name).read_text(encoding="utf-8"))
+    assert uses == [], f"{name}: {uses}"
+
+
+def test_the_private_attribute_check_finds_them() -> None:
+    source = (
+        "import aiohttp\n"
+        "class Ours:\n"
+        "    def f(self, connector, loop, wire):\n"
+        "        self._mine = connector._conns\n"  # ours is fine, the connector's is not
+        "        del loop._transports[3]\n"
+        "        wire.__class__ = Ours\n"
+        "        wire.__class__.__name__\n"  # a read of a dunder is fine
+        "class Sub(aiohttp.TCPConnector):\n"
+        "    def g(self):\n"
+        "        return self._closed\n"  # self is aiohttp's object here
+    )
+    assert private_attribute_uses(source) == [
+        "line 4: ._conns",
+        "line 5: ._transports",
+        "line 6: assigns __class__",
+        "line 10: ._closed",
+    ]

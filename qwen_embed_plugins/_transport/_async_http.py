@@ -9,13 +9,12 @@ unread bytes never reused, connections opened counted, requests beyond
 
 A transport belongs to its event loop (the pool stores it on the loop object), so a loop
 dropped without being closed is garbage-collected with its transports. ``QuietFlag`` is
-then set (by the pool's finaliser on the loop): the connector reports itself closed and
-every connection's socket is closed directly, so the server sees the connections close
-and no "Unclosed client session" / "Unclosed connector" / "unclosed transport" message
-is printed for a loop the user dropped.
+then set (by the pool's finaliser on the loop, which runs before any finaliser of the
+loop's garbage) and every connection is released at once, so the server sees it close;
+aiohttp prints no "Unclosed client session" / "Unclosed connector" for it.
 
 aiohttp was chosen after measuring the candidates side by side (docs/benchmarks.md,
-"Transport candidates"): httpx2's async stack costs 2.4-4.6x raw aiohttp per request.
+"Transport candidates"): httpx2's async stack costs several times raw aiohttp's CPU per request.
 
 Which guarantee comes from where:
 
@@ -34,25 +33,42 @@ Which guarantee comes from where:
   keepalive_expiry)``; httpx's ``Limits``. aiohttp has no cap on idle connections kept
   below ``limit``: ``max_keepalive_connections`` applies to the HTTP/2 client only.
 
-Remaining reliance on aiohttp's, httpx's and asyncio's private attributes (issue 19
-item 1 is not finished here): the quiet close of a loop dropped without being closed
-(``QuietFlag``, ``_close_connector_quietly``, ``_close_dead_transport``,
-``_quiet_when_collected``: ``connector._conns`` / ``_acquired`` / ``_closed``,
-``session._connector``, asyncio transports' ``_sock`` / ``_ssl_protocol`` and the
-loop's ``_transports``, a ``__class__`` swap), the connector subclass's ``connect``
-override (reads ``_closed`` / ``_loop``, marks connections ``_qwen_fresh``) and the
-HTTP/2 socket lookup in ``_opened_stream``. No public API closes a socket whose event
-loop is gone without a ResourceWarning; the candidate is to drop that guarantee (a loop
-must be closed, as aiohttp itself requires) or to open the sockets ourselves
-(``TCPConnector(socket_factory=...)``, public since aiohttp 3.12) and close them
-directly.
+Public APIs only (no private attribute of asyncio, aiohttp, httpx or httpcore is read or
+assigned; ``tests/test_layout.py`` checks it):
+
+- aiohttp's sockets are made here (``TCPConnector(socket_factory=...)``, aiohttp >=
+  3.12), so the library can close them itself; httpx's are seen through httpcore's
+  ``stream.get_extra_info("socket")`` (asyncio's socket view: shut down, never closed);
+- the connector subclass overrides public members only: ``connect`` (counts new
+  connections, tells the request whether its connection is new, and closes a kept-alive
+  connection whose protocol ``should_close`` — unread bytes — instead of reusing it),
+  ``closed`` and the finaliser (silent once ``QuietFlag`` is set: the connections are
+  released by the library); it relies on aiohttp's ``ClientSession`` finaliser asking
+  ``connector.closed``, and on ``should_close`` (public name, not documented);
+- a loop that is open but will not run again (``close_all`` at exit): each aiohttp
+  connection's asyncio transport is aborted (``Transport.abort`` takes it out of the
+  selector at once) and its socket closed; an httpx connection's socket is shut down and
+  the client closed inside the loop if it runs again.
+
+The bounded alternative where no public API gives the guarantee: a transport of a loop
+that is closed without ``shutdown_asyncgens()`` or dropped unclosed cannot be closed
+(its ``close()`` needs the loop). Its connections are still released at once (the
+server sees them close; aiohttp's sockets are closed, httpx's shut down), but asyncio's
+own finaliser reports each such transport ("unclosed transport" ResourceWarning, shown
+only when ResourceWarnings are enabled) next to its report of the loop itself
+("unclosed event loop") when the loop's garbage is collected, and closes the descriptor
+then. A loop run by ``asyncio.run()`` (or shut down with ``shutdown_asyncgens()``) closes
+its transports inside it: nothing is reported.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import io
+import os
+import socket
 import time
 import warnings
 import weakref
@@ -96,38 +112,118 @@ _LARGE_BODY = 1 << 20  # bytes: aiohttp's threshold for its "large body" warning
 
 
 class QuietFlag:
-    """Shared by one transport, its connector and its connections (and the pool's slot
-    for it). Set once nobody will close the transport inside its event loop any more:
-    the loop was garbage-collected without being closed, the pool retired the transport
-    (``close_all``), or its loop is closed. From then on a finaliser that finds one of
-    its objects unclosed closes the sockets directly, without a warning: the connector
-    reports itself closed whenever its loop is not running (so aiohttp's
-    ``ClientSession.__del__`` stays silent), and closes its sockets when collected.
+    """Shared by one transport, its connector (and the pool's slot for it). Set once
+    nobody will close the transport inside its event loop any more: the loop was
+    garbage-collected without being closed, the pool retired the transport
+    (``close_all``), or its loop is closed. From then on the connector reports itself
+    closed while its loop is not running (so aiohttp's ``ClientSession`` finaliser stays
+    silent), and a connector collected unclosed shuts its connections down instead of
+    warning.
 
-    It also keeps the raw sockets of the transport's connections (sockets hold nothing
-    of the loop), so that the pool's finaliser on a collected loop can close them before
-    any finaliser of the loop's garbage runs (``close_sockets``)."""
+    It also keeps the socket of every connection the transport opened (aiohttp's are
+    made here, ``new_socket`` is the connector's ``socket_factory``; httpx's are asyncio's
+    ``get_extra_info("socket")`` view), none of which holds anything of the loop, so that
+    the pool's finaliser on a collected loop can release them before any finaliser of
+    the loop's garbage runs (``shutdown_sockets``)."""
 
-    __slots__ = ("_socks", "is_set")
+    __slots__ = ("_conns", "_made", "_pid", "is_set", "shut")
 
     def __init__(self) -> None:
+        self._pid = os.getpid()
         self.is_set = False
-        self._socks: list[Any] = []
+        self.shut = False  # every connection was released: nothing is left to close
+        # aiohttp: the sockets made (``new_socket``) whose connection is not up yet
+        self._made: dict[int, socket.socket] = {}
+        # every connection: its socket, and a weak reference to its asyncio transport
+        self._conns: list[tuple[Any, weakref.ref[Any] | None]] = []
 
-    def track(self, sock: Any) -> None:
-        """Keep ``sock`` (a new connection's socket); forget the ones closed since."""
-        socks = self._socks
-        socks[:] = [s for s in socks if s.fileno() != -1]
-        socks.append(sock)
+    def new_socket(self, addr_info: Any) -> socket.socket:
+        """aiohttp's ``socket_factory``: a socket for one connection attempt."""
+        family, type_, proto, _, _ = addr_info
+        sock = socket.socket(family=family, type=type_, proto=proto)
+        made = self._made
+        if len(made) > 8:  # attempts that failed (closed by aiohappyeyeballs)
+            self._made = made = {fd: s for fd, s in made.items() if s.fileno() != -1}
+        made[sock.fileno()] = sock
+        return sock
 
-    def close_sockets(self) -> None:
-        """Set the flag and close every connection's socket directly (the loop is gone
-        or will never run again)."""
+    def track(self, wire: Any) -> None:
+        """Keep a new aiohttp connection (its asyncio transport ``wire``): its socket,
+        and the transport weakly. Forget the connections closed since."""
+        view = wire.get_extra_info("socket")
+        sock = self._made.pop(view.fileno(), view) if view is not None else None
+        self._keep(sock, weakref.ref(wire))
+
+    def track_stream(self, stream: Any) -> None:
+        """Keep the socket of a new httpcore network stream (httpx, HTTP/2)."""
+        self._keep(stream.get_extra_info("socket"), None)
+
+    def _keep(self, sock: Any, wire: weakref.ref[Any] | None) -> None:
+        if sock is None:
+            return
+        conns = self._conns
+        conns[:] = [c for c in conns if c[0].fileno() != -1]
+        conns.append((sock, wire))
+
+    def has_open(self) -> bool:
+        """Whether a kept connection's socket is still open."""
+        return any(c[0].fileno() != -1 for c in self._conns)
+
+    def shutdown_sockets(self, *, loop_open: bool) -> None:
+        """Set the flag and release every connection now: the server sees it close.
+
+        ``loop_open``: the transport's loop is still open (not closed, not collected),
+        but will not run before this returns. Each aiohttp connection's asyncio
+        transport is then aborted first (``Transport.abort``: it leaves the loop's
+        selector at once) and its socket closed; an httpx connection's socket is shut
+        down (``SHUT_RDWR``), and its descriptor closed by asyncio when the loop runs
+        again. Without ``loop_open`` the loop is closed or gone: aiohttp's sockets are
+        closed and httpx's shut down (their descriptors are closed by asyncio's
+        finaliser of the loop's transports, with its "unclosed transport"
+        ResourceWarning). In a forked child nothing is touched: a shutdown would end
+        the parent's connection (the socket is shared)."""
         self.is_set = True
-        socks, self._socks = self._socks, []
-        for sock in socks:
+        self.shut = True
+        conns, self._conns = self._conns, []
+        made, self._made = self._made, {}
+        if os.getpid() != self._pid:
+            return
+        for sock, ref in conns:
+            wire = ref() if ref is not None else None
+            closable = isinstance(sock, socket.socket)
+            if loop_open:
+                closable = closable and wire is not None
+                if wire is not None and closable:
+                    with contextlib.suppress(Exception):
+                        wire.abort()
             with contextlib.suppress(OSError):
-                sock.close()
+                if closable:
+                    sock.close()
+                else:
+                    sock.shutdown(socket.SHUT_RDWR)
+        for sock in made.values():  # a connection attempt under way
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+                if not loop_open:
+                    sock.close()
+
+
+_fresh: contextvars.ContextVar[bool] = contextvars.ContextVar("qwen_embed_fresh", default=True)
+"""Set by the connector for the request being connected (in the request's own context):
+``True`` when it got a connection opened for it."""
+
+
+class _Hooks:
+    """What the connector subclass needs of its transport (one attribute on the
+    connector, so that no name of ours can collide with one of aiohttp's)."""
+
+    __slots__ = ("loop", "opened", "quiet", "seen")
+
+    def __init__(self, loop: Any, quiet: QuietFlag, opened: Callable[[Any], None]) -> None:
+        self.loop = loop
+        self.quiet = quiet
+        self.opened = opened
+        self.seen: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _aiohttp_connector_class() -> Any:
@@ -137,53 +233,54 @@ def _aiohttp_connector_class() -> Any:
     import aiohttp
 
     class _Connector(aiohttp.TCPConnector):
-        """Counts the connections it opens, and never hands out a kept-alive connection
-        with unread data on it (a stray response no request asked for). Once its
-        ``QuietFlag`` is set it reports itself closed while its loop is not running, and
-        if collected unclosed closes its sockets quietly (see ``QuietFlag``)."""
+        """Counts the connections it opens, tells each request whether its connection
+        is new (``_fresh``), and never hands out a kept-alive connection with unread
+        data on it (a stray response no request asked for). Once its ``QuietFlag`` is
+        set it reports itself closed while its loop is not running, and if collected
+        unclosed shuts its connections down instead of warning (see ``QuietFlag``).
 
-        def __init__(
-            self,
-            *args: Any,
-            metrics: EndpointMetrics,
-            quiet: QuietFlag,
-            opened: Callable[[Any], None],
-            **kwargs: Any,
-        ) -> None:
+        Public members only: ``connect``, ``closed`` and the finaliser are overridden;
+        the connection's ``protocol``/``transport`` and the protocol's ``should_close``
+        are read."""
+
+        def __init__(self, *args: Any, qwen_hooks: _Hooks, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._metrics = metrics
-            self._seen: weakref.WeakSet[Any] = weakref.WeakSet()
-            self._qwen_quiet = quiet
-            self._qwen_opened = opened
+            self.qwen_hooks = qwen_hooks
 
         @property
         def closed(self) -> bool:
-            if self._closed:
+            if super().closed:
                 return True
-            return self._qwen_quiet.is_set and not self._loop.is_running()
+            quiet = self.qwen_hooks.quiet
+            return quiet.shut or (quiet.is_set and not self.qwen_hooks.loop.is_running())
 
         def __del__(self, _warnings: Any = warnings) -> None:
-            if not self._closed and self._qwen_quiet.is_set:
-                with contextlib.suppress(Exception):
-                    _close_connector_quietly(self, self._loop)
+            hooks = self.__dict__.get("qwen_hooks")  # absent if __init__ failed
+            if hooks is not None and hooks.quiet.is_set and not super().closed:
+                # nobody will close it inside its loop any more: its connections are
+                # released (the server sees them close), no "Unclosed connector"
+                with contextlib.suppress(Exception):  # a finaliser must not raise
+                    hooks.quiet.shutdown_sockets(loop_open=not hooks.loop.is_closed())
+                return
             super().__del__(_warnings)
 
         async def connect(self, req: Any, traces: Any, timeout: Any) -> Any:  # noqa: ASYNC109
+            hooks = self.qwen_hooks
             for _ in range(64):
                 conn = await super().connect(req, traces, timeout)
                 proto = conn.protocol
-                if proto is None or proto not in self._seen:
-                    if proto is not None:
-                        self._seen.add(proto)
-                    self._metrics.connection_opened()
-                    if proto is not None:
-                        self._qwen_opened(proto.transport)
-                    conn._qwen_fresh = True  # type: ignore[attr-defined]
+                if proto is None:
+                    _fresh.set(True)
+                    return conn
+                if proto not in hooks.seen:
+                    hooks.seen.add(proto)
+                    hooks.opened(conn.transport)
+                    _fresh.set(True)
                     return conn
                 if proto.should_close:  # unread bytes or a half-read body: never reuse
                     conn.close()
                     continue
-                conn._qwen_fresh = False  # type: ignore[attr-defined]
+                _fresh.set(False)
                 return conn
             return conn
 
@@ -202,9 +299,8 @@ class AsyncTransport:
     wait in a FIFO gate in front of the pool (at most ``Timeouts.pool`` seconds), never
     inside the HTTP library.
 
-    ``quiet`` (shared with the pool's slot) is set once the transport will not be closed
-    inside its loop any more; the transport's objects then close their sockets quietly
-    when collected (see ``QuietFlag``).
+    ``quiet`` (shared with the pool's slot) keeps the connections' sockets and is set
+    once the transport will not be closed inside its loop any more (see ``QuietFlag``).
     """
 
     def __init__(
@@ -229,30 +325,22 @@ class AsyncTransport:
         self._h2c = cleartext and self.http2
         self._urls: dict[str, Any] = {}
         self.quiet = quiet if quiet is not None else QuietFlag()
-        # The asyncio transports of the connections opened (both libraries), for
-        # ``abandon`` and for the quiet close when collected.
-        self._wires: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._loop: asyncio.AbstractEventLoop | None = None  # once a session/client exists
 
     @property
     def is_closed(self) -> bool:
         return self._closed
 
     def _opened(self, wire: Any) -> None:
-        """Note a new connection's asyncio transport (aiohttp's, or the socket stream
-        under httpx's) so that it can be closed without its loop."""
-        if wire is None:
-            return
-        with contextlib.suppress(TypeError):
-            self._wires.add(wire)
-        sock = _raw_socket(wire)
-        if sock is not None:
-            self.quiet.track(sock)
-        _quiet_when_collected(wire, self.quiet)
+        """Count a new aiohttp connection and keep it (``QuietFlag``)."""
+        self.metrics.connection_opened()
+        if wire is not None:
+            self.quiet.track(wire)
 
     def _opened_stream(self, stream: Any) -> None:
-        """``_opened`` for an httpcore network stream (anyio's asyncio socket stream)."""
-        inner = getattr(stream, "_stream", None)
-        self._opened(getattr(inner, "_transport", None))
+        """Keep a new httpcore network stream's socket (``QuietFlag``)."""
+        if stream is not None:
+            self.quiet.track_stream(stream)
 
     # ---------------------------------------------------------------- aiohttp
 
@@ -262,9 +350,8 @@ class AsyncTransport:
             import aiohttp
 
             connector = _aiohttp_connector_class()(
-                metrics=self.metrics,
-                quiet=self.quiet,
-                opened=self._opened,
+                qwen_hooks=_Hooks(self._running_loop(), self.quiet, self._opened),
+                socket_factory=self.quiet.new_socket,
                 limit=self.key.limits.max_connections,
                 limit_per_host=0,
                 keepalive_timeout=self.key.limits.keepalive_expiry or 0.001,
@@ -280,6 +367,10 @@ class AsyncTransport:
                 skip_auto_headers=("Accept-Encoding",),
             )
         return session
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        loop = self._loop = asyncio.get_running_loop()
+        return loop
 
     def _url(self, url: str) -> Any:
         found = self._urls.get(url)
@@ -316,8 +407,7 @@ class AsyncTransport:
                 timeout=timeout,
                 proxy=self.key.proxy,
             )
-            conn = resp.connection
-            progress.fresh = bool(getattr(conn, "_qwen_fresh", True)) if conn else True
+            progress.fresh = _fresh.get()
             progress.stage = "read"
             check_status(resp.status, req, progress)
             _declared_too_big(resp.headers, req.max_bytes, req.ctx)
@@ -362,6 +452,7 @@ class AsyncTransport:
         client = self._client
         if client is None:
             quiet_header_loggers()
+            self._running_loop()
             inner = httpx.AsyncHTTPTransport(
                 verify=self._ssl,
                 http1=not self._h2c,
@@ -479,8 +570,8 @@ class AsyncTransport:
 
     def retire(self) -> None:
         """No new request may use this transport (``close_all``): its close is left to
-        its own loop, and if the loop never runs again it closes quietly when
-        collected."""
+        its own loop, and if the loop never runs again its connections are shut down
+        when it is collected (``QuietFlag``)."""
         self._closed = True
         self.quiet.is_set = True
 
@@ -491,135 +582,40 @@ class AsyncTransport:
         client, self._client = self._client, None
         if session is not None:
             connector = session.connector
-            with contextlib.suppress(Exception):
-                await session.close()
-            if connector is not None and not connector.closed:
+            if connector is not None:  # closed for real (its ``closed`` may say so early)
                 with contextlib.suppress(Exception):
                     await connector.close()
+            with contextlib.suppress(Exception):
+                await session.close()
         if client is not None:
             with contextlib.suppress(Exception):
                 await client.aclose()
         # A connection closed while its request was still being written (a server that
         # stopped reading, a deadline) waits for its write buffer to drain before its
-        # socket closes: never, if the server does not read. Abort what is left (public
-        # ``asyncio.Transport.abort``; a no-op on closed ones), and let the loop run the
-        # closes before it shuts down.
-        wires = list(self._wires)
-        for wire in wires:
-            with contextlib.suppress(Exception):
-                wire.abort()
-        if wires:
+        # socket closes: never, if the server does not read. Shut every socket down
+        # (a no-op on closed ones): the write fails and asyncio closes the transport;
+        # let the loop run that before it shuts down.
+        if self.quiet.has_open():
+            self.quiet.shutdown_sockets(loop_open=True)
             await asyncio.sleep(0)
 
-    def abandon(self, loop: Any = None) -> None:
-        """Drop the session and client without awaiting (their loop is closed or gone):
-        close their sockets directly, so none stays open and nothing warns. ``loop``:
-        the transport's loop if it still exists and is not closed (each socket is then
-        also taken out of its selector)."""
+    def abandon(self) -> None:
+        """Drop the session and client without awaiting (their loop is closed, gone, or
+        will not run again): release their connections now (the server sees them
+        close; ``QuietFlag.shutdown_sockets``), with no "Unclosed client session" /
+        "Unclosed connector" message. If the loop is still open, the HTTP/2 client is
+        also closed inside it, should it run again."""
         self._closed = True
-        self.quiet.is_set = True
-        session, self._session = self._session, None
-        self._client = None
-        if session is not None:
-            connector = session.connector
-            session._connector = None  # no "unclosed session" warning from its __del__
-            if connector is not None:
-                with contextlib.suppress(Exception):
-                    _close_connector_quietly(connector, loop)
-        for wire in list(self._wires):
-            with contextlib.suppress(Exception):
-                _close_dead_transport(wire, loop)
+        loop = self._loop
+        loop_open = loop is not None and not loop.is_closed()
+        self.quiet.shutdown_sockets(loop_open=loop_open)  # first: frees the session quietly
+        self._session = None
+        client, self._client = self._client, None
+        if loop is not None and loop_open and client is not None:
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(_close_later, client)
 
 
-def _close_connector_quietly(connector: Any, loop: Any) -> None:
-    """Close an aiohttp connector's sockets without its loop (closed, gone, or not
-    running) and mark it closed: no warning, nothing scheduled."""
-    protos = [proto for conns in connector._conns.values() for proto, _t in conns]
-    protos.extend(connector._acquired)
-    connector._closed = True
-    connector._conns.clear()
-    connector._acquired.clear()
-    for proto in protos:
-        _close_dead_transport(getattr(proto, "transport", None), loop)
-
-
-def _raw_socket(transport: Any) -> Any:
-    """The socket under an asyncio transport (under its TLS layer for an SSL one)."""
-    ssl_protocol = getattr(transport, "_ssl_protocol", None)
-    if ssl_protocol is not None:
-        transport = getattr(ssl_protocol, "_transport", None)
-    return getattr(transport, "_sock", None)
-
-
-def _close_dead_transport(transport: Any, loop: Any = None) -> None:
-    """Close the socket of an asyncio transport whose loop is closed or gone (its own
-    ``close()`` needs the loop), so that neither the socket nor a ResourceWarning from
-    the transport's finaliser is left behind. With ``loop`` (the transport's loop, still
-    open but not running) the socket is first taken out of the loop's selector, so that
-    a later socket given the same descriptor does not inherit a stale registration."""
-    if transport is None:
-        return
-    ssl_protocol = getattr(transport, "_ssl_protocol", None)
-    inner = getattr(ssl_protocol, "_transport", None) if ssl_protocol is not None else None
-    open_loop = loop is not None and not loop.is_closed()
-    for candidate in (inner, transport):
-        sock = getattr(candidate, "_sock", None)
-        if sock is not None and candidate is not None:
-            if open_loop:
-                fd = getattr(candidate, "_sock_fd", -1)
-                for remove in ("_remove_reader", "_remove_writer"):
-                    with contextlib.suppress(Exception):
-                        getattr(loop, remove)(fd)
-                with contextlib.suppress(Exception):
-                    if loop._transports.get(fd) is candidate:
-                        del loop._transports[fd]
-            candidate._closing = True  # the descriptor may be reused: not ours any more
-            sock.close()
-            candidate._sock = None
-    if ssl_protocol is not None and hasattr(transport, "_closed"):
-        transport._closed = True  # the SSL transport's own "unclosed transport" check
-
-
-# --------------------------------------------------------------------------- quiet close
-
-_quiet_classes: dict[type, type] = {}
-
-
-def _quiet_when_collected(wire: Any, quiet: QuietFlag) -> None:
-    """Let ``wire`` (an asyncio transport of one of our connections) close its socket
-    quietly if it is collected once ``quiet`` is set.
-
-    A loop dropped unclosed is collected in one garbage cycle with everything on it; the
-    pool's finaliser on the loop sets ``quiet`` before any object of the cycle is
-    finalised (weakref callbacks run first), but the finalisers themselves run in no
-    particular order: asyncio's transport would warn "unclosed transport" if collected
-    before our connector closed it. So the transport's class is swapped for a subclass
-    whose ``__del__`` first closes the socket when ``quiet`` is set. A transport whose
-    class cannot be changed (uvloop's) is left as it is."""
-    cls = type(wire)
-    quiet_cls = _quiet_classes.get(cls)
-    if quiet_cls is None:
-        if cls in _quiet_classes.values() or not hasattr(cls, "__del__"):
-            return
-        quiet_cls = _quiet_classes.setdefault(cls, _quiet_subclass(cls))
-    try:
-        wire._qwen_quiet = quiet
-        wire.__class__ = quiet_cls
-    except (AttributeError, TypeError):
-        _quiet_classes[cls] = cls  # not ours to change: never try again
-    inner = getattr(getattr(wire, "_ssl_protocol", None), "_transport", None)
-    if inner is not None and inner is not wire:
-        _quiet_when_collected(inner, quiet)
-
-
-def _quiet_subclass(cls: type) -> type:
-    base_del = cls.__del__  # type: ignore[attr-defined]
-
-    def finalise(self: Any, _close: Any = _close_dead_transport) -> None:
-        quiet = self.__dict__.get("_qwen_quiet")
-        if quiet is not None and quiet.is_set:
-            with contextlib.suppress(Exception):
-                _close(self)
-        base_del(self)
-
-    return type(cls.__name__, (cls,), {"__del__": finalise, "__module__": cls.__module__})
+def _close_later(client: Any) -> None:
+    """On the client's own loop, when it runs again: close it there."""
+    asyncio.ensure_future(client.aclose())  # noqa: RUF006 - fire and forget, by design
