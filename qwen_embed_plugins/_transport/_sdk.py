@@ -204,10 +204,10 @@ class SDKTransport(httpx.BaseTransport):
     nothing: the pool is shared (see ``close_all()``)."""
 
     def __init__(self, config: EmbeddingConfig, secret: str | None) -> None:
-        self._exchanges = _Exchanges(config, secret)
+        self.exchanges = _Exchanges(config, secret)
 
     def handle_request(self, request: Any) -> Any:
-        ex = self._exchanges
+        ex = self.exchanges
         req = ex.request(request, request.read())
         key = ex.config.pool_key
         for first in (True, False):
@@ -234,10 +234,10 @@ class AsyncSDKTransport(httpx.AsyncBaseTransport):
     closes nothing."""
 
     def __init__(self, config: EmbeddingConfig, secret: str | None) -> None:
-        self._exchanges = _Exchanges(config, secret)
+        self.exchanges = _Exchanges(config, secret)
 
     async def handle_async_request(self, request: Any) -> Any:
-        ex = self._exchanges
+        ex = self.exchanges
         req = ex.request(request, await request.aread())
         key = ex.config.pool_key
         for first in (True, False):
