@@ -309,7 +309,9 @@ def check_server(
             settings).
     """
     from .._http import httpx
+    from ..transport import quiet_header_loggers
 
+    quiet_header_loggers()  # the probes' httpx logs no response head (echoed keys)
     base_url = base_url.rstrip("/")
     say = step or (lambda name: None)
     findings: list[CheckFinding] = []

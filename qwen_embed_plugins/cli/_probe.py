@@ -1,10 +1,8 @@
 """Raw HTTP probes of ``check_server`` (and of the tooling's ``run_bench``).
 
 ``bounded_get`` is the library's one ``GET /models`` probe: at most ``PROBE_MAX_BYTES``
-read (as received), ``PROBE_BUDGET`` seconds in all between the bytes of the body, and
-each connect, read, write and pool wait within that budget (httpx timeouts). A response
-head that trickles byte by byte is bounded only by the per-read timeout: to be moved
-onto the library's transport (one deadline on every path) with the transport rewrite.
+read (as received) and ``PROBE_BUDGET`` seconds in all: each connect, read (of a
+trickled head too), write and pool wait within the time left (``transport.TimeLeft``).
 
 These talk to a server below the client on purpose (one plain request, its status and
 body as sent), so they use the HTTP library directly (``_http``, the one module that
@@ -15,6 +13,7 @@ Errors a caller must raise come from the client, the one translation boundary.
 
 from __future__ import annotations
 
+import contextlib
 import select
 import ssl
 import time
@@ -133,11 +132,14 @@ def bounded_get(
         the HTTP library's ``HTTPError``: no answer, or the answer broke a bound.
     """
     from .._http import httpx
+    from ..transport import TimeLeft
 
     deadline = time.monotonic() + budget
     request_headers = {**request_headers, "Accept-Encoding": "identity"}
-    timeout = httpx.Timeout(budget)  # each connect, read, write, pool wait within the budget
-    with http.stream("GET", url, headers=request_headers, timeout=timeout) as resp:
+    request = http.build_request("GET", url, headers=request_headers)
+    # each connect, read (of the head too), write and pool wait within the time left
+    request.extensions["timeout"] = TimeLeft(httpx.Timeout(budget).as_dict(), deadline)
+    with contextlib.closing(http.send(request, stream=True)) as resp:
         chunks: list[bytes] = []
         size = 0
         for chunk in resp.iter_raw():
