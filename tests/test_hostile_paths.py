@@ -287,7 +287,7 @@ def test_a_wait_for_the_pool_ends_at_the_deadline(hostile: HostileServer, path: 
 # --------------------------------------------------------------------------- size
 
 
-@pytest.mark.parametrize("path", CLIENT_PATHS)
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("kind", ["huge_content_length", "endless_chunked", "gzip_bomb"])
 def test_an_oversized_body_ends_in_a_response_error(
     hostile: HostileServer, path: str, kind: str

@@ -230,7 +230,8 @@ def measure_idle_timeout(
     Opens one HTTP/1.1 connection, makes one request (``GET /models``), then waits up
     to ``max_idle`` seconds for the server to close it, and returns the idle time at
     which it did (``0.0``: the server closed it with the answer; ``None``: still open
-    after ``max_idle``).
+    after ``max_idle``, or an answer larger than ``PROBE_MAX_BYTES`` or slower than
+    ``PROBE_BUDGET`` seconds, which is not read to its end).
 
     Raises:
         OSError: the connection could not be made.
@@ -251,7 +252,12 @@ def measure_idle_timeout(
             "GET", f"{parts.path.rstrip('/')}/models", headers=headers(api_key, json_body=False)
         )
         resp = conn.getresponse()
-        resp.read()
+        budget = time.monotonic() + PROBE_BUDGET
+        size = 0
+        while chunk := resp.read1(65536):  # as bounded_get: the cap and the budget
+            size += len(chunk)
+            if size > PROBE_MAX_BYTES or time.monotonic() > budget:
+                return None
         if resp.will_close:
             return 0.0
         sock = conn.sock
