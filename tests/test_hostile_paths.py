@@ -191,7 +191,7 @@ def raw_url(path: str, port: int) -> str:
     return f"{'https' if path.startswith('h2_') else 'http'}://127.0.0.1:{port}/v1"
 
 
-@pytest.mark.parametrize("path", CLIENT_PATHS)
+@pytest.mark.parametrize("path", CLIENT_PATHS + H2)
 def test_a_server_that_never_reads_ends_at_the_deadline(path: str) -> None:
     """Slow write (HTTP/1.1: the server never reads a ~13 MB request) and slow TLS
     handshake (``h2_``: the server never answers the ClientHello)."""
@@ -232,7 +232,7 @@ def test_a_server_that_never_reads_ends_at_the_deadline(path: str) -> None:
         q.close_all()
 
 
-@pytest.mark.parametrize("path", CLIENT_PATHS)
+@pytest.mark.parametrize("path", CLIENT_PATHS + H2)
 def test_a_connect_that_hangs_ends_at_the_deadline(path: str) -> None:
     """Slow connect: a listening socket whose backlog is full (SYNs are not answered)."""
     listener = _listener(0)
@@ -257,7 +257,7 @@ def test_a_connect_that_hangs_ends_at_the_deadline(path: str) -> None:
         q.close_all()
 
 
-@pytest.mark.parametrize("path", CLIENT_PATHS)
+@pytest.mark.parametrize("path", CLIENT_PATHS + H2)
 def test_a_wait_for_the_pool_ends_at_the_deadline(hostile: HostileServer, path: str) -> None:
     """One connection, held by a silent answer: the next call waits for the pool no
     longer than its deadline (the pool timeout is far longer). (The CLI has no pool.)"""
