@@ -297,6 +297,8 @@ class HostileServer:
             if head is None:
                 return
             line, headers = parse_head(head)
+            if line == "PRI * HTTP/2.0":  # an h2c preface: HTTP/1.1 only, so close
+                return
             method, _, rest = line.partition(" ")
             target = rest.rpartition(" ")[0] or rest
             body = await _read_body(reader, headers)
