@@ -27,8 +27,9 @@ import qwen_embed_plugins as q
 from qwen_embed_tooling.testing import HostileServer, expected_embeddings
 
 KEY = "sk-hostile-paths-0123456789abcdef"
-DEADLINE = 2.0
+DEADLINE = 2.0  # seconds: the deadline of the deadline cases
 GUARD = 45.0  # seconds: far above every deadline here; only a hang reaches it
+SLACK = 30.0  # seconds: the deadline of every other call (a loaded machine is slow)
 CLIENT_PATHS = ("sync", "async", "sdk_sync", "sdk_async")
 H2 = tuple(f"h2_{p}" for p in CLIENT_PATHS)
 PATHS = (*CLIENT_PATHS, *H2, "cli")
@@ -43,7 +44,7 @@ def settings(base_url: str, deadline: float, **extra: Any) -> dict[str, Any]:
 
 
 def call(
-    path: str, base_url: str, texts: list[str] = TEXTS, deadline: float = DEADLINE, **extra: Any
+    path: str, base_url: str, texts: list[str] = TEXTS, deadline: float = SLACK, **extra: Any
 ) -> Any:
     """Embed ``texts`` on ``path``; the vectors (n x dim array) or the exception."""
     opts = settings(base_url, deadline, **extra)
@@ -141,10 +142,22 @@ SLOW = [
 ]
 
 
-# the CLI: its probes read /models several times, each within its own budget (no one
-# deadline for the whole check): not in this table yet
-@pytest.mark.parametrize("path", CLIENT_PATHS + H2)
-@pytest.mark.parametrize(("kind", "params"), SLOW, ids=[f"{k}-{p}" for k, p in SLOW])
+def _slow_params() -> list[Any]:
+    """Every slow case on every path but two on the CLI: its probes read HTTP/1.1 with
+    httpx, and httpcore takes the read timeout once per response head and once per body
+    (not per read), so a head or a chunk framing line trickled within each read
+    timeout outlives the probe's budget; bounding them needs a watchdog on the probe's
+    socket, which httpx shows only after the head (not done)."""
+    out = []
+    for kind, params in SLOW:
+        for path in PATHS:
+            if path == "cli" and (kind == "trickle_chunked" or params.get("headers")):
+                continue
+            out.append(pytest.param(kind, params, path, id=f"{kind}-{params}-{path}"))
+    return out
+
+
+@pytest.mark.parametrize(("kind", "params", "path"), _slow_params())
 def test_a_slow_answer_ends_at_the_deadline(
     hostile: HostileServer, path: str, kind: str, params: dict[str, Any]
 ) -> None:
@@ -152,7 +165,7 @@ def test_a_slow_answer_ends_at_the_deadline(
     ``GUARD``): the call ends with a timeout error well before, the server sees the
     connection go away, and the next call on the pool gets its own vectors."""
     hostile.set(kind, on=on(path), **params)
-    outcome, took = timed(lambda: call(path, hostile.base_url, **tls(hostile)))
+    outcome, took = timed(lambda: call(path, hostile.base_url, deadline=DEADLINE, **tls(hostile)))
     assert took < GUARD
     if path == "cli":
         text = cli_failure_or_models(outcome)
@@ -217,6 +230,7 @@ def test_a_server_that_never_reads_ends_at_the_deadline(path: str) -> None:
                 path,
                 url,
                 texts,
+                deadline=DEADLINE,
                 batch_size=64,
                 max_concurrency=1,
                 timeout=q.Timeouts(write=60.0, read=60.0, connect=60.0),
@@ -248,7 +262,9 @@ def test_a_connect_that_hangs_ends_at_the_deadline(path: str) -> None:
         fillers.append(filler)
     try:
         url = raw_url(path, port)
-        outcome, took = timed(lambda: call(path, url, timeout=q.Timeouts(connect=60.0)))
+        outcome, took = timed(
+            lambda: call(path, url, deadline=DEADLINE, timeout=q.Timeouts(connect=60.0))
+        )
         assert took < GUARD
         error = library_error(path, outcome)
         assert isinstance(error, q.TimeoutException | q.ConnectError), (path, repr(error))
@@ -273,12 +289,12 @@ def test_a_wait_for_the_pool_ends_at_the_deadline(hostile: HostileServer, path: 
     holder = threading.Thread(
         target=call,
         args=(holder_path, hostile.base_url),
-        kwargs={**extra, "deadline": 4 * DEADLINE},
+        kwargs={**extra, "deadline": 3 * DEADLINE},
     )
     holder.start()
     try:
         hostile.wait_for("requests", 1)  # the holder's request is at the server
-        outcome, took = timed(lambda: call(path, hostile.base_url, **extra))
+        outcome, took = timed(lambda: call(path, hostile.base_url, deadline=DEADLINE, **extra))
         error = library_error(path, outcome)
         assert isinstance(error, q.TimeoutException), (path, repr(error))
         assert took < GUARD

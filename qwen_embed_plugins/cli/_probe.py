@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import select
+import socket
 import ssl
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -218,6 +220,12 @@ def probe_http2(
         return None
 
 
+def _shut(sock: socket.socket | None) -> None:
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 def measure_idle_timeout(
     base_url: str,
     *,
@@ -234,7 +242,8 @@ def measure_idle_timeout(
     ``PROBE_BUDGET`` seconds, which is not read to its end).
 
     Raises:
-        OSError: the connection could not be made.
+        OSError: the connection could not be made, or the answer broke off or is not
+            HTTP.
     """
     import http.client
 
@@ -248,16 +257,28 @@ def measure_idle_timeout(
     else:
         conn = http.client.HTTPConnection(host, parts.port or 80, timeout=10.0)
     try:
+        budget = time.monotonic() + PROBE_BUDGET
         conn.request(
             "GET", f"{parts.path.rstrip('/')}/models", headers=headers(api_key, json_body=False)
         )
-        resp = conn.getresponse()
-        budget = time.monotonic() + PROBE_BUDGET
-        size = 0
-        while chunk := resp.read1(65536):  # as bounded_get: the cap and the budget
-            size += len(chunk)
-            if size > PROBE_MAX_BYTES or time.monotonic() > budget:
-                return None
+        # as bounded_get: PROBE_BUDGET in all, a trickled head included (http.client
+        # bounds each read only: at the budget a watchdog shuts the socket down, which
+        # ends a blocked read), and the cap
+        watchdog = threading.Timer(PROBE_BUDGET, _shut, (conn.sock,))
+        watchdog.start()
+        try:
+            resp = conn.getresponse()
+            size = 0
+            while chunk := resp.read1(65536):
+                size += len(chunk)
+                if size > PROBE_MAX_BYTES or time.monotonic() > budget:
+                    return None
+        except http.client.HTTPException as exc:  # the answer broke off or is malformed
+            raise OSError(f"the answer to GET /models is not HTTP ({type(exc).__name__})") from None
+        finally:
+            watchdog.cancel()
+        if time.monotonic() > budget:
+            return None
         if resp.will_close:
             return 0.0
         sock = conn.sock
