@@ -166,7 +166,11 @@ def test_a_slow_answer_ends_at_the_deadline(
     connection go away, and the next call on the pool gets its own vectors."""
     hostile.set(kind, on=on(path), **params)
     outcome, took = timed(lambda: call(path, hostile.base_url, deadline=DEADLINE, **tls(hostile)))
+    trickled = hostile.stats()["trickled"]
     assert took < GUARD
+    # the server's view: the client gave up long before the trickle ran out (at GUARD,
+    # GUARD / interval bytes), not at the server's own bound
+    assert trickled < GUARD / params.get("interval", 1.0) / 2, trickled
     if path == "cli":
         text = cli_failure_or_models(outcome)
         assert "took longer" in text or "timed out" in text, text

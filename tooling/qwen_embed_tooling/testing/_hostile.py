@@ -68,6 +68,7 @@ _COUNTERS: Final = (
     "requests",
     "bytes_sent",
     "stray_sent",
+    "trickled",
 )
 
 
@@ -139,8 +140,8 @@ class HostileServer:
         startup_timeout: seconds to wait for the server to start or stop.
 
     Counters (`stats`): ``connections_opened``, ``connections_active``, ``requests``,
-    ``bytes_sent``, ``stray_sent``, ``paths`` (request path -> count) and ``kinds``
-    (behaviour applied -> count).
+    ``bytes_sent``, ``stray_sent``, ``trickled`` (bytes written one at a time), ``paths``
+    (request path -> count) and ``kinds`` (behaviour applied -> count).
 
     Raises:
         ValueError: an unknown kind or parameter, or one out of range.
@@ -438,6 +439,7 @@ class HostileServer:
             if time.monotonic() >= deadline or self._server.stopping():
                 return False
             await self._write(writer, slow[i : i + 1])
+            self._counters.add("trickled")
             await asyncio.sleep(params["interval"])
         if rest:
             await self._write(writer, rest)
@@ -484,6 +486,7 @@ class HostileServer:
             if time.monotonic() >= deadline or self._server.stopping():
                 return False
             await self._write(writer, data[i : i + 1])
+            self._counters.add("trickled")
             await asyncio.sleep(params["interval"])
         return True
 

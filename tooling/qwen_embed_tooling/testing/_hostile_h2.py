@@ -4,8 +4,8 @@ Frames are built by ``h2`` (public API, outbound header validation off so that a
 malformed or missing ``:status`` can be sent) and written on the raw asyncio stream, so
 a frame can be trickled byte by byte. Each kind maps to its HTTP/2 form:
 
-* ``trickle``: the bytes of the HEADERS and DATA frames (``headers``) or of the DATA
-  frames only, one per ``interval``;
+* ``trickle``: the bytes of the HEADERS (padded to ~200 bytes) and DATA frames
+  (``headers``) or of the DATA frames only, one per ``interval``;
 * ``trickle_chunked``: ``part="size"``: the 9-byte DATA frame header (HTTP/2's chunk
   size) one byte per ``interval``; ``part="trailer"``: a trailing HEADERS frame so;
 * ``huge_content_length`` / ``endless_chunked``: DATA frames until the client resets the
@@ -79,6 +79,7 @@ class _Conn:
                 return False
             self.writer.write(data[i : i + 1])
             self.server._counters.add("bytes_sent", 1)
+            self.server._counters.add("trickled")
             await self.writer.drain()
             await asyncio.sleep(interval)
         return True
@@ -219,8 +220,10 @@ class _Conn:
             self.closing = True
             self.writer.transport.abort()
         elif kind == "trickle":
+            # HPACK makes a head small: padded to ~200 bytes, as long as an HTTP/1.1 one
+            padded = [*ok, ("x-padding", "p" * 256)] if params["headers"] else ok
             async with self.lock:
-                self.conn.send_headers(sid, _encode(ok))
+                self.conn.send_headers(sid, _encode(padded))
                 if not params["headers"]:
                     await self.flush()
                 self.queue_data(sid, valid, end=True)
@@ -236,6 +239,7 @@ class _Conn:
                         if self.stopping():
                             return
                         self.writer.write(head[i : i + 1])
+                        self.server._counters.add("trickled")
                         await self.writer.drain()
                         await asyncio.sleep(params["interval"])
                     self.writer.write(head[9:])
