@@ -1,8 +1,9 @@
 """One table of hostile-server cases, each run on every request path: the library's sync
-and async clients and ``openai_client()`` sync and async (all over HTTP/1.1 against
-`HostileServer`, or a raw socket where the case is below HTTP), and the HTTP/2 paths
-where the HTTP/2 test server can play the case. A case holds only when it holds on
-every path.
+and async clients and ``openai_client()`` sync and async, over HTTP/1.1 against
+`HostileServer` and over HTTP/2 against ``HostileServer(http2=True)`` (TLS, ALPN h2),
+or a raw socket where the case is below HTTP; and the CLI's probes (``qwen-embed
+check``: ``check_server``). A case holds only when it holds on every path; where one
+path cannot hold it, the case is marked ``xfail(strict=True)`` there with the reason.
 
 Deadline cases use a 2 s deadline and assert the error type; the wall time is guarded
 only against hangs (``GUARD``)."""
@@ -23,13 +24,18 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_tooling.testing import EmbeddingServer, HostileServer, expected_embeddings
+from qwen_embed_tooling.testing import HostileServer, expected_embeddings
 
 KEY = "sk-hostile-paths-0123456789abcdef"
-DEADLINE = 2.0
+DEADLINE = 2.0  # seconds: the deadline of the deadline cases
 GUARD = 45.0  # seconds: far above every deadline here; only a hang reaches it
-PATHS = ("sync", "async", "sdk_sync", "sdk_async")
+SLACK = 30.0  # seconds: the deadline of every other call (a loaded machine is slow)
+CLIENT_PATHS = ("sync", "async", "sdk_sync", "sdk_async")
+H2 = tuple(f"h2_{p}" for p in CLIENT_PATHS)
+PATHS = (*CLIENT_PATHS, *H2, "cli")
 TEXTS = ["alpha", "beta"]
+# the loggers that could see a header: every one at DEBUG in the secret cases
+LOGGERS = ("hpack", "hpack.hpack", "hpack.table", "h2", "httpcore", "httpcore2", "httpx", "httpx2")
 
 
 def settings(base_url: str, deadline: float, **extra: Any) -> dict[str, Any]:
@@ -38,11 +44,16 @@ def settings(base_url: str, deadline: float, **extra: Any) -> dict[str, Any]:
 
 
 def call(
-    path: str, base_url: str, texts: list[str] = TEXTS, deadline: float = DEADLINE, **extra: Any
+    path: str, base_url: str, texts: list[str] = TEXTS, deadline: float = SLACK, **extra: Any
 ) -> Any:
     """Embed ``texts`` on ``path``; the vectors (n x dim array) or the exception."""
     opts = settings(base_url, deadline, **extra)
+    if path.startswith("h2_"):
+        path = path.removeprefix("h2_")
+        opts["http2"] = True
     try:
+        if path == "cli":
+            return check(base_url, verify=opts.get("verify", True))
         if path == "sync":
             return q.EmbeddingClient(**opts).embed_documents_array(texts)
         if path == "async":
@@ -61,11 +72,20 @@ def call(
         return exc
 
 
+def check(base_url: str, verify: bool | str = True) -> Any:
+    """``qwen-embed check``'s probes (``check_server``) against ``base_url``: the report."""
+    from qwen_embed_plugins.cli._check import check_server
+
+    return check_server(
+        base_url, api_key=KEY, verify=verify, max_idle=0.2, batch_probe_max=2, samples=1
+    )
+
+
 def library_error(path: str, outcome: Any) -> BaseException:
     """The library's error behind ``outcome``: on the SDK paths the ``__cause__`` of the
     ``httpx`` error the SDK wrapped (an HTTP error status is the SDK's own error)."""
     assert isinstance(outcome, BaseException), f"{path}: expected a failure, got vectors"
-    if path.startswith("sdk"):
+    if path.removeprefix("h2_").startswith("sdk"):
         import openai
 
         assert isinstance(outcome, openai.APIError), (path, outcome)
@@ -86,10 +106,22 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
 
 
 @pytest.fixture
-def hostile() -> Iterator[HostileServer]:
-    with HostileServer(max_seconds=GUARD) as server:
+def hostile(path: str) -> Iterator[HostileServer]:
+    """The hostile server of ``path``: HTTP/2 for the ``h2_`` paths."""
+    q.close_all()
+    with HostileServer(max_seconds=GUARD, http2=path.startswith("h2_")) as server:
         yield server
     q.close_all()
+
+
+def on(path: str) -> str:
+    """The requests a case targets: the embeddings (the CLI: its bounded ``GET /models``
+    probe)."""
+    return "models" if path == "cli" else "embeddings"
+
+
+def tls(server: HostileServer) -> dict[str, Any]:
+    return {} if server.ca_cert_path is None else {"verify": server.ca_cert_path}
 
 
 def no_secret(texts: list[str]) -> None:
@@ -104,30 +136,85 @@ def no_secret(texts: list[str]) -> None:
 SLOW = [
     ("trickle", {"headers": True, "interval": 0.5}),  # the head, byte by byte
     ("trickle", {"headers": False, "interval": 0.5}),  # the body
-    ("trickle_chunked", {"part": "size", "interval": 0.5}),
-    ("trickle_chunked", {"part": "trailer", "interval": 0.5}),
+    ("trickle_chunked", {"part": "size", "interval": 0.5}),  # h2: the DATA frame header
+    ("trickle_chunked", {"part": "trailer", "interval": 0.5}),  # h2: trailing HEADERS
     ("silent", {}),
 ]
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize(("kind", "params"), SLOW, ids=[f"{k}-{p}" for k, p in SLOW])
+def _slow_params() -> list[Any]:
+    """Every slow case on every path but two on the CLI: its probes read HTTP/1.1 with
+    httpx, and httpcore takes the read timeout once per response head and once per body
+    (not per read), so a head or a chunk framing line trickled within each read
+    timeout outlives the probe's budget; bounding them needs a watchdog on the probe's
+    socket, which httpx shows only after the head (not done)."""
+    out = []
+    for kind, params in SLOW:
+        for path in PATHS:
+            if path == "cli" and (kind == "trickle_chunked" or params.get("headers")):
+                continue
+            out.append(pytest.param(kind, params, path, id=f"{kind}-{params}-{path}"))
+    return out
+
+
+@pytest.mark.parametrize(("kind", "params", "path"), _slow_params())
 def test_a_slow_answer_ends_at_the_deadline(
     hostile: HostileServer, path: str, kind: str, params: dict[str, Any]
 ) -> None:
-    hostile.set(kind, on="embeddings", **params)
-    outcome, took = timed(lambda: call(path, hostile.base_url))
-    error = library_error(path, outcome)
-    assert isinstance(error, q.TimeoutException), (path, repr(error))
+    """Each trickle would take minutes (1 byte per 0.5 s; the server stops at
+    ``GUARD``): the call ends with a timeout error well before, the server sees the
+    connection go away, and the next call on the pool gets its own vectors."""
+    hostile.set(kind, on=on(path), **params)
+    outcome, took = timed(lambda: call(path, hostile.base_url, deadline=DEADLINE, **tls(hostile)))
+    trickled = hostile.stats()["trickled"]
     assert took < GUARD
+    # the server's view: the client gave up long before the trickle ran out (at GUARD,
+    # GUARD / interval bytes), not at the server's own bound
+    assert trickled < GUARD / params.get("interval", 1.0) / 2, trickled
+    if path == "cli":
+        text = cli_failure_or_models(outcome)
+        assert "took longer" in text or "timed out" in text, text
+    else:
+        error = library_error(path, outcome)
+        assert isinstance(error, q.TimeoutException), (path, repr(error))
+    if kind != "silent" and path != "cli":  # the client left: the trickle was cut off
+        hostile.wait_for("connections_active", 0, at_most=True, timeout=GUARD)
+    hostile.set("ok")
+    again = call(path, hostile.base_url, ["gamma"], **tls(hostile))
+    if path != "cli":
+        assert not isinstance(again, BaseException), (path, repr(again))
+        np.testing.assert_allclose(again, expected_embeddings(["gamma"]), atol=1e-6)
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_server_that_never_reads_ends_at_the_deadline(path: str) -> None:
-    """Slow write: the server accepts and never reads a ~13 MB request."""
+def cli_failure_or_models(outcome: Any) -> str:
+    """The CLI with a hostile ``/models``: the report says the models probe failed, with
+    the key nowhere in it; the models finding's summary."""
+    import json
+
+    assert not isinstance(outcome, BaseException), repr(outcome)
+    text = json.dumps(outcome.to_dict())
+    no_secret([text, repr(outcome)])
+    finding = outcome.finding("models")
+    assert finding.status != "ok", text[:500]
+    return str(finding.summary)
+
+
+def _listener(backlog: int) -> socket.socket:
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
+    listener.listen(backlog)
+    return listener
+
+
+def raw_url(path: str, port: int) -> str:
+    return f"{'https' if path.startswith('h2_') else 'http'}://127.0.0.1:{port}/v1"
+
+
+@pytest.mark.parametrize("path", CLIENT_PATHS + H2)
+def test_a_server_that_never_reads_ends_at_the_deadline(path: str) -> None:
+    """Slow write (HTTP/1.1: the server never reads a ~13 MB request) and slow TLS
+    handshake (``h2_``: the server never answers the ClientHello)."""
+    listener = _listener(8)
     held: list[socket.socket] = []
     stop = threading.Event()
 
@@ -140,21 +227,22 @@ def test_a_server_that_never_reads_ends_at_the_deadline(path: str) -> None:
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
     try:
-        url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1"
+        url = raw_url(path, listener.getsockname()[1])
         texts = [chr(97 + i % 26) * 200_000 for i in range(64)]
         outcome, took = timed(
             lambda: call(
                 path,
                 url,
                 texts,
+                deadline=DEADLINE,
                 batch_size=64,
                 max_concurrency=1,
-                timeout=q.Timeouts(write=60.0, read=60.0),
+                timeout=q.Timeouts(write=60.0, read=60.0, connect=60.0),
             )
         )
+        assert took < GUARD
         error = library_error(path, outcome)
         assert isinstance(error, q.TimeoutException), (path, repr(error))
-        assert took < GUARD
     finally:
         stop.set()
         thread.join()
@@ -164,12 +252,10 @@ def test_a_server_that_never_reads_ends_at_the_deadline(path: str) -> None:
         q.close_all()
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", CLIENT_PATHS + H2)
 def test_a_connect_that_hangs_ends_at_the_deadline(path: str) -> None:
     """Slow connect: a listening socket whose backlog is full (SYNs are not answered)."""
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(0)
+    listener = _listener(0)
     port = listener.getsockname()[1]
     fillers = []
     for _ in range(4):  # fill the accept queue; later connects hang
@@ -179,11 +265,13 @@ def test_a_connect_that_hangs_ends_at_the_deadline(path: str) -> None:
             filler.connect(("127.0.0.1", port))
         fillers.append(filler)
     try:
-        url = f"http://127.0.0.1:{port}/v1"
-        outcome, took = timed(lambda: call(path, url, timeout=q.Timeouts(connect=60.0)))
+        url = raw_url(path, port)
+        outcome, took = timed(
+            lambda: call(path, url, deadline=DEADLINE, timeout=q.Timeouts(connect=60.0))
+        )
+        assert took < GUARD
         error = library_error(path, outcome)
         assert isinstance(error, q.TimeoutException | q.ConnectError), (path, repr(error))
-        assert took < GUARD
     finally:
         for filler in fillers:
             filler.close()
@@ -191,23 +279,26 @@ def test_a_connect_that_hangs_ends_at_the_deadline(path: str) -> None:
         q.close_all()
 
 
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", CLIENT_PATHS + H2)
 def test_a_wait_for_the_pool_ends_at_the_deadline(hostile: HostileServer, path: str) -> None:
     """One connection, held by a silent answer: the next call waits for the pool no
-    longer than its deadline (the pool timeout is far longer)."""
+    longer than its deadline (the pool timeout is far longer). (The CLI has no pool.)"""
     hostile.set("silent", on="embeddings")
     # one connection for the process (every thread and event loop), the pool timeout
     # far longer than the deadline
     limits = q.Limits(max_connections=1, max_connections_per_process=1)
-    extra = {"limits": limits, "timeout": q.Timeouts(pool=60.0, read=60.0)}
+    extra = {"limits": limits, "timeout": q.Timeouts(pool=60.0, read=60.0), **tls(hostile)}
+    holder_path = "h2_sync" if path.startswith("h2_") else "sync"
     # the holder keeps the connection longer than the caller's whole deadline
     holder = threading.Thread(
-        target=call, args=("sync", hostile.base_url), kwargs={**extra, "deadline": 4 * DEADLINE}
+        target=call,
+        args=(holder_path, hostile.base_url),
+        kwargs={**extra, "deadline": 3 * DEADLINE},
     )
     holder.start()
     try:
         hostile.wait_for("requests", 1)  # the holder's request is at the server
-        outcome, took = timed(lambda: call(path, hostile.base_url, **extra))
+        outcome, took = timed(lambda: call(path, hostile.base_url, deadline=DEADLINE, **extra))
         error = library_error(path, outcome)
         assert isinstance(error, q.TimeoutException), (path, repr(error))
         assert took < GUARD
@@ -223,9 +314,15 @@ def test_a_wait_for_the_pool_ends_at_the_deadline(hostile: HostileServer, path: 
 def test_an_oversized_body_ends_in_a_response_error(
     hostile: HostileServer, path: str, kind: str
 ) -> None:
-    hostile.set(kind, on="embeddings")
+    hostile.set(kind, on=on(path))
     # not a deadline case: time enough for the server to build its bomb
-    error = library_error(path, call(path, hostile.base_url, deadline=GUARD))
+    outcome = call(path, hostile.base_url, deadline=GUARD, **tls(hostile))
+    if path == "cli":
+        cli_failure_or_models(outcome)
+        # every probe read stopped at its cap: the server wrote far less than it would
+        assert hostile.stats()["bytes_sent"] < 64 * 1024**2
+        return
+    error = library_error(path, outcome)
     assert isinstance(error, q.ResponseError), (path, repr(error))
     assert "max_response_bytes" in str(error)
 
@@ -241,37 +338,79 @@ def test_an_interim_answer_is_never_taken_for_the_final_one(
     """A 1xx before the answer: the call returns its own vectors or fails with a
     transport error, and the next call on the pool returns its own (never the answer
     left on the socket)."""
-    hostile.set("interim", on="embeddings", status=status)
-    first = call(path, hostile.base_url)
+    hostile.set("interim", on=on(path), status=status)
+    first = call(path, hostile.base_url, **tls(hostile))
+    if path == "cli":  # the probe reads the final answer, never the 1xx
+        assert not isinstance(first, BaseException), repr(first)
+        assert first.finding("models").status == "ok", first.finding("models")
+        return
     if isinstance(first, BaseException):
         assert isinstance(library_error(path, first), q.TransportError), (path, repr(first))
     else:
         np.testing.assert_allclose(first, expected_embeddings(TEXTS), atol=1e-6)
     hostile.set("ok")
     again = ["gamma", "delta"]
-    second = call(path, hostile.base_url, again)
+    second = call(path, hostile.base_url, again, **tls(hostile))
     assert not isinstance(second, BaseException), (path, repr(second))
     np.testing.assert_allclose(second, expected_embeddings(again), atol=1e-6)
 
 
-BAD_STATUS = ["HTTP/1.1 099 Odd", "HTTP/1.1 000 Zero", "HTTP/1.1 -200 OK", "HTTP/1.1 abc OK"]
-BAD_STATUS += ["HTTP/1.1", "HTTP/1.1 600 Beyond", "SPDY/3 200 OK"]
+# (HTTP/1.1 status line, HTTP/2 ``:status`` or None for none)
+BAD_STATUS = [
+    ("HTTP/1.1 099 Odd", "099"),
+    ("HTTP/1.1 000 Zero", "000"),
+    ("HTTP/1.1 0 Zero", "0"),
+    ("HTTP/1.1 -200 OK", "-200"),
+    ("HTTP/1.1 abc OK", "abc"),
+    ("HTTP/1.1", None),
+    ("HTTP/1.1 600 Beyond", "600"),
+    ("SPDY/3 200 OK", "2000"),
+]
 
 
-@pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("line", BAD_STATUS)
+def _bad_status_params() -> list[Any]:
+    out = []
+    for line, code in BAD_STATUS:
+        for path in PATHS:
+            marks = []
+            if code is None and path.startswith("h2_"):
+                marks.append(
+                    pytest.mark.xfail(
+                        strict=True,
+                        reason="httpcore (h2 inbound header validation off) reads a missing "
+                        ":status as 200, and httpx's public API shows no pseudo-headers: "
+                        "no public way to tell",
+                    )
+                )
+            out.append(pytest.param(path, line, code, marks=marks, id=f"{path}-{line}"))
+    return out
+
+
+@pytest.mark.parametrize(("path", "line", "code"), _bad_status_params())
 def test_a_malformed_or_missing_status_is_a_transport_error(
-    hostile: HostileServer, path: str, line: str
+    hostile: HostileServer, path: str, line: str, code: str | None
 ) -> None:
-    hostile.set("status_line", on="embeddings", line=line)
-    error = library_error(path, call(path, hostile.base_url))
-    assert isinstance(error, q.TransportError), (path, repr(error))
+    hostile.set("status_line", on=on(path), line=line, code=code)
+    outcome = call(path, hostile.base_url, **tls(hostile))
+    if path == "cli":
+        cli_failure_or_models(outcome)
+        return
+    error = library_error(path, outcome)
+    assert isinstance(error, q.RemoteProtocolError), (path, repr(error))
+    hostile.set("ok")  # the pool is not poisoned: the next call gets its own answer
+    again = call(path, hostile.base_url, ["gamma"], **tls(hostile))
+    assert not isinstance(again, BaseException), (path, repr(again))
+    np.testing.assert_allclose(again, expected_embeddings(["gamma"]), atol=1e-6)
 
 
 @pytest.mark.parametrize("path", PATHS)
 def test_a_dropped_connection_is_a_transport_error(hostile: HostileServer, path: str) -> None:
-    hostile.set("drop", on="embeddings")
-    error = library_error(path, call(path, hostile.base_url))
+    hostile.set("drop", on=on(path))
+    outcome = call(path, hostile.base_url, **tls(hostile))
+    if path == "cli":
+        cli_failure_or_models(outcome)
+        return
+    error = library_error(path, outcome)
     assert isinstance(error, q.TransportError), (path, repr(error))
 
 
@@ -283,58 +422,44 @@ def test_a_dropped_connection_is_a_transport_error(hostile: HostileServer, path:
 def test_a_key_echoed_anywhere_never_reaches_an_error_or_a_log(
     hostile: HostileServer, caplog: pytest.LogCaptureFixture, path: str, where: str
 ) -> None:
+    """The key echoed in the status line (HTTP/2: as ``:status``), a header,
+    ``Content-Encoding`` or the body: not in the error, its chain, its traceback, its
+    fields, the logs (all at DEBUG), nor the CLI's report."""
     caplog.set_level(logging.DEBUG)
-    hostile.set("echo_auth", on="embeddings", where=where, transform="exact")
-    outcome = call(path, hostile.base_url)
+    for name in LOGGERS:
+        caplog.set_level(logging.DEBUG, logger=name)
+    hostile.set("echo_auth", on=on(path), where=where, transform="exact")
+    outcome = call(path, hostile.base_url, **tls(hostile))
     texts = [caplog.text]
-    if isinstance(outcome, BaseException):  # the chain: the library's error included
+    if path == "cli":
+        import json
+
+        texts += [json.dumps(outcome.to_dict()), repr(outcome)]
+    elif isinstance(outcome, BaseException):  # the chain: the library's error included
         texts += [repr(outcome), "".join(traceback.format_exception(outcome))]
         texts.append(repr(vars(outcome)))
     else:  # the SDK returns a 200 text body as its answer (not an error)
-        assert path.startswith("sdk"), (path, where)
+        assert path.removeprefix("h2_").startswith("sdk"), (path, where)
         assert where == "body", (path, where)
     no_secret(texts)
 
 
-# --------------------------------------------------------------------------- HTTP/2
+# --------------------------------------------------------------------------- HTTP/2 logs
 
 
-H2_PATHS = ("sync", "async", "sdk_sync", "sdk_async")
-
-
-@pytest.fixture(scope="module")
-def h2_server() -> Iterator[EmbeddingServer]:
-    with EmbeddingServer(tls=True, http2=True) as srv:
-        yield srv
-    q.close_all()
-
-
-@pytest.mark.parametrize("path", H2_PATHS)
-def test_http2_silent_answer_ends_at_the_deadline(h2_server: EmbeddingServer, path: str) -> None:
-    h2_server.inject("delay", seconds=20.0)
-    try:
-        opts = {"http2": True, "verify": str(h2_server.ca_cert_path)}
-        outcome, took = timed(lambda: call(path, h2_server.base_url, **opts))
-        error = library_error(path, outcome)
-        assert isinstance(error, q.TimeoutException), (path, repr(error))
-        assert took < GUARD
-    finally:
-        h2_server.clear_faults()
-
-
-@pytest.mark.parametrize("path", H2_PATHS)
+@pytest.mark.parametrize("path", H2)
 def test_http2_debug_logs_never_show_the_key(
-    h2_server: EmbeddingServer, caplog: pytest.LogCaptureFixture, path: str
+    hostile: HostileServer, caplog: pytest.LogCaptureFixture, path: str
 ) -> None:
     """Every logger at DEBUG (``hpack`` included, whose DEBUG records hold whole header
-    blocks, encoded and decoded): neither the key nor its HPACK encoding appears."""
+    blocks, encoded and decoded): neither the key nor its HPACK encoding appears, and
+    no header block logged decodes to it."""
     import hpack
 
     caplog.set_level(logging.DEBUG)
-    for name in ("hpack", "hpack.hpack", "hpack.table", "h2", "httpcore", "httpx"):
+    for name in LOGGERS:
         caplog.set_level(logging.DEBUG, logger=name)
-    opts = {"http2": True, "verify": str(h2_server.ca_cert_path)}
-    got = call(path, h2_server.base_url, **opts)
+    got = call(path, hostile.base_url, **tls(hostile))
     assert not isinstance(got, BaseException), (path, repr(got))
     encoded = hpack.Encoder().encode([(b"authorization", f"Bearer {KEY}".encode())])
     literal = hpack.Encoder().encode([(b"authorization", f"Bearer {KEY}".encode())], huffman=False)
@@ -343,3 +468,8 @@ def test_http2_debug_logs_never_show_the_key(
     for form in (encoded, literal, encoded[2:], literal[2:]):
         assert repr(form)[2:-1] not in text
         assert form.hex() not in text
+    for record in caplog.records:  # a logged header block, decoded
+        for arg in record.args if isinstance(record.args, tuple) else ():
+            if isinstance(arg, bytes | bytearray | memoryview):
+                with contextlib.suppress(Exception):
+                    no_secret([repr(hpack.Decoder().decode(bytes(arg)))])

@@ -295,3 +295,103 @@ def test_kinds_and_parameters_are_validated() -> None:
         HostileServer("redirect", status=200)
     with pytest.raises(ValueError, match="on must be"):
         HostileServer(on="health")
+
+
+# --------------------------------------------------------------------------- HTTP/2
+
+
+def h2_exchange(
+    server: HostileServer, path: str = "/v1/embeddings", reads: list[int] | None = None
+) -> list[Any]:
+    """One request on a fresh TLS connection (ALPN h2), read with ``h2`` (inbound header
+    validation off, to see what was sent) until the stream ends or the server closes:
+    the events of the stream (``reads``: gets the size of each read)."""
+    import ssl
+
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    context = ssl.create_default_context(cafile=server.ca_cert_path)
+    context.set_alpn_protocols(["h2"])
+    sock = context.wrap_socket(
+        socket.create_connection(("127.0.0.1", server.port), timeout=30),
+        server_hostname="127.0.0.1",
+    )
+    assert sock.selected_alpn_protocol() == "h2"
+    config = h2.config.H2Configuration(client_side=True, validate_inbound_headers=False)
+    conn = h2.connection.H2Connection(config)
+    conn.initiate_connection()
+    sid = conn.get_next_available_stream_id()
+    body = json.dumps({"input": ["a", "b"], "model": "m"}).encode()
+    fields = [(":method", "POST"), (":path", path), (":scheme", "https")]
+    fields += [(":authority", "127.0.0.1"), ("authorization", KEY)]
+    conn.send_headers(sid, fields)
+    conn.send_data(sid, body, end_stream=True)
+    sock.sendall(conn.data_to_send())
+    events: list[Any] = []
+    try:
+        while data := sock.recv(65536):
+            if reads is not None:
+                reads.append(len(data))
+            for event in conn.receive_data(data):
+                if getattr(event, "stream_id", None) == sid:
+                    events.append(event)
+                if isinstance(event, h2.events.DataReceived):
+                    conn.acknowledge_received_data(event.flow_controlled_length, sid)
+                if isinstance(event, h2.events.StreamEnded | h2.events.StreamReset):
+                    return events
+            sock.sendall(conn.data_to_send())
+    finally:
+        sock.close()
+    return events
+
+
+def h2_heads(events: list[Any]) -> list[dict[bytes, bytes]]:
+    return [dict(e.headers) for e in events if hasattr(e, "headers") and e.headers]
+
+
+def test_http2_answers_are_valid_and_hostile_on_cue() -> None:
+    """``http2=True``: TLS with ALPN h2 only; a valid answer, then a missing, a malformed
+    and a key-holding ``:status``, and a 103 before the answer, as sent on the wire."""
+    with HostileServer(dim=DIM, http2=True) as server:
+        assert server.url.startswith("https://")
+        events = h2_exchange(server)
+        assert h2_heads(events)[0][b":status"] == b"200"
+        data = b"".join(e.data for e in events if hasattr(e, "data") and e.data)
+        got = [d["embedding"] for d in json.loads(data)["data"]]
+        np.testing.assert_allclose(got, expected_embeddings(["a", "b"], DIM), atol=1e-6)
+
+        server.set("status_line", code=None)
+        assert b":status" not in h2_heads(h2_exchange(server))[0]
+        server.set("status_line", code="-200")
+        assert h2_heads(h2_exchange(server))[0][b":status"] == b"-200"
+        server.set("echo_auth", where="status")
+        assert h2_heads(h2_exchange(server))[0][b":status"] == KEY.encode()
+        server.set("interim", status=103)
+        heads = h2_heads(h2_exchange(server))
+        assert [h[b":status"] for h in heads] == [b"103", b"200"]
+        server.set("drop")
+        assert h2_exchange(server) == []  # closed without an answer
+        assert server.stats()["kinds"] == {
+            "ok": 1,
+            "status_line": 2,
+            "echo_auth": 1,
+            "interim": 1,
+            "drop": 1,
+        }
+
+
+def test_http2_trickle_writes_the_head_a_byte_at_a_time() -> None:
+    """``trickle`` with ``headers``: the HEADERS frame arrives one byte per interval (the
+    client's reads see single bytes), and the answer is complete at the end."""
+    with HostileServer(dim=2, http2=True, max_seconds=60) as server:
+        server.set("trickle", headers=True, interval=0.001)
+        reads: list[int] = []
+        events = h2_exchange(server, reads=reads)
+        assert h2_heads(events)[0][b":status"] == b"200"
+        data = b"".join(e.data for e in events if hasattr(e, "data") and e.data)
+        assert json.loads(data)["data"][0]["index"] == 0
+        # after the server's preface: the HEADERS frame (9 bytes of frame header and
+        # more) and the DATA frames, one byte per TLS record, so one per read
+        assert reads.count(1) > 9 + len(data)

@@ -136,6 +136,11 @@ class Reply:
 # The loggers of the ``hpack`` package (HTTP/2 header compression): at DEBUG they print
 # every header block, encoded and decoded, ``Authorization`` included.
 _HEADER_LOGGERS = ("hpack.hpack", "hpack.table")
+# httpcore's trace loggers (httpx and httpx2's): their ``receive_response_headers``
+# records hold the response headers, or the error a malformed one raised, as sent
+_TRACE_LOGGERS = tuple(
+    f"{package}.{name}" for package in ("httpcore", "httpcore2") for name in ("http11", "http2")
+)
 
 
 class _NoHeaderBlocks(logging.Filter):
@@ -145,7 +150,32 @@ class _NoHeaderBlocks(logging.Filter):
         return record.levelno > logging.DEBUG
 
 
+class _NoResponseHeaders(logging.Filter):
+    """Drops httpcore's DEBUG trace records of response heads (a server may echo the
+    key in a header or the status)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.DEBUG or not str(record.msg).startswith(
+            "receive_response_headers"
+        )
+
+
 _no_header_blocks = _NoHeaderBlocks()
+_no_response_headers = _NoResponseHeaders()
+
+
+class _NoReasonPhrase(logging.Filter):
+    """Blanks the reason phrase (the status line's text, which a server may set to the
+    key) in httpx's ``HTTP Request:`` records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        args = record.args
+        if str(record.msg).startswith("HTTP Request:") and isinstance(args, tuple) and args:
+            record.args = (*args[:-1], "")
+        return True
+
+
+_no_reason_phrase = _NoReasonPhrase()
 
 
 def quiet_header_loggers() -> None:
@@ -162,6 +192,14 @@ def quiet_header_loggers() -> None:
         logger = logging.getLogger(name)
         if _no_header_blocks not in logger.filters:
             logger.addFilter(_no_header_blocks)
+    for name in _TRACE_LOGGERS:
+        logger = logging.getLogger(name)
+        if _no_response_headers not in logger.filters:
+            logger.addFilter(_no_response_headers)
+    for name in ("httpx", "httpx2"):
+        logger = logging.getLogger(name)
+        if _no_reason_phrase not in logger.filters:
+            logger.addFilter(_no_reason_phrase)
 
 
 # --------------------------------------------------------------------------- TLS
@@ -387,7 +425,10 @@ def mapped(
     except (QwenEmbedError, Retired):
         raise
     except Exception as exc:
-        raise failure(exc, req, progress, backend, proxy=proxy) from exc
+        # a ValueError is httpcore's int() of a malformed status, whose text may be
+        # the key: not chained into tracebacks
+        cause = None if isinstance(exc, ValueError) else exc
+        raise failure(exc, req, progress, backend, proxy=proxy) from cause
 
 
 def check_status(status: int, req: Request, progress: Progress) -> None:

@@ -18,6 +18,7 @@ the time left (``_timeout_ext``) here.
 from __future__ import annotations
 
 import re
+import time
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -74,3 +75,20 @@ def _timeout_ext(t: Timeouts, left: float | None) -> dict[str, float | None]:
         "write": bounded(t.write),
         "pool": bounded(t.pool),
     }
+
+
+class TimeLeft(dict[str, float | None]):
+    """httpx's ``timeout`` request extension (``connect``, ``read``, ``write``,
+    ``pool``: seconds or ``None``) whose every lookup is at most the time left before
+    ``deadline`` (``time.monotonic()``). httpcore looks the timeout up before each
+    socket read and write, so a response head trickled byte by byte ends at the
+    deadline, not one read timeout after the last byte."""
+
+    def __init__(self, timeouts: dict[str, float | None], deadline: float) -> None:
+        super().__init__(timeouts)
+        self.deadline = deadline
+
+    def get(self, key: str, default: float | None = None) -> float | None:  # type: ignore[override]
+        value = super().get(key, default)
+        left = max(self.deadline - time.monotonic(), 0.001)
+        return left if value is None else min(value, left)

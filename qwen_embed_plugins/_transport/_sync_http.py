@@ -40,7 +40,7 @@ from ._contract import (
     quiet_header_loggers,
     ssl_context,
 )
-from ._http import _limits, _timeout_ext, httpx
+from ._http import TimeLeft, _limits, _timeout_ext, httpx
 from ._http11 import HTTP1Pool
 
 __all__ = ["SyncTransport"]
@@ -167,12 +167,16 @@ class SyncTransport:
 
         headers = dict(req.headers)
         headers.setdefault("Accept-Encoding", _ACCEPT_ENCODING)
+        timeouts = _timeout_ext(req.timeouts, None)
         request = httpx.Request(
             req.method,
             self._url(req.url),
             headers=headers,
             content=req.body or None,
-            extensions={"timeout": _timeout_ext(req.timeouts, _left(deadline)), "trace": trace},
+            extensions={
+                "timeout": timeouts if deadline is None else TimeLeft(timeouts, deadline),
+                "trace": trace,
+            },
         )
         response: Any = None
         try:

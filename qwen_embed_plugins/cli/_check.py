@@ -308,8 +308,10 @@ def check_server(
         ConfigError: ``verify`` names a CA file that does not exist (from the client's
             settings).
     """
+    from .._transport._contract import quiet_header_loggers
     from .._transport._http import httpx
 
+    quiet_header_loggers()  # the probes' httpx logs no response head (echoed keys)
     base_url = base_url.rstrip("/")
     say = step or (lambda name: None)
     findings: list[CheckFinding] = []

@@ -1,10 +1,8 @@
 """Raw HTTP probes of ``check_server`` (and of the tooling's ``run_bench``).
 
 ``bounded_get`` is the library's one ``GET /models`` probe: at most ``PROBE_MAX_BYTES``
-read (as received), ``PROBE_BUDGET`` seconds in all between the bytes of the body, and
-each connect, read, write and pool wait within that budget (httpx timeouts). A response
-head that trickles byte by byte is bounded only by the per-read timeout: to be moved
-onto the library's transport (one deadline on every path) with the transport rewrite.
+read (as received) and ``PROBE_BUDGET`` seconds in all: each connect, read (of a
+trickled head too), write and pool wait within the time left (``transport.TimeLeft``).
 
 These talk to a server below the client on purpose (one plain request, its status and
 body as sent), so they use the HTTP library directly (``_http``, the one module that
@@ -15,8 +13,11 @@ Errors a caller must raise come from the client, the one translation boundary.
 
 from __future__ import annotations
 
+import contextlib
 import select
+import socket
 import ssl
+import threading
 import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
@@ -132,12 +133,14 @@ def bounded_get(
     Raises:
         the HTTP library's ``HTTPError``: no answer, or the answer broke a bound.
     """
-    from .._transport._http import httpx
+    from .._transport._http import TimeLeft, httpx
 
     deadline = time.monotonic() + budget
     request_headers = {**request_headers, "Accept-Encoding": "identity"}
-    timeout = httpx.Timeout(budget)  # each connect, read, write, pool wait within the budget
-    with http.stream("GET", url, headers=request_headers, timeout=timeout) as resp:
+    request = http.build_request("GET", url, headers=request_headers)
+    # each connect, read (of the head too), write and pool wait within the time left
+    request.extensions["timeout"] = TimeLeft(httpx.Timeout(budget).as_dict(), deadline)
+    with contextlib.closing(http.send(request, stream=True)) as resp:
         chunks: list[bytes] = []
         size = 0
         for chunk in resp.iter_raw():
@@ -216,6 +219,12 @@ def probe_http2(
         return None
 
 
+def _shut(sock: socket.socket | None) -> None:
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.shutdown(socket.SHUT_RDWR)
+
+
 def measure_idle_timeout(
     base_url: str,
     *,
@@ -228,10 +237,12 @@ def measure_idle_timeout(
     Opens one HTTP/1.1 connection, makes one request (``GET /models``), then waits up
     to ``max_idle`` seconds for the server to close it, and returns the idle time at
     which it did (``0.0``: the server closed it with the answer; ``None``: still open
-    after ``max_idle``).
+    after ``max_idle``, or an answer larger than ``PROBE_MAX_BYTES`` or slower than
+    ``PROBE_BUDGET`` seconds, which is not read to its end).
 
     Raises:
-        OSError: the connection could not be made.
+        OSError: the connection could not be made, or the answer broke off or is not
+            HTTP.
     """
     import http.client
 
@@ -245,11 +256,28 @@ def measure_idle_timeout(
     else:
         conn = http.client.HTTPConnection(host, parts.port or 80, timeout=10.0)
     try:
+        budget = time.monotonic() + PROBE_BUDGET
         conn.request(
             "GET", f"{parts.path.rstrip('/')}/models", headers=headers(api_key, json_body=False)
         )
-        resp = conn.getresponse()
-        resp.read()
+        # as bounded_get: PROBE_BUDGET in all, a trickled head included (http.client
+        # bounds each read only: at the budget a watchdog shuts the socket down, which
+        # ends a blocked read), and the cap
+        watchdog = threading.Timer(PROBE_BUDGET, _shut, (conn.sock,))
+        watchdog.start()
+        try:
+            resp = conn.getresponse()
+            size = 0
+            while chunk := resp.read1(65536):
+                size += len(chunk)
+                if size > PROBE_MAX_BYTES or time.monotonic() > budget:
+                    return None
+        except http.client.HTTPException as exc:  # the answer broke off or is malformed
+            raise OSError(f"the answer to GET /models is not HTTP ({type(exc).__name__})") from None
+        finally:
+            watchdog.cancel()
+        if time.monotonic() > budget:
+            return None
         if resp.will_close:
             return 0.0
         sock = conn.sock

@@ -14,7 +14,10 @@ import asyncio
 import base64
 import functools
 import math
+import ssl
+import tempfile
 import time
+import weakref
 import zlib
 from collections.abc import Mapping
 from typing import Any, Final
@@ -47,7 +50,7 @@ HOSTILE_KINDS: Final[dict[str, dict[str, Any]]] = {
     "silent": {},
     "drop": {},
     "interim": {"status": 103},
-    "status_line": {"line": "HTTP/1.1 099 Odd"},
+    "status_line": {"line": "HTTP/1.1 099 Odd", "code": "099"},
     "trickle_chunked": {"interval": 1.0, "part": "size"},
 }
 _TRANSFORMS: Final = ("exact", "upper", "lower", "truncate", "bare")
@@ -65,6 +68,7 @@ _COUNTERS: Final = (
     "requests",
     "bytes_sent",
     "stray_sent",
+    "trickled",
 )
 
 
@@ -112,9 +116,10 @@ class HostileServer:
             * ``drop``: read the request, close the connection without a byte.
             * ``interim`` [``status`` = 103]: an interim answer (``100``-``199``, with a
               ``Link`` header) before the valid final one.
-            * ``status_line`` [``line`` = ``"HTTP/1.1 099 Odd"``]: the valid answer's
-              headers and body after this status line instead (missing, malformed or
-              out-of-range codes).
+            * ``status_line`` [``line`` = ``"HTTP/1.1 099 Odd"``, ``code`` = ``"099"``]:
+              the valid answer's headers and body after this status line instead
+              (missing, malformed or out-of-range codes); over HTTP/2 with ``:status``
+              = ``code`` (``None``: no ``:status`` at all).
             * ``trickle_chunked`` [``interval`` = 1.0 s, ``part`` = ``"size"`` |
               ``"trailer"``]: the valid answer with a chunked body whose chunk-size line
               (or trailer section) is written 1 byte per ``interval`` seconds.
@@ -122,6 +127,9 @@ class HostileServer:
             phrase of a 500) and ``"content_encoding"`` (a 200 whose ``Content-Encoding``
             is the value).
 
+        http2: speak HTTP/2 only, over TLS (ALPN ``h2``) with a throw-away CA
+            (`ca_cert_path`; needs ``trustme``): every kind in its HTTP/2 form (see
+            ``_hostile_h2``).
         on: which requests behave so: ``"all"`` (default), ``"embeddings"`` or
             ``"models"``; the others get valid answers.
         port: TCP port on 127.0.0.1; 0 (default) picks a free one.
@@ -132,8 +140,8 @@ class HostileServer:
         startup_timeout: seconds to wait for the server to start or stop.
 
     Counters (`stats`): ``connections_opened``, ``connections_active``, ``requests``,
-    ``bytes_sent``, ``stray_sent``, ``paths`` (request path -> count) and ``kinds``
-    (behaviour applied -> count).
+    ``bytes_sent``, ``stray_sent``, ``trickled`` (bytes written one at a time), ``paths``
+    (request path -> count) and ``kinds`` (behaviour applied -> count).
 
     Raises:
         ValueError: an unknown kind or parameter, or one out of range.
@@ -144,6 +152,7 @@ class HostileServer:
         kind: str = "ok",
         *,
         on: str = "all",
+        http2: bool = False,
         port: int = 0,
         dim: int = DEFAULT_DIM,
         model: str = DEFAULT_MODEL,
@@ -163,7 +172,22 @@ class HostileServer:
         self.params: dict[str, Any] = {}
         self.set(kind, on=on, **params)
         self._counters = _Counters(_COUNTERS, ("paths", "kinds"))
-        self._server = _LoopServer("HostileServer", self._handle, self._counters, port)
+        self.http2 = bool(http2)
+        self._tls_dir: tempfile.TemporaryDirectory[str] | None = None
+        self._tls: Any = None
+        context: ssl.SSLContext | None = None
+        if self.http2:
+            from ._runner import _TLSFiles
+
+            self._tls_dir = tempfile.TemporaryDirectory(prefix="qwen-embed-hostile-")
+            self._tls = _TLSFiles.create(self._tls_dir.name)
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.load_cert_chain(self._tls.chain, self._tls.key)
+            context.set_alpn_protocols(["h2"])
+            self._finalizer = weakref.finalize(self, self._tls_dir.cleanup)
+        self._server = _LoopServer(
+            "HostileServer", self._handle, self._counters, port, ssl_context=context
+        )
 
     def set(self, kind: str, *, on: str = "all", **params: Any) -> None:
         """Switch to behaviour ``kind`` (for requests that arrive from now on).
@@ -225,8 +249,13 @@ class HostileServer:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:<port>``."""
-        return f"http://{LOOPBACK}:{self.port}"
+        """``http://127.0.0.1:<port>`` (``https://`` with ``http2``)."""
+        return f"{'https' if self.http2 else 'http'}://{LOOPBACK}:{self.port}"
+
+    @property
+    def ca_cert_path(self) -> str | None:
+        """The PEM file of the CA that signed the certificate (``http2``), else None."""
+        return None if self._tls is None else str(self._tls.ca)
 
     @property
     def base_url(self) -> str:
@@ -258,12 +287,19 @@ class HostileServer:
 
     # ---- serving -----------------------------------------------------------------------------
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.http2:
+            from ._hostile_h2 import serve_h2
+
+            await serve_h2(self, reader, writer)
+            return
         strayed = False
         while not self._server.stopping():
             head = await read_head(reader, _IDLE)
             if head is None:
                 return
             line, headers = parse_head(head)
+            if line == "PRI * HTTP/2.0":  # an h2c preface: HTTP/1.1 only, so close
+                return
             method, _, rest = line.partition(" ")
             target = rest.rpartition(" ")[0] or rest
             body = await _read_body(reader, headers)
@@ -403,6 +439,7 @@ class HostileServer:
             if time.monotonic() >= deadline or self._server.stopping():
                 return False
             await self._write(writer, slow[i : i + 1])
+            self._counters.add("trickled")
             await asyncio.sleep(params["interval"])
         if rest:
             await self._write(writer, rest)
@@ -414,16 +451,7 @@ class HostileServer:
         headers: list[tuple[str, str]],
         writer: asyncio.StreamWriter,
     ) -> bool:
-        value = header(headers, "authorization") or ""
-        transform = params["transform"]
-        if transform == "upper":
-            value = value.upper()
-        elif transform == "lower":
-            value = value.lower()
-        elif transform == "truncate":
-            value = value[:-4]
-        elif transform == "bare":
-            value = value.removeprefix("Bearer ").removeprefix("bearer ")
+        value = _transform(header(headers, "authorization") or "", params["transform"])
         where = params["where"]
         if where == "status":
             error = {"error": {"message": "internal error", "type": "server_error", "code": None}}
@@ -458,6 +486,7 @@ class HostileServer:
             if time.monotonic() >= deadline or self._server.stopping():
                 return False
             await self._write(writer, data[i : i + 1])
+            self._counters.add("trickled")
             await asyncio.sleep(params["interval"])
         return True
 
@@ -514,6 +543,19 @@ def _inputs(body: bytes) -> tuple[list[str] | None, bool]:
     if not isinstance(texts, list) or not texts or not all(isinstance(t, str) for t in texts):
         return None, False
     return texts, payload.get("encoding_format") == "base64"
+
+
+def _transform(value: str, transform: str) -> str:
+    """``value`` (an ``Authorization`` header) as `echo_auth`'s ``transform`` asks."""
+    if transform == "upper":
+        return value.upper()
+    if transform == "lower":
+        return value.lower()
+    if transform == "truncate":
+        return value[:-4]
+    if transform == "bare":
+        return value.removeprefix("Bearer ").removeprefix("bearer ")
+    return value
 
 
 def _floats(b64: str) -> list[float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Final
@@ -78,8 +79,17 @@ class _LoopServer:
     handlers ``_STOP_GRACE`` seconds, cancels what is left and joins the thread.
     """
 
-    def __init__(self, name: str, handler: _Handler, counters: _Counters, port: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        handler: _Handler,
+        counters: _Counters,
+        port: int,
+        *,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
         self._name = name
+        self._ssl = ssl_context
         self._handler = handler
         self._counters = counters
         self.port = port
@@ -147,7 +157,7 @@ class _LoopServer:
     async def _main(self, sock: socket.socket) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        server = await asyncio.start_server(self._serve, sock=sock, backlog=_BACKLOG)
+        server = await asyncio.start_server(self._serve, sock=sock, backlog=_BACKLOG, ssl=self._ssl)
         self._ready.set()
         try:
             await self._stop.wait()
