@@ -48,7 +48,8 @@ from typing import Any
 from _common import command_line, environment, markdown_table, median, save
 from _harness import percentile
 
-from qwen_embed_plugins import EmbeddingClient, Limits, _transport, adaptive, close_all
+from qwen_embed_plugins import EmbeddingClient, Limits, _transport, close_all
+from qwen_embed_plugins import _adaptive as adaptive
 from qwen_embed_tooling.testing import (
     EmbeddingServer,
     GPULike,

@@ -1,7 +1,7 @@
 """Discrete-event simulation of adaptive vs static concurrency against three server models.
 
 A SIMULATION (virtual time, no sockets): it drives the real
-``qwen_embed_plugins.adaptive.ConcurrencyLimit`` with an injected clock, through a gate
+``qwen_embed_plugins._adaptive.ConcurrencyLimit`` with an injected clock, through a gate
 that mirrors ``AdaptiveGate`` (FIFO, capacity = the limit, overload answers hold their
 slot for ``min_rtt``), and a client that mirrors the library's call engine (one bulk
 call, a window of batches, 429 -> Retry-After, 503 -> full-jitter backoff). Used to tune
@@ -36,7 +36,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from qwen_embed_plugins.adaptive import ConcurrencyLimit
+from qwen_embed_plugins._adaptive import ConcurrencyLimit
 
 BATCH = 16  # texts per request
 TOKENS = BATCH * 40  # tokens per request

@@ -219,11 +219,11 @@ def _library_steps(lib: dict[str, Any], texts: list[str], raw: bytes) -> dict[st
 
 
 def library_steps(t: p.Target, quick: bool) -> dict[str, Any]:
-    """Per-text microseconds of today's library steps (``qwen_embed_plugins.protocol``) on
+    """Per-text microseconds of today's library steps (``qwen_embed_plugins._protocol``) on
     real bodies, with ``timeit``. These are internals: when their names or signatures
     change, this section records why it was skipped instead of failing."""
     try:
-        from qwen_embed_plugins import protocol
+        from qwen_embed_plugins import _protocol as protocol
     except ImportError as exc:
         return {"skipped": f"internals moved: {exc}"}
     names = (

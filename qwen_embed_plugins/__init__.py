@@ -16,9 +16,7 @@ from __future__ import annotations
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING, Any
 
-from ._install import install_command as _install_command
-from ._state import reset
-from .config import (
+from ._config import (
     DEFAULT_MODEL,
     DEFAULT_QUERY_TASK,
     NOT_GIVEN,
@@ -30,6 +28,10 @@ from .config import (
     Secret,
     Timeouts,
 )
+from ._install import install_command as _install_command
+from ._metrics import reset_metrics, stats
+from ._protocol import format_query
+from ._state import reset
 from .errors import (
     AuthenticationError,
     BadRequestError,
@@ -55,14 +57,12 @@ from .errors import (
     TransportError,
     WriteTimeout,
 )
-from .metrics import reset_metrics, stats
-from .protocol import format_query
 
 if TYPE_CHECKING:
-    from .client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingList, EmbeddingResult
+    from ._client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingList, EmbeddingResult
+    from ._pool import aclose_all, close_all, pool_stats
     from .integrations.langchain import QwenPooledEmbeddings
     from .integrations.llama_index import QwenPooledEmbedding
-    from .pool import aclose_all, close_all, pool_stats
 
 try:
     __version__ = _metadata.version("qwen-embed-plugins")
@@ -124,13 +124,13 @@ _LAZY = {
     "QwenPooledEmbedding": ("integrations.llama_index", "llama-index-core", "llama-index"),
 }
 _CORE_LAZY = {
-    "AsyncEmbeddingClient": "client",
-    "EmbeddingClient": "client",
-    "EmbeddingList": "client",
-    "EmbeddingResult": "client",
-    "aclose_all": "pool",
-    "close_all": "pool",
-    "pool_stats": "pool",
+    "AsyncEmbeddingClient": "_client",
+    "EmbeddingClient": "_client",
+    "EmbeddingList": "_client",
+    "EmbeddingResult": "_client",
+    "aclose_all": "_pool",
+    "close_all": "_pool",
+    "pool_stats": "_pool",
 }
 
 

@@ -19,9 +19,10 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from ._balance import Replica
+from ._config import EmbeddingConfig
+from ._retry import RetryState
 from ._run import Call, Flow, Part, Sleep
-from .balance import Replica
-from .config import EmbeddingConfig
 from .errors import (
     BadRequestError,
     HTTPStatusError,
@@ -30,7 +31,6 @@ from .errors import (
     ResponseError,
     TransportError,
 )
-from .retry import RetryState
 
 __all__ = ["Bisecting"]
 

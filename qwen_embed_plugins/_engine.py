@@ -38,13 +38,11 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import pool, servers
+from . import _pool as pool
+from . import _servers as servers
+from ._balance import RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint_for
 from ._bisect import Bisecting, _Bisection
-from ._learn import Learning
-from ._run import Call, Flow, Part, Send, Sleep
-from ._transport import Reply, Request
-from .balance import RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint_for
-from .config import (
+from ._config import (
     EmbeddingConfig,
     OnError,
     RequestBody,
@@ -52,6 +50,29 @@ from .config import (
     insecure_key_target,
     known_model_dims,
 )
+from ._learn import Learning
+from ._protocol import (
+    bad_rows,
+    decode_rows,
+    encode_request,
+    estimate_tokens,
+    parse_body,
+    size_errors,
+    split_by_tokens,
+)
+from ._retry import (
+    RetryState,
+    ambiguous,
+    classify,
+    input_error,
+    is_health_failure,
+    maybe_input,
+    named_position,
+    parse_retry_after,
+    replica_suspect,
+)
+from ._run import Call, Flow, Part, Send, Sleep
+from ._transport import Reply, Request
 from .errors import (
     BadRequestError,
     BatchTooLargeError,
@@ -67,26 +88,6 @@ from .errors import (
     TransportError,
     error_from_response,
     scrub,
-)
-from .protocol import (
-    bad_rows,
-    decode_rows,
-    encode_request,
-    estimate_tokens,
-    parse_body,
-    size_errors,
-    split_by_tokens,
-)
-from .retry import (
-    RetryState,
-    ambiguous,
-    classify,
-    input_error,
-    is_health_failure,
-    maybe_input,
-    named_position,
-    parse_retry_after,
-    replica_suspect,
 )
 
 __all__ = ["Engine"]
@@ -178,7 +179,7 @@ class Engine(Learning, Bisecting):
             return None
         gate = self._gates.get(replica.url)
         if gate is None:
-            from .adaptive import gate_for
+            from ._adaptive import gate_for
 
             cap = self.config.limits.max_connections_per_process
             gate = self._gates[replica.url] = gate_for(replica.key, cap=cap)

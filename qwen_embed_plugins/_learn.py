@@ -15,10 +15,18 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import orjson
 
+from ._balance import RETEST_EVERY, Endpoint, Replica, ReplicaState
+from ._config import EmbeddingConfig, Timeouts
+from ._protocol import (
+    FloatArray,
+    estimate_tokens,
+    normalize_rows,
+    truncation_suspects,
+    usage_prompt_tokens,
+)
+from ._retry import BACKEND_STATUS, classify
 from ._run import Send
 from ._transport import Request
-from .balance import RETEST_EVERY, Endpoint, Replica, ReplicaState
-from .config import EmbeddingConfig, Timeouts
 from .errors import (
     AuthenticationError,
     BadRequestError,
@@ -33,14 +41,6 @@ from .errors import (
     ServerError,
     TimeoutException,
 )
-from .protocol import (
-    FloatArray,
-    estimate_tokens,
-    normalize_rows,
-    truncation_suspects,
-    usage_prompt_tokens,
-)
-from .retry import BACKEND_STATUS, classify
 
 if TYPE_CHECKING:
     from ._run import Call, Flow

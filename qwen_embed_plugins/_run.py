@@ -18,14 +18,14 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._config import OnError
 from ._state import STATE
 from ._transport import Reply, Request
-from .config import OnError
 from .errors import QwenEmbedError
 
 if TYPE_CHECKING:
-    from .balance import HedgeBudget, Replica
-    from .protocol import FloatArray
+    from ._balance import HedgeBudget, Replica
+    from ._protocol import FloatArray
 
 __all__ = [
     "Abandoned",

@@ -68,8 +68,8 @@ import numpy as np
 import numpy.typing as npt
 import pyarrow as pa  # type: ignore[import-untyped]
 
-from .client import EmbeddingClient
-from .config import (
+from ._client import EmbeddingClient
+from ._config import (
     NOT_GIVEN,
     EmbeddingConfig,
     Limits,

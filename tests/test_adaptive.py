@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from qwen_embed_plugins import adaptive
-from qwen_embed_plugins.adaptive import AdaptiveGate, ConcurrencyLimit, gate_for, gates
+from qwen_embed_plugins import _adaptive as adaptive
+from qwen_embed_plugins._adaptive import AdaptiveGate, ConcurrencyLimit, gate_for, gates
 
 # --------------------------------------------------------------------------- helpers
 

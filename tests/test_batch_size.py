@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
+from qwen_embed_plugins._adaptive import BatchSizer
 from qwen_embed_plugins._engine import Engine
-from qwen_embed_plugins.adaptive import BatchSizer
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
 # --------------------------------------------------------------------------- decision

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import balance
+from qwen_embed_plugins import _balance as balance
 from qwen_embed_tooling.testing import (
     EOS_TOKEN,
     NO_EOS_SUFFIX,

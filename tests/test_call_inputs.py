@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import protocol
+from qwen_embed_plugins import _protocol as protocol
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, expected_embeddings
 
 QWEN = "Qwen/Qwen3-Embedding-0.6B"

@@ -43,7 +43,7 @@ HEAVY = (
     "httpx2",
     "openai",
     "orjson",
-    "qwen_embed_plugins.client",
+    "qwen_embed_plugins._client",
     "qwen_embed_tooling.testing",
     "qwen_embed_tooling.bench.run",
     "qwen_embed_plugins.cli._check",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import pool
+from qwen_embed_plugins import _pool as pool
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding
 
 TEXTS_1000 = [f"passage number {i}: the quick brown fox {i * 7919 % 1000}" for i in range(1000)]
@@ -463,7 +463,7 @@ def test_loops_closed_by_hand_do_not_leak_connections(
     # when garbage collection takes them.
     import gc
 
-    from qwen_embed_plugins import pool
+    from qwen_embed_plugins import _pool as pool
 
     client = q.AsyncEmbeddingClient(base_url=srv.base_url)
     for i in range(30):

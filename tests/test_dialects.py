@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import pool, servers
+from qwen_embed_plugins import _pool as pool
+from qwen_embed_plugins import _servers as servers
 from qwen_embed_plugins.errors import (
     BadRequestError,
     ContextLengthError,

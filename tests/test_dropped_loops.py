@@ -30,7 +30,7 @@ from typing import Any
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import pool
+from qwen_embed_plugins import _pool as pool
 from qwen_embed_plugins._state import STATE
 from qwen_embed_tooling.testing import EmbeddingServer
 

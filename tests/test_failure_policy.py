@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import balance
+from qwen_embed_plugins import _balance as balance
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
 FAST = q.RetryConfig(backoff_initial=0.01, backoff_max=0.05)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import balance
+from qwen_embed_plugins import _balance as balance
 from qwen_embed_plugins._state import STATE
 from qwen_embed_tooling.testing import EmbeddingServer, LoopbackProxy, expected_embeddings
 

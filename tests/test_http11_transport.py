@@ -30,13 +30,13 @@ import orjson
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import pool
+from qwen_embed_plugins import _pool as pool
+from qwen_embed_plugins._config import PoolKey
+from qwen_embed_plugins._metrics import EndpointMetrics
 from qwen_embed_plugins._transport import Reply, Request, Retired, SyncTransport, _http11
 from qwen_embed_plugins._transport._exceptions import translate
 from qwen_embed_plugins._transport._http import httpx
-from qwen_embed_plugins.config import PoolKey
 from qwen_embed_plugins.errors import ErrorContext, endpoint_label
-from qwen_embed_plugins.metrics import EndpointMetrics
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding, expected_embeddings
 
 LOOPBACK = "127.0.0.1"

@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import balance, pool
+from qwen_embed_plugins import _balance as balance
+from qwen_embed_plugins import _pool as pool
 from qwen_embed_plugins._state import STATE
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
@@ -236,7 +237,7 @@ def test_idle_pools_are_closed_and_reopen() -> None:
         assert srv.connections_opened == 2
 
 
-def key_closed(key: q.config.PoolKey) -> bool:
+def key_closed(key: q._config.PoolKey) -> bool:
     return STATE.entries[key].sync is None
 
 

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins.metrics import (
+from qwen_embed_plugins._metrics import (
     prometheus_collector,
 )
 from qwen_embed_tooling.testing import EmbeddingServer

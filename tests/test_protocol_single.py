@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins.protocol import bad_rows, decode_rows, normalize_rows
+from qwen_embed_plugins._protocol import bad_rows, decode_rows, normalize_rows
 
 pytestmark = pytest.mark.unit
 

@@ -21,7 +21,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import QwenPooledEmbedding, QwenPooledEmbeddings
-from qwen_embed_plugins.config import redact_url
+from qwen_embed_plugins._config import redact_url
 from qwen_embed_tooling.testing import EmbeddingServer, LoopbackProxy, expected_embeddings
 
 ALIAS = "embeddings.proxied.test"  # a host only the proxy reaches (never resolved)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import pool
+from qwen_embed_plugins import _pool as pool
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
 SOAK_TEXTS = [f"soak passage {i} about topic {i % 97}" for i in range(10_000)]

@@ -24,8 +24,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import balance, pool
-from qwen_embed_plugins.metrics import prometheus_collector
+from qwen_embed_plugins import _balance as balance
+from qwen_embed_plugins import _pool as pool
+from qwen_embed_plugins._metrics import prometheus_collector
 from qwen_embed_tooling import testing
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 

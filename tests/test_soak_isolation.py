@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import balance
+from qwen_embed_plugins import _balance as balance
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
 pytestmark = pytest.mark.slow

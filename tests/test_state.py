@@ -88,7 +88,7 @@ def test_a_server_on_a_reused_port_starts_clean_after_reset(path: str) -> None:
 def test_reset_forgets_health_and_adaptive_gates(srv: EmbeddingServer) -> None:
     client = q.EmbeddingClient(base_url=srv.base_url, max_concurrency="auto")
     client.embed_documents(TEXTS)
-    from qwen_embed_plugins.adaptive import gates
+    from qwen_embed_plugins._adaptive import gates
 
     assert gates(), "no adaptive gate was made: the test proves nothing"
     q.reset()

@@ -12,8 +12,10 @@ import orjson
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins import errors, protocol, retry
-from qwen_embed_plugins.config import EmbeddingConfig, Limits, RetryConfig, Timeouts
+from qwen_embed_plugins import _protocol as protocol
+from qwen_embed_plugins import _retry as retry
+from qwen_embed_plugins import errors
+from qwen_embed_plugins._config import EmbeddingConfig, Limits, RetryConfig, Timeouts
 
 pytestmark = pytest.mark.unit  # no server, no socket
 

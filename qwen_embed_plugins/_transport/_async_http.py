@@ -75,13 +75,13 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ..config import PoolKey
+from .._config import PoolKey
+from .._metrics import EndpointMetrics
 from ..errors import (
     QwenEmbedError,
     pool_timeout_error,
     total_timeout_error,
 )
-from ..metrics import EndpointMetrics
 from ._contract import (
     _ACCEPT_ENCODING,
     _CHUNK,

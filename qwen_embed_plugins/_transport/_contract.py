@@ -48,8 +48,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._config import Timeouts
 from .._state import STATE
-from ..config import Timeouts
 from ..errors import (
     ErrorContext,
     PoolTimeout,

@@ -23,7 +23,7 @@ from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ..config import PoolKey, Timeouts
+    from .._config import PoolKey, Timeouts
 
 __all__ = ["HTTP_LIBRARY", "OPENAI_MAJOR", "httpx"]
 

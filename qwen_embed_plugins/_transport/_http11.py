@@ -68,9 +68,9 @@ import time
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from ..config import PoolKey
+from .._config import PoolKey
+from .._metrics import EndpointMetrics
 from ..errors import TransportError, pool_timeout_error, total_timeout_error
-from ..metrics import EndpointMetrics
 from ._contract import (
     _ACCEPT_ENCODING,
     _CHUNK,

@@ -31,8 +31,8 @@ from typing import Any, cast
 
 import orjson
 
-from .. import pool
-from ..config import EmbeddingConfig
+from .. import _pool as pool
+from .._config import EmbeddingConfig
 from ..errors import (
     ConnectError,
     ConnectTimeout,

@@ -17,9 +17,9 @@ from typing import Any
 import click
 
 from .._install import install_command as _install_command
+from ._check_command import check
+from ._embed_command import embed
 from ._signals import Terminated, describe, exit_status, terminating_raises
-from .check import check
-from .embed import embed
 
 __all__ = ["COMMANDS_GROUP", "TOOLING_COMMANDS", "TOOLING_HINT", "QwenEmbedGroup", "cli"]
 

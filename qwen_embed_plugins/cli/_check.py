@@ -34,7 +34,7 @@ from .. import (
     QwenEmbedError,
     close_all,
 )
-from ..servers import identify_models, identify_response
+from .._servers import identify_models, identify_response
 from ._corpus import corpus
 from ._probe import (
     api_root,
@@ -408,7 +408,7 @@ def check_server(
     findings.append(keepalive.result())
     say("latency")
     cfg = EmbeddingConfig(base_url=base_url, api_key=api_key, verify=verify, model=probe.model)
-    from ..metrics import stats
+    from .._metrics import stats
 
     before = dict(stats().get(cfg.endpoint, {}).get("fallbacks", {}))
     findings.append(_latency_sample(cfg, samples))
@@ -449,7 +449,7 @@ def _client_findings(cfg: EmbeddingConfig, before: dict[str, int]) -> list[Check
     fallback counters since ``before``): silent truncation of a long input (the
     ``usage`` it reports) and, on llama.cpp, whether it appends ``<|endoftext|>`` (the
     token Qwen3-Embedding pools)."""
-    from ..metrics import stats
+    from .._metrics import stats
 
     label = cfg.endpoint
     try:

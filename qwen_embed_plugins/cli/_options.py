@@ -18,7 +18,7 @@ __all__ = [
     "sized",
 ]
 
-# The library's environment variables (qwen_embed_plugins.config reads the same ones);
+# The library's environment variables (qwen_embed_plugins._config reads the same ones);
 # spelled out here so that --help does not import the library.
 ENV_BASE_URL: Final = "QWEN_EMBED_BASE_URL"
 ENV_API_KEY: Final = "QWEN_EMBED_API_KEY"

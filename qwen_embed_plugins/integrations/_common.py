@@ -33,9 +33,8 @@ from pydantic import (
     model_validator,
 )
 
-from .._server_text import has_credentials, redact_url
-from ..client import AsyncEmbeddingClient, EmbeddingClient, load_async_library
-from ..config import (
+from .._client import AsyncEmbeddingClient, EmbeddingClient, load_async_library
+from .._config import (
     DEFAULT_MODEL,
     ENV_API_KEY,
     NOT_GIVEN,
@@ -52,6 +51,7 @@ from ..config import (
     request_body,
     request_headers,
 )
+from .._server_text import has_credentials, redact_url
 from ..errors import ConfigError
 
 __all__ = [

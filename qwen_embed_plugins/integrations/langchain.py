@@ -21,8 +21,8 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.utils import secret_from_env
 from pydantic import ConfigDict, Field, SecretStr, model_validator
 
-from ..config import ENV_API_KEY
-from ..protocol import validate_texts
+from .._config import ENV_API_KEY
+from .._protocol import validate_texts
 from ._common import DESCRIPTIONS, FlatSettings, Stock, mask_inputs, resolve_names, setting
 
 __all__ = ["QwenPooledEmbeddings"]

@@ -47,10 +47,10 @@ from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field, SecretStr, model_validator
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 
-from ..client import AsyncEmbeddingClient, EmbeddingClient
-from ..config import DEFAULT_MODEL, env_setting
+from .._client import AsyncEmbeddingClient, EmbeddingClient
+from .._config import DEFAULT_MODEL, env_setting
+from .._protocol import format_query, validate_text, validate_texts
 from ..errors import QwenEmbedError
-from ..protocol import format_query, validate_text, validate_texts
 from ._common import DESCRIPTIONS, FlatSettings, Stock, env_default, mask_inputs, resolve_names
 
 __all__ = ["QwenPooledEmbedding"]

@@ -1,4 +1,4 @@
-"""Other servers' dialects (sources in each docstring; see also qwen_embed_plugins.servers)."""
+"""Other servers' dialects (sources in each docstring; see also qwen_embed_plugins._servers)."""
 
 from __future__ import annotations
 

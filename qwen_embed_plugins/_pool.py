@@ -44,10 +44,10 @@ from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._config import PoolKey
+from ._metrics import EndpointMetrics, metrics_for
 from ._state import STATE
 from ._transport import AsyncTransport, ProcessGate, QuietFlag, SyncTransport
-from .config import PoolKey
-from .metrics import EndpointMetrics, metrics_for
 
 __all__ = [
     "aclose_all",
@@ -542,7 +542,7 @@ def pool_stats() -> dict[str, dict[str, Any]]:
             "texts",
         ):
             row[name] = snap[name]
-    from .metrics import stats
+    from ._metrics import stats
 
     for label, snap in stats().items():
         members = snap.get("replicas")

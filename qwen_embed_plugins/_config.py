@@ -28,15 +28,15 @@ from ._extras import (
     request_body,
     request_headers,
 )
-from ._server_text import ProxyURL, has_credentials, redact_url
-from .errors import ConfigError, endpoint_label
-from .protocol import (
+from ._protocol import (
     DEFAULT_QUERY_TASK,
     QWEN3_EMBEDDING_DIMS,
     default_query_instruction,
     is_qwen3_embedding,
     known_model_dims,
 )
+from ._server_text import ProxyURL, has_credentials, redact_url
+from .errors import ConfigError, endpoint_label
 
 __all__ = [
     "DEFAULT_MODEL",
@@ -89,7 +89,7 @@ SERVER_NAMES: Final[tuple[str, ...]] = (
     "siliconflow",
     "openai",
 )
-"""Servers with a profile (``qwen_embed_plugins.servers``); ``"openai"`` is the generic
+"""Servers with a profile (``qwen_embed_plugins._servers``); ``"openai"`` is the generic
 OpenAI-compatible fallback. ``EmbeddingConfig(server=...)`` takes one of these or
 ``"auto"``."""
 
@@ -610,7 +610,7 @@ class EmbeddingConfig(_Replaceable):
             endpoint's observed 95th-percentile latency and keep the first answer
             (extra load capped at 5% of requests). Default ``False``.
         server: the server behind ``base_url``: ``"auto"`` (default: identified from its
-            answers, see ``qwen_embed_plugins.servers``) or one of ``SERVER_NAMES``;
+            answers, see ``qwen_embed_plugins._servers``) or one of ``SERVER_NAMES``;
             naming it sets its known limits at once.
         headers: extra HTTP headers sent with every request (a gateway's credential, a
             tenant header), or ``None``. Per request: they never split the pool.

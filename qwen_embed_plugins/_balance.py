@@ -28,9 +28,11 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._adaptive import BatchSizer
+from ._config import EmbeddingConfig, PoolKey
+from ._metrics import EndpointMetrics
+from ._retry import is_health_failure, retry_reason
 from ._state import STATE
-from .adaptive import BatchSizer
-from .config import EmbeddingConfig, PoolKey
 from .errors import (
     CircuitOpenError,
     ConnectError,
@@ -39,8 +41,6 @@ from .errors import (
     QwenEmbedError,
     TransportError,
 )
-from .metrics import EndpointMetrics
-from .retry import is_health_failure, retry_reason
 
 __all__ = ["Endpoint", "HedgeBudget", "Replica", "ReplicaState", "endpoint_for", "replica_for"]
 
@@ -263,7 +263,7 @@ def replica_for(key: PoolKey) -> Replica:
     found: Replica | None = STATE.replicas.get(key)
     if found is not None:
         return found
-    from .pool import pool_metrics
+    from ._pool import pool_metrics
 
     with STATE.lock:
         found = STATE.replicas.get(key)
@@ -467,7 +467,7 @@ def endpoint_for(config: EmbeddingConfig) -> Endpoint:
                 threshold=retry.circuit_failure_threshold,
             )
             if len(replicas) > 1:
-                from .metrics import register_group
+                from ._metrics import register_group
 
                 register_group(
                     ",".join(r.label for r in replicas), tuple(r.label for r in replicas)

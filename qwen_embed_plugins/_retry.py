@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .config import RetryConfig
+from ._config import RetryConfig
 from .errors import (
     SERVER_POSITION,
     BadRequestError,

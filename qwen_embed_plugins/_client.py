@@ -24,29 +24,10 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 import numpy as np
 
-from . import pool
+from . import _pool as pool
+from ._config import EmbeddingConfig, OnError, known_model_dims
 from ._engine import Engine
-from ._run import (
-    Part,
-    Send,
-    ahedged,
-    arun_windowed,
-    hedged,
-    run_async,
-    run_sync,
-    run_windowed,
-)
-from ._transport import Reply, Retired, _sdk
-from .config import EmbeddingConfig, OnError, known_model_dims
-from .errors import (
-    ConfigError,
-    HTTPStatusError,
-    InputError,
-    PoolTimeout,
-    QwenEmbedError,
-    TimeoutException,
-)
-from .protocol import (
+from ._protocol import (
     BatchPlan,
     FloatArray,
     estimate_tokens,
@@ -57,8 +38,27 @@ from .protocol import (
     validate_text,
     validate_texts,
 )
-from .retry import parse_retry_after
-from .servers import Detection
+from ._retry import parse_retry_after
+from ._run import (
+    Part,
+    Send,
+    ahedged,
+    arun_windowed,
+    hedged,
+    run_async,
+    run_sync,
+    run_windowed,
+)
+from ._servers import Detection
+from ._transport import Reply, Retired, _sdk
+from .errors import (
+    ConfigError,
+    HTTPStatusError,
+    InputError,
+    PoolTimeout,
+    QwenEmbedError,
+    TimeoutException,
+)
 
 if TYPE_CHECKING:
     import openai

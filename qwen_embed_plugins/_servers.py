@@ -35,7 +35,7 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from .config import SERVER_NAMES, known_model_dims
+from ._config import SERVER_NAMES, known_model_dims
 from .errors import ConfigError, HTTPStatusError, OverloadedError, RateLimitError
 
 __all__ = [
