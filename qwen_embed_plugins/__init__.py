@@ -9,6 +9,11 @@ Importing this package is light: settings, errors and metrics, with numpy the on
 import. The clients (and with them the HTTP libraries: httpx 0.28 alone also imports
 click, rich and pygments for its own CLI), the pool functions and the framework adapters
 are resolved on first access (PEP 562).
+
+The public modules are this one (import everything from here), ``errors``, one entry
+module per framework (``integrations.langchain``, ``integrations.llama_index``), ``ray``
+and ``cli``. Every other module is private (``_config``, ``_client``, ``_pool``, ...): its
+names and place may change in any release.
 """
 
 from __future__ import annotations
@@ -21,15 +26,17 @@ from ._config import (
     DEFAULT_QUERY_TASK,
     NOT_GIVEN,
     EmbeddingConfig,
+    EncodingFormat,
     Limits,
     NotGiven,
+    OnError,
     ProxyURL,
     RetryConfig,
     Secret,
     Timeouts,
 )
 from ._install import install_command as _install_command
-from ._metrics import reset_metrics, stats
+from ._metrics import prometheus_collector, reset_metrics, stats
 from ._protocol import format_query
 from ._state import reset
 from .errors import (
@@ -59,7 +66,13 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
-    from ._client import AsyncEmbeddingClient, EmbeddingClient, EmbeddingList, EmbeddingResult
+    from ._client import (
+        AsyncEmbeddingClient,
+        EmbeddingClient,
+        EmbeddingList,
+        EmbeddingResult,
+        Progress,
+    )
     from ._pool import aclose_all, close_all, pool_stats
     from .integrations.langchain import QwenPooledEmbeddings
     from .integrations.llama_index import QwenPooledEmbedding
@@ -86,14 +99,17 @@ __all__ = [
     "EmbeddingConfig",
     "EmbeddingList",
     "EmbeddingResult",
+    "EncodingFormat",
     "HTTPStatusError",
     "InputError",
     "Limits",
     "NetworkError",
     "NotFoundError",
     "NotGiven",
+    "OnError",
     "OverloadedError",
     "PoolTimeout",
+    "Progress",
     "ProxyURL",
     "QwenEmbedError",
     "QwenPooledEmbedding",
@@ -114,6 +130,7 @@ __all__ = [
     "close_all",
     "format_query",
     "pool_stats",
+    "prometheus_collector",
     "reset",
     "reset_metrics",
     "stats",
@@ -128,6 +145,7 @@ _CORE_LAZY = {
     "EmbeddingClient": "_client",
     "EmbeddingList": "_client",
     "EmbeddingResult": "_client",
+    "Progress": "_client",
     "aclose_all": "_pool",
     "close_all": "_pool",
     "pool_stats": "_pool",

@@ -77,6 +77,8 @@ DEFAULT_MODEL: Final = "Qwen/Qwen3-Embedding-0.6B"
 QWEN3_MIN_DIMENSIONS: Final = 32
 
 EncodingFormat = Literal["auto", "base64", "float"]
+"""How vectors travel: ``"auto"`` (base64, falling back to float once per endpoint if
+refused or broken), ``"base64"`` or ``"float"`` (``EmbeddingConfig.encoding_format``)."""
 
 SERVER_NAMES: Final[tuple[str, ...]] = (
     "sglang",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import pathlib
 import re
 import subprocess
@@ -307,3 +308,138 @@ def test_no_printed_install_line_needs_a_release() -> None:
         for m in bare.finditer(text)
     ]
     assert not offenders, offenders
+
+
+# ------------------------------------------------------------------- the public surface
+
+# The public modules: the front door, the exception tree, one entry module per framework,
+# Ray Data and the command line. ``integrations`` only holds the two entry modules.
+PUBLIC_MODULES = frozenset(
+    {
+        "qwen_embed_plugins",
+        "qwen_embed_plugins.errors",
+        "qwen_embed_plugins.integrations",
+        "qwen_embed_plugins.integrations.langchain",
+        "qwen_embed_plugins.integrations.llama_index",
+        "qwen_embed_plugins.ray",
+        "qwen_embed_plugins.cli",
+    }
+)
+
+
+# Moved into the private ``_transport`` package by the transport rewrite (issue 19,
+# Deliver 1), merged separately: drop this line when it lands.
+_MOVING = frozenset({"qwen_embed_plugins.transport"})
+
+
+@functools.cache
+def _package_modules() -> frozenset[str]:
+    root = Path(q.__file__).parent
+    modules = set()
+    for path in root.rglob("*.py"):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules.add(".".join(parts))
+    return frozenset(modules)
+
+
+def _is_private(dotted: str) -> bool:
+    return any(p.startswith("_") and not p.startswith("__") for p in dotted.split("."))
+
+
+def test_the_public_modules_are_the_front_door_errors_and_one_per_framework() -> None:
+    """Every other module is private (its name, or a package above it, starts with ``_``):
+    users import from the front door, so the internals can move (issue 19, Deliver 7)."""
+    public = {m for m in _package_modules() if not _is_private(m)} - _MOVING
+    assert public == PUBLIC_MODULES, sorted(public ^ PUBLIC_MODULES)
+    import ast
+
+    namespace = Path(q.__file__).parent / "integrations" / "__init__.py"
+    body = ast.parse(namespace.read_text(encoding="utf-8")).body
+    assert all(isinstance(n, ast.Expr) for n in body), "integrations/ holds no API of its own"
+
+
+# ``from X import names`` (parenthesised or not), ``import X``, mkdocstrings' ``::: X``
+_DOC_REFERENCE = re.compile(
+    r"(?<![\w.])(?:from\s+(?P<module>qwen_embed_plugins[\w.]*)\s+import\s+"
+    r"(?P<names>\([^)]*\)|[\w ,]+)"
+    r"|import\s+(?P<imported>qwen_embed_plugins[\w.]*)"
+    r"|^:::\s+(?P<documented>qwen_embed_plugins[\w.]*))",
+    re.MULTILINE,
+)
+
+
+def _resolves(module: str, attributes: str) -> bool:
+    import importlib
+
+    target: object = importlib.import_module(module)
+    for name in attributes.split("."):
+        if not hasattr(target, name):
+            return False
+        target = getattr(target, name)
+    return True
+
+
+def private_doc_references(text: str, exported: set[str]) -> list[str]:
+    """``line: what`` for each import or API-reference entry of ``text`` that reaches a
+    private module or name, or a front-door name missing from ``__all__``."""
+    found = []
+    for m in _DOC_REFERENCE.finditer(text):
+        line = text[: m.start()].count("\n") + 1
+        dotted = m.group("module") or m.group("imported") or m.group("documented")
+        names = [
+            n.split(" as ")[0].strip()
+            for n in (m.group("names") or "").strip("()").replace("\n", " ").split(",")
+            if n.strip()
+        ]
+        module, rest = dotted, ""
+        if m.group("documented"):  # an object: its module is the longest known prefix
+            while module not in _package_modules() and "." in module:
+                module, _, last = module.rpartition(".")
+                rest = f"{last}.{rest}" if rest else last
+        if (
+            _is_private(dotted)
+            or any(_is_private(n) for n in names)
+            or module not in PUBLIC_MODULES
+            or (rest and not _resolves(module, rest))
+        ):
+            found.append(f"{line}: {m.group(0).strip()}")
+        elif dotted == "qwen_embed_plugins":
+            missing = [n for n in names if n not in exported and n not in {"errors", "ray"}]
+            found += [f"{line}: {n} is not in qwen_embed_plugins.__all__" for n in missing]
+    return found
+
+
+def test_docs_and_readme_use_only_the_public_surface() -> None:
+    """README.md and docs/*.md import (and the API reference documents) public paths
+    only: ``from qwen_embed_plugins import prometheus_collector``, never
+    ``qwen_embed_plugins._metrics``; what they import from the front door is exported."""
+    root = Path(__file__).resolve().parent.parent
+    found = [
+        f"{path.relative_to(root)}:{where}"
+        for path in [root / "README.md", *sorted(root.glob("docs/*.md"))]
+        for where in private_doc_references(path.read_text(encoding="utf-8"), set(q.__all__))
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_the_docs_check_finds_them() -> None:
+    pkg = "qwen_embed_plugins"  # the old public paths, spelled so that no rename rewrites them
+    text = (
+        "from qwen_embed_plugins import EmbeddingClient, prometheus_collector\n"
+        "from qwen_embed_plugins._metrics import prometheus_collector\n"
+        "from qwen_embed_plugins import (\n    EmbeddingClient,\n    _install_command,\n)\n"
+        'python -c "from qwen_embed_plugins.cli._corpus import corpus"\n'
+        "import qwen_embed_plugins._pool as pool\n"
+        "::: qwen_embed_plugins.EmbeddingConfig\n"
+        "::: qwen_embed_plugins._config.Limits\n"
+        "from qwen_embed_plugins import pool_metrics\n"
+        "the `qwen_embed_plugins._servers` module, in prose\n"
+        f"from {pkg}.config import Limits\n"  # no such public module
+        "::: qwen_embed_plugins.errors.ConfigError\n"
+        "from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings\n"
+        f"::: {pkg}.metrics.prometheus_collector\n"
+    )
+    found = private_doc_references(text, set(q.__all__))
+    assert [f.split(":")[0] for f in found] == ["2", "3", "7", "8", "10", "11", "13", "16"], found

@@ -1,12 +1,13 @@
 """The ``qwen-embed`` command line: ``check`` and ``embed`` (and ``bench``, ``serve``).
 
 A thin front end over the client and the probes of ``check`` (``_check``, ``_probe``):
-each command is a module-level click command in its own module (``check``, ``embed``),
-grouped in ``_app``; rich renders tables and progress (``_output``). It needs the
-optional ``cli`` extra (``click`` and ``rich``); without it, ``qwen-embed`` prints the
-install command and exits with status 1. ``bench`` and ``serve`` come with the tooling
-distribution (``qwen-embed-tooling``), found through the entry-point group
-``qwen_embed.commands``; without it they print how to install it (status 1).
+each command is a module-level click command in its own private module
+(``_check_command``, ``_embed_command``), grouped in ``_app``; rich renders tables and
+progress (``_output``). It needs the optional ``cli`` extra (``click`` and ``rich``);
+without it, ``qwen-embed`` prints the install command and exits with status 1.
+``bench`` and ``serve`` come with the tooling distribution (``qwen-embed-tooling``),
+found through the entry-point group ``qwen_embed.commands``; without it they print how
+to install it (status 1).
 
 Start-up stays light: importing this package imports only the standard library, and
 the command modules import only click at module level, so ``qwen-embed --help`` loads

@@ -149,7 +149,7 @@ class CheckReport:
 _PROBE_TEXT: Final = "What is a Python list comprehension?"
 
 # What to do when a server refuses or ignores MRL ``dimensions``, per server (the
-# ``server=`` names of the client's detection). Facts: servers.py's profile sources.
+# ``server=`` names of the client's detection). Facts: _servers.py's profile sources.
 _CLIENT_SLICES: Final = "the client slices and renormalises client-side"
 _DIMENSIONS_ADVICE: Final[dict[str, str]] = {
     "sglang": "SGLang: start it with --json-model-override-args "
