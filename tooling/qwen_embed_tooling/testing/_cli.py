@@ -13,8 +13,7 @@ from typing import Any
 
 import orjson
 
-from ._common import DEFAULT_DIM, DEFAULT_MAX_INPUT_CHARS, DEFAULT_MODEL
-from ._runner import _TLSFiles
+from ._common import DEFAULT_DIM, DEFAULT_MAX_INPUT_CHARS, DEFAULT_MODEL, _TLSFiles
 from ._server import EmbeddingServer
 
 

@@ -8,8 +8,10 @@ from __future__ import annotations
 import functools
 import hashlib
 import http
+import math
 import os
-from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
+import zlib
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -245,3 +247,68 @@ def _install_hint(package: str) -> str:
         "on PyPI: in a checkout, pip install -e ./tooling; elsewhere, pip install "
         '"qwen-embed-tooling @ file:///path/to/qwen-embed-plugins/tooling")'
     )
+
+
+@dataclass(frozen=True)
+class _TLSFiles:
+    """PEM files of a throw-away CA and a certificate for 127.0.0.1 / localhost."""
+
+    ca: str
+    chain: str
+    key: str
+
+    @classmethod
+    def create(cls, directory: str, hostnames: Sequence[str] = ()) -> _TLSFiles:
+        try:
+            import trustme
+        except ImportError as exc:
+            raise ImportError(_install_hint("trustme")) from exc
+        ca = trustme.CA()
+        cert = ca.issue_cert(LOOPBACK, "localhost", *hostnames)
+        files = cls(
+            ca=os.path.join(directory, "ca.pem"),
+            chain=os.path.join(directory, "server-chain.pem"),
+            key=os.path.join(directory, "server-key.pem"),
+        )
+        ca.cert_pem.write_to_path(files.ca)
+        cert.private_key_pem.write_to_path(files.key)
+        for i, blob in enumerate(cert.cert_chain_pems):
+            blob.write_to_path(files.chain, append=i > 0)
+        return files
+
+
+# shared by the hostile servers (HTTP/1.1 and HTTP/2)
+_PREFIX: Final = b'{"object":"list","data":['
+
+
+def _transform(value: str, transform: str) -> str:
+    """``value`` (an ``Authorization`` header) as `echo_auth`'s ``transform`` asks."""
+    if transform == "upper":
+        return value.upper()
+    if transform == "lower":
+        return value.lower()
+    if transform == "truncate":
+        return value[:-4]
+    if transform == "bare":
+        return value.removeprefix("Bearer ").removeprefix("bearer ")
+    return value
+
+
+@functools.lru_cache(maxsize=2)
+def _gzip_bomb(inflated: int) -> bytes:
+    """One gzip member inflating to ``inflated`` bytes (a JSON prefix, then spaces), at
+    about 1 KB per MiB: after a full flush, deflate encodes each identical MiB block to
+    identical bytes, so the body repeats one compressed block; the trailer is computed."""
+    block = b" " * (1 << 20)
+    blocks = max(1, math.ceil((inflated - len(_PREFIX)) / len(block)))
+    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
+    start = compressor.compress(_PREFIX)
+    first = compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)
+    repeat = compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)
+    end = compressor.flush(zlib.Z_FINISH)[:-8]  # the final empty block, without trailer
+    crc = zlib.crc32(_PREFIX)
+    for _ in range(blocks):
+        crc = zlib.crc32(block, crc)
+    size = (len(_PREFIX) + blocks * len(block)) & 0xFFFFFFFF
+    trailer = crc.to_bytes(4, "little") + size.to_bytes(4, "little")
+    return start + first + repeat * (blocks - 1) + end + trailer

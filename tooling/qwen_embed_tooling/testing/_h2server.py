@@ -25,11 +25,10 @@ import h2.exceptions
 import h2.settings
 from hyperframe.frame import GoAwayFrame
 
-from ._common import _BACKLOG, _GRACEFUL_SHUTDOWN, _MODULE, _Message
+from ._common import _BACKLOG, _GRACEFUL_SHUTDOWN, _MODULE, _Message, _TLSFiles
 
 if TYPE_CHECKING:
     from ._app import _EmbeddingApp
-    from ._runner import _TLSFiles
     from ._state import _ListenSocket
 
 logger = logging.getLogger(_MODULE)

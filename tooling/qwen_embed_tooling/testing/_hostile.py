@@ -12,20 +12,27 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import functools
-import math
 import ssl
 import tempfile
 import time
 import weakref
-import zlib
 from collections.abc import Mapping
 from typing import Any, Final
 
 import numpy as np
 import orjson
 
-from ._common import DEFAULT_DIM, DEFAULT_MODEL, LOOPBACK, _integer, _number, expected_embeddings
+from ._common import (
+    _PREFIX,
+    DEFAULT_DIM,
+    DEFAULT_MODEL,
+    LOOPBACK,
+    _gzip_bomb,
+    _integer,
+    _number,
+    _transform,
+    expected_embeddings,
+)
 from ._loop import _Counters, _LoopServer, header, parse_head, read_head
 
 #: Every behaviour of `HostileServer`, with its parameters and defaults.
@@ -59,7 +66,6 @@ _HTML: Final = (
     b"<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head>"
     b"<body><h1>502 Bad Gateway</h1><p>The upstream server is not responding.</p></body></html>"
 )
-_PREFIX: Final = b'{"object":"list","data":['
 _MAX_REQUEST_BODY: Final = 64 * 1024 * 1024
 _IDLE: Final = 30.0  # seconds a connection may stay idle between requests
 _COUNTERS: Final = (
@@ -177,7 +183,7 @@ class HostileServer:
         self._tls: Any = None
         context: ssl.SSLContext | None = None
         if self.http2:
-            from ._runner import _TLSFiles
+            from ._common import _TLSFiles
 
             self._tls_dir = tempfile.TemporaryDirectory(prefix="qwen-embed-hostile-")
             self._tls = _TLSFiles.create(self._tls_dir.name)
@@ -545,19 +551,6 @@ def _inputs(body: bytes) -> tuple[list[str] | None, bool]:
     return texts, payload.get("encoding_format") == "base64"
 
 
-def _transform(value: str, transform: str) -> str:
-    """``value`` (an ``Authorization`` header) as `echo_auth`'s ``transform`` asks."""
-    if transform == "upper":
-        return value.upper()
-    if transform == "lower":
-        return value.lower()
-    if transform == "truncate":
-        return value[:-4]
-    if transform == "bare":
-        return value.removeprefix("Bearer ").removeprefix("bearer ")
-    return value
-
-
 def _floats(b64: str) -> list[float]:
     return [float(x) for x in np.frombuffer(base64.b64decode(b64), dtype="<f4")]
 
@@ -598,23 +591,3 @@ def _response(
     extra: tuple[tuple[str, str], ...] = (),
 ) -> bytes:
     return _head(status, content_type, (("Content-Length", str(len(body))), *extra)) + body
-
-
-@functools.lru_cache(maxsize=2)
-def _gzip_bomb(inflated: int) -> bytes:
-    """One gzip member inflating to ``inflated`` bytes (a JSON prefix, then spaces), at
-    about 1 KB per MiB: after a full flush, deflate encodes each identical MiB block to
-    identical bytes, so the body repeats one compressed block; the trailer is computed."""
-    block = b" " * (1 << 20)
-    blocks = max(1, math.ceil((inflated - len(_PREFIX)) / len(block)))
-    compressor = zlib.compressobj(9, zlib.DEFLATED, 31)
-    start = compressor.compress(_PREFIX)
-    first = compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)
-    repeat = compressor.compress(block) + compressor.flush(zlib.Z_FULL_FLUSH)
-    end = compressor.flush(zlib.Z_FINISH)[:-8]  # the final empty block, without trailer
-    crc = zlib.crc32(_PREFIX)
-    for _ in range(blocks):
-        crc = zlib.crc32(block, crc)
-    size = (len(_PREFIX) + blocks * len(block)) & 0xFFFFFFFF
-    trailer = crc.to_bytes(4, "little") + size.to_bytes(4, "little")
-    return start + first + repeat * (blocks - 1) + end + trailer

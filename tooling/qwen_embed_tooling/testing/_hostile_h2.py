@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import h2.config
 import h2.connection
@@ -31,10 +31,8 @@ import h2.events
 import h2.exceptions
 import orjson
 
+from ._common import _PREFIX, _gzip_bomb, _transform
 from ._loop import header
-
-if TYPE_CHECKING:
-    from ._hostile import HostileServer
 
 _IDLE: Final = 30.0
 _MAX_BODY: Final = 64 * 1024 * 1024
@@ -45,7 +43,7 @@ class _Conn:
     """One HTTP/2 connection of a `HostileServer`."""
 
     def __init__(
-        self, server: HostileServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        self, server: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         config = h2.config.H2Configuration(
             client_side=False,
@@ -254,8 +252,6 @@ class _Conn:
             if kind == "huge_content_length":
                 fields.append(("content-length", str(params["declared"])))
             await self.headers(sid, fields)
-            from ._hostile import _PREFIX
-
             sent, limit = 0, self.server.max_bytes
             deadline = time.monotonic() + self.server.max_seconds
             piece = _PREFIX
@@ -265,8 +261,6 @@ class _Conn:
                 sent += len(piece)
                 piece = b" " * 65536
         elif kind == "gzip_bomb":
-            from ._hostile import _gzip_bomb
-
             blob = _gzip_bomb(params["inflated"])
             fields = [(":status", "200"), ("content-type", "application/json")]
             fields += [("content-encoding", "gzip"), ("content-length", str(len(blob)))]
@@ -300,8 +294,6 @@ class _Conn:
     async def _echo(
         self, sid: int, params: Mapping[str, Any], headers: list[tuple[str, str]]
     ) -> None:
-        from ._hostile import _transform
-
         value = _transform(header(headers, "authorization") or "", params["transform"])
         where = params["where"]
         length = ("content-length", str(len(_ERROR)))
@@ -333,8 +325,6 @@ def _encode(fields: list[tuple[str, str]]) -> list[tuple[bytes, bytes]]:
     return [(k.encode(), v.encode("latin-1")) for k, v in fields]
 
 
-async def serve_h2(
-    server: HostileServer, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-) -> None:
+async def serve_h2(server: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     """Serve one HTTP/2 connection of ``server`` until it ends or the server stops."""
     await _Conn(server, reader, writer).run()

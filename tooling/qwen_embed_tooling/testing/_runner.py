@@ -12,8 +12,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, cast
 
@@ -29,39 +28,12 @@ from ._common import (
     _Receive,
     _Scope,
     _Send,
+    _TLSFiles,
 )
 from ._dialects import DIALECTS
 from ._state import _ListenSocket
 
 logger = logging.getLogger(_MODULE)
-
-
-@dataclass(frozen=True)
-class _TLSFiles:
-    """PEM files of a throw-away CA and a certificate for 127.0.0.1 / localhost."""
-
-    ca: str
-    chain: str
-    key: str
-
-    @classmethod
-    def create(cls, directory: str, hostnames: Sequence[str] = ()) -> _TLSFiles:
-        try:
-            import trustme
-        except ImportError as exc:
-            raise ImportError(_install_hint("trustme")) from exc
-        ca = trustme.CA()
-        cert = ca.issue_cert(LOOPBACK, "localhost", *hostnames)
-        files = cls(
-            ca=os.path.join(directory, "ca.pem"),
-            chain=os.path.join(directory, "server-chain.pem"),
-            key=os.path.join(directory, "server-key.pem"),
-        )
-        ca.cert_pem.write_to_path(files.ca)
-        cert.private_key_pem.write_to_path(files.key)
-        for i, blob in enumerate(cert.cert_chain_pems):
-            blob.write_to_path(files.chain, append=i > 0)
-        return files
 
 
 class _ThreadServer:

@@ -26,6 +26,7 @@ from ._common import (
     _integer,
     _number,
     _Settings,
+    _TLSFiles,
     expected_embeddings,
 )
 from ._controls import _ServerControls
@@ -39,7 +40,7 @@ from ._models import (
     model_from_dict,
     model_to_dict,
 )
-from ._runner import _ChildProcess, _kill_child, _ThreadServer, _TLSFiles
+from ._runner import _ChildProcess, _kill_child, _ThreadServer
 from ._state import _listen, _State
 
 
