@@ -274,7 +274,9 @@ def _killed_mid_run(
     endpoint = balance.endpoint_for(client.config)
     replica = next(r for r in endpoint.replicas if r.url == victim.base_url)
     assert replica.ejections >= 1
-    assert isinstance(replica.last_error, q.ConnectError)
+    # the kill's failures: a hung batch's connection reset (counted once the batch
+    # succeeded elsewhere) or a refused connection; which came last is the scheduler's
+    assert isinstance(replica.last_error, q.ConnectError | q.NetworkError), replica.last_error
 
     # a server on the same port again: no request reaches it while the replica is
     # ejected; after the cool-down a probe does, then it takes its share again
@@ -328,7 +330,9 @@ def test_a_replica_failing_every_request_is_ejected_and_blames_no_input(
             batch_size=10,
             max_concurrency=4,
             retry=FAST,
-            timeout=q.Timeouts(read=1.0),
+            # past the good one's answers however loaded the machine (a read timeout
+            # there would resend a batch it answered), far below the bad one's delay
+            timeout=q.Timeouts(read=5.0),
         )
         texts = _texts(200, f"bad-{kind}")
         result = client.embed_documents(texts, on_error="skip")
@@ -369,7 +373,7 @@ def test_a_batch_whose_replica_failed_is_resent_on_another_at_once(
             batch_size=10,
             max_concurrency=4,
             retry=q.RetryConfig(backoff_initial=1.0, backoff_max=1.0, circuit_cooldown=60.0),
-            timeout=q.Timeouts(read=1.0),
+            timeout=q.Timeouts(read=5.0),  # see the test above
         )
         texts = _texts(100, f"at-once-{kind}")
         result = client.embed_documents(texts, on_error="skip")
