@@ -748,6 +748,31 @@ def test_a_slower_replica_is_probed_as_soon_as_its_cooldown_ends() -> None:
         assert replica.ejected_until == 0.0
 
 
+def test_a_server_on_a_slower_servers_port_is_ranked_afresh_after_reset() -> None:
+    """How the test above could fail in CI ("the slow replica got no requests") when the
+    suite forgot only the replicas' health between tests: its slow server got the port
+    of an earlier test's slower one, the replica kept that server's latency average, and
+    every sequential request went to the fast one. ``reset()`` (before each test)
+    forgets it: an unmeasured replica is tried at once."""
+    with EmbeddingServer(latency=0.0) as fast:
+        with EmbeddingServer(latency=1.0) as old:  # far slower whatever the load
+            port = old.port
+            before = q.EmbeddingClient(base_url=[fast.base_url, old.base_url])
+            for i in range(4):
+                before.embed_query(f"old {i}")
+            assert old.requests > 0
+        with EmbeddingServer(port=port) as new:
+            urls = [fast.base_url, new.base_url]
+            for i in range(2):
+                q.EmbeddingClient(base_url=urls).embed_query(f"inherited {i}")
+            assert new.requests == 0  # the hazard: ranked on the old server's latency
+            q.reset()
+            client = q.EmbeddingClient(base_url=urls)
+            for i in range(2):  # the first goes to either, the second to the unmeasured
+                client.embed_query(f"fresh {i}")
+            assert new.requests == 1
+
+
 def test_no_batch_limit_is_learned_for_a_replica_from_pieces_another_took() -> None:
     """A batch dropped by both replicas (one drops anything over 4 texts, the other every
     request) is bisected; its pieces are all answered by the first. The second replica
