@@ -18,8 +18,9 @@ kinds (``classify``):
   connection before any response byte ("Server disconnected without sending a
   response") is first resent once at once on a fresh connection.
 - ``"refused"``: an HTTP/2 stream the server refused before processing it (GOAWAY with
-  a lower ``last_stream_id``, ``REFUSED_STREAM``): resent at once, never counted as a
-  failure (bounded per call).
+  a lower ``last_stream_id``, ``REFUSED_STREAM``): never processed, so always resent
+  and never counted as a failure: at once (``MAX_REFUSED_RESENDS`` per request), then
+  with the outage backoff until the call's deadline.
 - ``"fatal"``: everything else (400, 401, 403, 404, 413, 422, a context-length error,
   a malformed 200, a local ``PoolTimeout``, a TLS certificate failure): not retried.
 
@@ -89,7 +90,8 @@ MIN_ATTEMPT_SECONDS = 0.02
 """A retry is not started with less than this left before the deadline (it could only
 end in a timeout hiding the failure that caused it)."""
 MAX_REFUSED_RESENDS = 16
-"""Refused HTTP/2 streams resent at once per request before they count as failures."""
+"""Refused HTTP/2 streams resent at once per request; later ones are resent with the
+outage backoff, until the call's deadline (never counted against ``max_attempts``)."""
 
 FailureKind = Literal["outage", "transient", "refused", "fatal"]
 
@@ -265,10 +267,11 @@ class RetryState:
         if self.policy.max_attempts <= 1 and kind != "refused":
             return None  # retries turned off, outages included
         if kind == "refused":
+            # never processed: resending is always safe and is no failed attempt
             self.refused += 1
             if self.refused <= MAX_REFUSED_RESENDS:
                 return 0.0
-            kind = "transient"
+            kind = "outage"  # a server refusing on and on: backed off, until the deadline
         if (
             isinstance(exc, NetworkError)
             and not fresh_connection

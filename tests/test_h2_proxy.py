@@ -39,7 +39,10 @@ def test_refused_streams_are_resent_and_never_cost_h2(mode: str, calls: int, tls
         client = q.AsyncEmbeddingClient(
             base_url=srv.base_url,
             http2=True,
-            retry=q.RetryConfig(circuit_failure_threshold=2, circuit_open_after=0.0),
+            # the deadline is not what is tested: generous, for 600 TLS calls on a loaded CPU
+            retry=q.RetryConfig(
+                circuit_failure_threshold=2, circuit_open_after=0.0, query_deadline=300.0
+            ),
             **kwargs,  # type: ignore[arg-type]
         )
         window = asyncio.Semaphore(600 if mode == "graceful" else 4)

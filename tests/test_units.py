@@ -558,6 +558,25 @@ def test_stale_connection_resent_at_once_only_once() -> None:
     assert other.next_delay(err, now=0.0, fresh_connection=True, rng=random.Random(5)) != 0.0
 
 
+def test_refused_streams_never_exhaust_the_attempts_only_the_deadline() -> None:
+    """A refused HTTP/2 stream was never processed: resent at once up to
+    ``MAX_REFUSED_RESENDS`` times, then with the outage backoff until the deadline; never
+    counted against ``max_attempts`` (600 concurrent calls to a server sending GOAWAY
+    every few streams may see one request refused many times)."""
+    err = q.RemoteProtocolError("GOAWAY", sent=True, refused=True)
+    policy = RetryConfig(max_attempts=2, backoff_initial=0.5, backoff_max=2.0, deadline=20.0)
+    waits, spent, gave_up = _waits([err], policy)
+    assert waits[: retry.MAX_REFUSED_RESENDS] == [0.0] * retry.MAX_REFUSED_RESENDS
+    assert len(waits) > retry.MAX_REFUSED_RESENDS + 5  # far past max_attempts
+    assert any(w > 0.0 for w in waits[retry.MAX_REFUSED_RESENDS :])  # backed off
+    assert gave_up  # the deadline ends it, not a count
+    assert spent <= 20.0
+    state = retry.RetryState(policy=policy, started=0.0)
+    for _ in range(retry.MAX_REFUSED_RESENDS + 3):
+        state.next_delay(err, now=0.0, fresh_connection=True)
+    assert state.attempts == 0
+
+
 # ----------------------------------------------------------------------------- the suite
 
 
