@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 import socket
 import threading
 import time
 import traceback
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -103,6 +105,27 @@ def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
     started = time.monotonic()
     result = fn()
     return result, time.monotonic() - started
+
+
+# A call cut by its deadline while its backend is still connecting (aiohttp, httpx on
+# anyio) can leave that backend's half-made connection to asyncio's finaliser, which
+# closes it and reports it ("unclosed transport", "unclosed <socket..."): the backend's
+# cancellation path, not reachable through its public API. Known limit, kept inside this
+# module: each test collects its garbage before the next test starts, with those two
+# reports (and only them) ignored.
+_BACKEND_REPORTS = ("unclosed transport", "unclosed <socket.socket")
+pytestmark = [
+    pytest.mark.filterwarnings(f"ignore:{text}:ResourceWarning") for text in _BACKEND_REPORTS
+]
+
+
+@pytest.fixture(autouse=True)
+def _collect_cut_connections() -> Iterator[None]:
+    yield
+    with warnings.catch_warnings():
+        for text in _BACKEND_REPORTS:
+            warnings.filterwarnings("ignore", message=text, category=ResourceWarning)
+        gc.collect()
 
 
 @pytest.fixture
