@@ -351,13 +351,18 @@ class Endpoint:
         )
         raise error from last
 
-    def name_failures(self, error: QwenEmbedError) -> None:
-        """Say in ``error`` what every replica last failed with (``.failures`` too)."""
+    def name_failures(self, error: QwenEmbedError) -> QwenEmbedError:
+        """``error``, saying what every replica last failed with (a new error; ``error``
+        itself when none has failed)."""
         failures = {r.label: r.last_error for r in self.replicas if r.last_error}
-        if failures:
-            said = "; ".join(f"{label}: {err}" for label, err in failures.items())
-            error.args = (f"{error.args[0]} (every replica failed; last failures: {said})",)
-            error.failures = failures  # type: ignore[attr-defined]
+        if not failures:
+            return error
+        said = "; ".join(f"{label}: {err}" for label, err in failures.items())
+        return error.with_context(note=f" (every replica failed; last failures: {said})")
+
+    def replica_of(self, error: QwenEmbedError) -> Replica | None:
+        """The replica ``error`` names (``.replica``), when it is one of these."""
+        return next((r for r in self.replicas if r.label == error.replica), None)
 
     def first_contact(
         self, error: QwenEmbedError, started: float, delay: float | None, wait: float
@@ -372,19 +377,20 @@ class Endpoint:
         left = wait - (time.monotonic() - started)
         return min(delay, left) if left > 0 else None
 
-    def unreached(self, error: QwenEmbedError, started: float, wait: float) -> bool:
-        """When ``error`` failed a call to an endpoint never reached: say so in it, with
-        the URL and how to check it (``True``)."""
+    def unreached(
+        self, error: QwenEmbedError, started: float, wait: float
+    ) -> QwenEmbedError | None:
+        """When ``error`` failed a call to an endpoint never reached: a new error saying
+        so, with the URL and how to check it (``None``: the endpoint was reached)."""
         if not self._never_reached(error):
-            return False
+            return None
         label = ",".join(r.label for r in self.replicas)
-        error.args = (
-            f"{error.args[0]} (no request of this process reached {label}; tried for "
+        return error.with_context(
+            note=f" (no request of this process reached {label}; tried for "
             f"{time.monotonic() - started:.1f} s, RetryConfig.wait_for_server={wait:g} s). "
             f"Is the server up and the URL right? Check with: qwen-embed check --base-url "
             f"{label}",
         )
-        return True
 
     def _never_reached(self, error: QwenEmbedError) -> bool:
         return isinstance(error, ConnectError | ConnectTimeout) and not any(

@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ._balance import Replica
+from ._balance import Endpoint, Replica
 from ._config import EmbeddingConfig
 from ._retry import RetryState
 from ._run import Call, Flow, Part, Sleep
@@ -55,6 +55,7 @@ class Bisecting:
 
     config: EmbeddingConfig
     model: str
+    endpoint: Endpoint
 
     def batch_flow(  # provided by Engine
         self,
@@ -87,7 +88,7 @@ class Bisecting:
         top = bis is None
         if bis is None:
             bis = _Bisection(since=time.monotonic())
-            replica = getattr(first, "_replica", None)
+            replica = self.endpoint.replica_of(first)
             if replica is not None:
                 replica.metrics.fallback("bisections")
         part = Part()
@@ -108,7 +109,7 @@ class Bisecting:
             # drops requests above some size, e.g. out of memory). Learn the limit, for
             # the replica that dropped it and only from pieces that same replica took
             # (pieces another replica answered say nothing about this one's size).
-            replica = getattr(first, "_replica", None)
+            replica = self.endpoint.replica_of(first)
             took = bis.ok_on.get(replica, 0) if replica is not None else 0
             if replica is not None and took:
                 state = replica.state(self.model)
@@ -143,8 +144,8 @@ class Bisecting:
         """The server named the bad input: fail it, send the others."""
         part = Part()
         if isinstance(exc, BadRequestError):
-            exc.index = indices[named]
-            exc.args = (f"{exc.args[0]} [input index {exc.index} of this call]",)
+            index = indices[named]
+            exc = exc.with_context(index=index, note=f" [input index {index} of this call]")
         self._input_failed(call, part, named, indices[named], exc, bis)
         if call.stop:
             return part
@@ -170,7 +171,7 @@ class Bisecting:
         input's fault: the server worked just before)."""
         if call.last_ok < since:
             yield from self._control(call, indices[0], exc)
-        replica = getattr(exc, "_replica", None)
+        replica = self.endpoint.replica_of(exc)
         if replica is not None:
             replica.metrics.fallback("resent_alone")
         return (
@@ -185,7 +186,7 @@ class Bisecting:
         retried with backoff until the call's deadline; then (or at once, for a failure
         that is not retryable) ``exc`` is raised without an input index, in both
         ``on_error`` modes."""
-        replica = getattr(exc, "_replica", None)
+        replica = self.endpoint.replica_of(exc)
         if replica is not None:
             replica.metrics.fallback("control_requests")
         rs = RetryState(policy=self.config.retry, started=call.started, deadline=call.deadline)
@@ -199,27 +200,26 @@ class Bisecting:
             else:
                 call.last_ok = time.monotonic()
                 return
-            if getattr(failed, "_server_wide", False):
+            if failed in call.server_errors:
                 break  # fails fast (a server never reached), or failed already
             delay = rs.next_delay(failed, now=time.monotonic(), fresh_connection=True, outage=True)
             if delay is None:
                 break
             delay = min(delay, _CONTROL_WAIT_MAX)  # a tiny probe: the job resumes soon after
-            where = getattr(failed, "_replica", None) or replica
+            where = self.endpoint.replica_of(failed) or replica
             if where is not None:
                 where.retried(failed, delay)
             yield Sleep(delay)
-        if failed is not exc and getattr(failed, "_server_wide", False):
+        if failed is not exc and failed in call.server_errors:
             raise failed
         note = (
             " (a control request with a known-good text failed too "
             f"({type(failed).__name__}): the server fails whatever the input)"
         )
-        if exc.args and note not in str(exc.args[0]):
-            exc.args = (f"{exc.args[0]}{note}", *exc.args[1:])
+        error = exc if note in str(exc) else exc.with_context(note=note)
         call.stop = True
-        exc._server_wide = True  # type: ignore[attr-defined]
-        raise exc
+        call.server_errors.add(error)
+        raise error
 
     def _input_failed(
         self,
@@ -234,7 +234,7 @@ class Bisecting:
         if bis is not None:
             bis.failed_leaves += 1
             bis.input_failed = True
-        _pin(exc, index)
+        exc = _pinned(exc, index)
         if call.on_error == "raise":
             call.stop = True
             call.lowest = index if call.lowest is None else min(call.lowest, index)
@@ -245,14 +245,15 @@ class Bisecting:
         return part
 
 
-def _pin(exc: QwenEmbedError, index: int) -> None:
-    """Give ``exc`` the caller's input index (and say it in the message once)."""
-    current = getattr(exc, "index", None)
-    if current is None:
-        exc.index = index  # type: ignore[attr-defined]
-    text = str(exc.args[0]) if exc.args else ""
-    if (
-        isinstance(exc, HTTPStatusError | ResponseError | TransportError)
-        and "input index" not in text
-    ):
-        exc.args = (f"{text} [input index {index} of this call]",)
+def _pinned(exc: QwenEmbedError, index: int) -> QwenEmbedError:
+    """``exc`` with the caller's input index (said in its message once): a new error, or
+    ``exc`` when it has both already."""
+    note = (
+        f" [input index {index} of this call]"
+        if isinstance(exc, HTTPStatusError | ResponseError | TransportError)
+        and "input index" not in str(exc)
+        else ""
+    )
+    if exc.index is None:
+        return exc.with_context(note=note, index=index)
+    return exc.with_context(note=note) if note else exc

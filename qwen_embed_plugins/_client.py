@@ -388,14 +388,15 @@ class _ClientBase:
         task = self._config.query_task
         return [format_query(t, task) for t in items]
 
-    def _inputs(self, texts: object, on_error: OnError) -> _Inputs:
+    def _inputs(self, texts: object, on_error: OnError, first: int = 0) -> _Inputs:
         """Check a call's texts before anything is sent: ``"raise"`` raises the first
-        rejected text's ``InputError``; ``"skip"`` sets the rejected ones aside."""
+        rejected text's ``InputError``; ``"skip"`` sets the rejected ones aside.
+        ``first``: the caller's index of the first text (``"raise"`` only)."""
         if on_error not in ("raise", "skip"):
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
-        items, rejected = screen_texts(texts, max_chars=self._config.max_text_chars)
+        items, rejected = screen_texts(texts, max_chars=self._config.max_text_chars, first=first)
         if not rejected:
-            return _Inputs(items, len(items), None, {})
+            return _Inputs(items, len(items), None, {}, first)
         if on_error == "raise":
             raise next(iter(rejected.values()))
         first = next(iter(rejected))
@@ -424,12 +425,15 @@ class _Inputs:
         size: the number of inputs of the call (``n``), rejected ones included.
         kept: the caller's index of each text in ``texts``; ``None``: all were kept.
         rejected: the caller's index -> why that text cannot be sent.
+        first: the caller's index of ``texts[0]`` when they are a slice of the caller's
+            list (every error names the index in that list).
     """
 
     texts: list[str]
     size: int
     kept: list[int] | None
     rejected: dict[int, InputError]
+    first: int = 0
 
     def errors(self, found: dict[int, QwenEmbedError]) -> dict[int, QwenEmbedError]:
         """Every input's error by the caller's index, in index order: ``found`` (keyed
@@ -446,7 +450,8 @@ def _caller_indices(plan: BatchPlan, inputs: _Inputs) -> list[int]:
     """For each unique text of ``plan``, the caller's index of its first occurrence
     (errors name it), counting the inputs set aside before sending."""
     if inputs.kept is None:
-        return plan.first_index
+        first = inputs.first
+        return [first + i for i in plan.first_index] if first else plan.first_index
     kept = inputs.kept
     return [kept[i] for i in plan.first_index]
 
@@ -550,6 +555,14 @@ class EmbeddingClient(_ClientBase):
         inputs = self._inputs(texts, on_error)
         sink = self._embed(inputs, progress, on_error, lists=True, query=False)
         return _finish_list(sink, inputs, on_error)
+
+    def _embed_slice(self, texts: list[str], first: int) -> list[list[float]]:
+        """``embed_documents(texts)`` for ``texts``, the slice of a caller's list that
+        starts at its index ``first``: every error is built naming the index in that
+        list (``.index`` and message)."""
+        inputs = self._inputs(texts, "raise", first)
+        sink = self._embed(inputs, None, "raise", lists=True, query=False)
+        return _finish_list(sink, inputs, "raise")
 
     @overload
     def embed_documents_array(
@@ -746,6 +759,12 @@ class AsyncEmbeddingClient(_ClientBase):
         inputs = self._inputs(texts, on_error)
         sink = await self._embed(inputs, progress, on_error, lists=True, query=False)
         return _finish_list(sink, inputs, on_error)
+
+    async def _embed_slice(self, texts: list[str], first: int) -> list[list[float]]:
+        """Async ``EmbeddingClient._embed_slice``."""
+        inputs = self._inputs(texts, "raise", first)
+        sink = await self._embed(inputs, None, "raise", lists=True, query=False)
+        return _finish_list(sink, inputs, "raise")
 
     @overload
     async def embed_documents_array(

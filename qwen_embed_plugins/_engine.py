@@ -366,9 +366,9 @@ class Engine(Learning, Bisecting):
         )
         error = servers.refine_error(profile, error)
         if status == 404 and not replica.url.endswith("/v1"):
-            error.args = (
-                f"{error.args[0]} (OpenAI-compatible servers usually serve under /v1: "
-                f"try base_url='{replica.label}/v1')",
+            error = error.with_context(
+                note=" (OpenAI-compatible servers usually serve under /v1: "
+                f"try base_url='{replica.label}/v1')"
             )
         return error
 
@@ -383,12 +383,14 @@ class Engine(Learning, Bisecting):
                 state.profile, state.source = servers.GENERIC, "answers of a generic server"
 
     def _unreachable(self, error: QwenEmbedError, call: Call) -> QwenEmbedError:
-        """``error``, saying that no request reached the endpoint (when so) and how to
-        check it; such an error ends the call."""
-        if self.endpoint.unreached(error, call.started, self.config.retry.wait_for_server):
-            call.stop = True
-            error._server_wide = True  # type: ignore[attr-defined]
-        return error
+        """``error``, or (when no request reached the endpoint) a new error saying so and
+        how to check it, which ends the call."""
+        said = self.endpoint.unreached(error, call.started, self.config.retry.wait_for_server)
+        if said is None:
+            return error
+        call.stop = True
+        call.server_errors.add(said)
+        return said
 
     # ---------------------------------------------------------------- flows
 
@@ -522,10 +524,9 @@ class Engine(Learning, Bisecting):
             self._observe(replica, state, reply, payload)
             rows, sq = decode_rows(payload, indices)
         except ResponseError as exc:
-            exc.url = exc.url or replica.label
-            if exc.args:  # it may quote the body: never the key
-                exc.args = (scrub(str(exc.args[0]), *self.secrets),)
-            now.failed(exc, "rejected", reply.fresh)
+            # its message may quote the body: the new error's is built without the key
+            error = exc.with_context(url=exc.url or replica.label, secrets=self.secrets)
+            now.failed(error, "rejected", reply.fresh)
             return None
         now.outcome = "ok"
         return rows, sq, payload
@@ -696,16 +697,15 @@ class Engine(Learning, Bisecting):
             # failed again (a transient fault rarely repeats): one of the inputs, or the
             # batch's size, is the likelier cause: bisect (or, for a single text, it is
             # that text's error)
-            error._replica = replica  # type: ignore[attr-defined]
-            raise error
+            raise error.with_context(replica=replica.label, attempts=run.attempt)
         delay = run.rs.next_delay(error, now=time.monotonic(), fresh_connection=now.fresh)
         delay = self.endpoint.first_contact(
             error, call.started, delay, self.config.retry.wait_for_server
         )
         if delay is None:
-            error._replica = replica  # type: ignore[attr-defined]
+            error = error.with_context(replica=replica.label, attempts=run.attempt)
             if run.multi and classify(error) != "fatal":
-                self.endpoint.name_failures(error)
+                error = self.endpoint.name_failures(error)
             raise self._unreachable(error, call)
         if classify(error) == "outage" and run.multi:
             run.avoid = replica
@@ -758,7 +758,7 @@ class Engine(Learning, Bisecting):
             if len(texts) > 1:
                 # Learn the stated (or halved) limit, then send the same texts again:
                 # the replica's limit now splits them (``_Split``).
-                self._learn_limit(exc, texts, getattr(exc, "_replica", None))
+                self._learn_limit(exc, texts, self.endpoint.replica_of(exc))
                 return (yield from self.batch_flow(call, texts, indices, bis))
             return self._input_failed(call, Part(), 0, indices[0], exc, bis)
         except QwenEmbedError as exc:
@@ -793,7 +793,7 @@ class Engine(Learning, Bisecting):
         try:
             return (yield from self._once_more(call, texts, indices, exc, since))
         except QwenEmbedError as again:
-            if getattr(again, "_server_wide", False) or not input_error(again):
+            if again in call.server_errors or not input_error(again):
                 raise
             return self._input_failed(call, Part(), 0, indices[0], again, bis)
 
@@ -890,13 +890,11 @@ def _split_runs(split: _Split, texts: Sequence[str]) -> list[tuple[int, int]]:
 def _cause(error: QwenEmbedError, previous: QwenEmbedError | None, call: Call) -> QwenEmbedError:
     """The error to act on: a retry that the call's deadline cut short (a timeout with no
     time left) says nothing new: the failure it retried (in an outage, the server's last
-    answer) is the cause, with the timeout as its ``__context__`` (why the retries
-    stopped, shown in a traceback)."""
+    answer) is the cause: a new error of its type, with the timeout as its
+    ``__context__`` (why the retries stopped, shown in a traceback)."""
     left = call.remaining()
     if previous is None or left is None or left > 0.01:
         return error
     if not isinstance(error, TimeoutException):
         return error
-    if previous.__context__ is None:
-        previous.__context__ = error
-    return previous
+    return previous.with_context(after=previous.__context__ or error)

@@ -217,9 +217,10 @@ def validate_texts(texts: object, *, max_chars: int | None) -> list[str]:
 
 
 def screen_texts(
-    texts: object, *, max_chars: int | None
+    texts: object, *, max_chars: int | None, first: int = 0
 ) -> tuple[list[str], dict[int, InputError]]:
-    """Check a batch of texts without stopping at the first bad one.
+    """Check a batch of texts without stopping at the first bad one (``first``: the
+    caller's index of ``texts[0]``, named by the errors).
 
     Returns:
         ``(items, rejected)``: every input as a list (``n`` items), and the index ->
@@ -246,7 +247,7 @@ def screen_texts(
     rejected: dict[int, InputError] = {}
     for i, text in enumerate(items):
         try:
-            validate_text(text, i, max_chars=max_chars)
+            validate_text(text, first + i, max_chars=max_chars)
         except InputError as exc:
             rejected[i] = exc
     return items, rejected

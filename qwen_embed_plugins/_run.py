@@ -92,6 +92,8 @@ class Call:
             ambiguous failure (a 500, a dropped connection, a 400 naming no input) is
             blamed on that input only when a request succeeded after it was sent.
         dim: the vector size of the call's first answer (``agree_dim``), ``None`` before.
+        server_errors: the errors that end the call whatever its inputs (a server never
+            reached, a control request that failed too): raised first.
     """
 
     started: float
@@ -102,6 +104,7 @@ class Call:
     lowest: int | None = None
     last_ok: float = float("-inf")
     dim: int | None = None
+    server_errors: set[QwenEmbedError] = field(default_factory=set)
 
     def agree_dim(self, size: int) -> int:
         """The call's vector size: ``size`` if this is the first answer, else the first
@@ -224,11 +227,11 @@ def _pick_error(call: Call, errors: list[BaseException]) -> BaseException:
     call stopped on bad inputs, else the first error; an error a control request showed
     to be the server's (whatever the input) comes first."""
     for e in errors:
-        if getattr(e, "_server_wide", False):
+        if e in call.server_errors:
             return e
-    inputs = [e for e in errors if getattr(e, "index", None) is not None]
+    inputs = [e for e in errors if isinstance(e, QwenEmbedError) and e.index is not None]
     if inputs:
-        return min(inputs, key=lambda e: e.index)  # type: ignore[attr-defined]
+        return min(inputs, key=lambda e: e.index or 0)
     return errors[0]
 
 

@@ -44,9 +44,9 @@ from __future__ import annotations
 
 import builtins
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Self, TypeVar
 
 from ._server_text import (
     _CONTEXT_WORDS,
@@ -95,26 +95,81 @@ __all__ = [
 ]
 
 
+_E = TypeVar("_E", bound="QwenEmbedError")
+
+
 class QwenEmbedError(Exception):
     """Base class of every error this library raises.
 
-    Every error pickles with its message and attributes (a ``multiprocessing`` or
-    ``concurrent.futures`` worker can raise it to its parent); the chained cause and the
-    traceback are not pickled, as for any exception.
+    Attributes:
+        index: the caller's input index this error belongs to (``None``: no single
+            input is at fault).
+        replica: the replica (endpoint label: scheme, host, port, path) the failing
+            request went to, when one did.
+        attempts: the requests made for the failing batch, this one included, when
+            the error ended a batch.
+
+    An error is built once with its context: a layer that adds some (an input index,
+    a note) builds a new error of the same type (``with_context``) and never changes
+    one already built. Every error pickles with its message and attributes (a
+    ``multiprocessing`` or ``concurrent.futures`` worker can raise it to its parent); the
+    chained cause and the traceback are not pickled, as for any exception.
     """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        index: int | None = None,
+        replica: str | None = None,
+        attempts: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.index = index
+        self.replica = replica
+        self.attempts = attempts
+
+    def with_context(
+        self,
+        *,
+        note: str = "",
+        secrets: Sequence[str] = (),
+        after: BaseException | None = None,
+        **fields: Any,
+    ) -> Self:
+        """A new error of this type: this one's attributes with ``fields`` replaced
+        (``index``, ``replica``, ``attempts``, ``url``: attributes it has), ``note``
+        appended to its message and every one of ``secrets`` scrubbed from that message.
+        It keeps this one's ``__cause__``, ``__context__`` and traceback; ``after``: the
+        exception that ended the retries of this one, as its ``__context__``. This error
+        is left as it is.
+
+        Raises:
+            TypeError: a field this error does not have.
+        """
+        unknown = set(fields).difference(vars(self))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} has no field {sorted(unknown)}")
+        message = scrub(f"{self}{note}", *secrets) if secrets else f"{self}{note}"
+        error = _rebuild_error(type(self), (message,), {**vars(self), **fields})
+        # still its construction (nothing else holds it yet): the chain and the
+        # traceback of the error it replaces
+        error.__cause__ = self.__cause__
+        error.__context__ = after or self.__context__
+        error.__suppress_context__ = self.__suppress_context__
+        return error.with_traceback(self.__traceback__)
 
     def __reduce__(self) -> tuple[Any, ...]:
         # Exception's default pickling calls ``cls(*args)``, which fails for subclasses
         # with keyword-only arguments (``HTTPStatusError(status=...)``): a pool worker's
         # error then never reaches the parent and ``Pool.map`` waits forever.
-        # Private attributes (``_replica`` and the like) stay in this process.
         state = {k: v for k, v in self.__dict__.items() if not k.startswith("_")}
         return _rebuild_error, (type(self), self.args, state)
 
 
-def _rebuild_error(
-    cls: type[QwenEmbedError], args: tuple[Any, ...], state: dict[str, Any]
-) -> QwenEmbedError:
+def _rebuild_error(cls: type[_E], args: tuple[Any, ...], state: dict[str, Any]) -> _E:
+    """An error of ``cls`` with message ``args`` and attributes ``state`` (unpickling,
+    ``with_context``): built whole, before anything else holds it."""
     error = cls.__new__(cls)
     Exception.__init__(error, *args)
     error.__dict__.update(state)
@@ -133,9 +188,8 @@ class InputError(QwenEmbedError, ValueError):
             whole input is at fault, e.g. an empty list or a non-list).
     """
 
-    def __init__(self, message: str, *, index: int | None = None) -> None:
-        super().__init__(message)
-        self.index = index
+    def __init__(self, message: str, *, index: int | None = None, **context: Any) -> None:
+        super().__init__(message, index=index, **context)
 
 
 class CircuitOpenError(QwenEmbedError):
@@ -162,8 +216,9 @@ class CircuitOpenError(QwenEmbedError):
         retry_in: float = 0.0,
         last_error: QwenEmbedError | None = None,
         failures: dict[str, QwenEmbedError] | None = None,
+        **context: Any,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, **context)
         self.url = url
         self.retry_in = retry_in
         self.last_error = last_error
@@ -178,9 +233,10 @@ class ResponseError(QwenEmbedError):
         index: the caller's input index the bad item belongs to, when known.
     """
 
-    def __init__(self, message: str, *, index: int | None = None, url: str | None = None):
-        super().__init__(message)
-        self.index = index
+    def __init__(
+        self, message: str, *, index: int | None = None, url: str | None = None, **context: Any
+    ) -> None:
+        super().__init__(message, index=index, **context)
         self.url = url
 
 
@@ -210,8 +266,9 @@ class TransportError(QwenEmbedError):
         refused: bool = False,
         received: bool = False,
         fresh: bool = True,
+        **context: Any,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, **context)
         self.url = url
         self.sent = sent
         self.refused = refused
@@ -292,8 +349,9 @@ class HTTPStatusError(QwenEmbedError):
         request_id: str | None = None,
         retry_after: float | None = None,
         server_message: str | None = None,
+        **context: Any,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, **context)
         self.status = status
         self.message = server_message if server_message is not None else message
         self.url = url
@@ -308,8 +366,6 @@ class BadRequestError(HTTPStatusError):
         index: the caller's input index the server blamed, when it can be told (the
             batch held one text, or the server named a position within the request).
     """
-
-    index: int | None = None
 
 
 class ContextLengthError(BadRequestError):
@@ -360,8 +416,6 @@ class RateLimitError(HTTPStatusError):
 class ServerError(HTTPStatusError):
     """5xx: the server failed (500, 502, 504, ...); retried with backoff. A 500 that
     bisection pins to one input is that input's error (``.index``)."""
-
-    index: int | None = None
 
 
 class OverloadedError(ServerError):

@@ -534,6 +534,8 @@ def test_every_error_survives_pickling_with_its_attributes() -> None:
                 "request_id": "req-1",
                 "server_message": "busy",
                 "limit": 10,
+                "replica": "http://127.0.0.1:1/v1",
+                "attempts": 3,
             }.items()
             if name in params
         }

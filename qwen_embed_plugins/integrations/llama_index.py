@@ -34,10 +34,9 @@ This module imports ``llama_index.core``: install the extra (from a checkout:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import InitVar
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
@@ -50,7 +49,6 @@ from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr
 from .._client import AsyncEmbeddingClient, EmbeddingClient
 from .._config import DEFAULT_MODEL, env_setting
 from .._protocol import format_query, validate_text, validate_texts
-from ..errors import QwenEmbedError
 from ._common import DESCRIPTIONS, FlatSettings, Stock, env_default, mask_inputs, resolve_names
 
 __all__ = ["QwenPooledEmbedding"]
@@ -115,8 +113,7 @@ class _Pipeline:
         offset, batch = self._batches[k]
         future = self._futures[k]
         try:
-            with _caller_index(offset):
-                result = self._client.embed_documents(batch)
+            result = self._client._embed_slice(batch, offset)
         except BaseException as exc:
             future.set_exception(exc)
         else:
@@ -130,28 +127,13 @@ class _Pipeline:
         self._taken += 1
         offset, batch = self._batches[k]
         if batch != texts:  # LlamaIndex cut its batches differently: embed these directly
-            with _caller_index(offset):
-                return self._client.embed_documents(texts)
+            return self._client._embed_slice(texts, offset)
         return self._futures[k].result()
 
     def close(self) -> None:
         """No batch starts after this (those under way finish in the background)."""
         with self._lock:
             self._closed = True
-
-
-@contextlib.contextmanager
-def _caller_index(offset: int) -> Iterator[None]:
-    """Errors of a batch name the input's index in the caller's whole list."""
-    try:
-        yield
-    except QwenEmbedError as exc:
-        index = getattr(exc, "index", None)
-        if offset and isinstance(index, int):
-            exc.index = index + offset  # type: ignore[attr-defined]
-            text = str(exc.args[0]) if exc.args else ""
-            exc.args = (text.replace(f"index {index}", f"index {index + offset}"),)
-        raise
 
 
 # Set while a query goes through LlamaIndex's cache in its instructed form.
@@ -399,8 +381,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         offset = call.start_batch()
         if call.pipeline is not None:
             return call.pipeline.take(texts)
-        with _caller_index(offset):
-            return self._sync_client().embed_documents(texts)
+        return self._sync_client()._embed_slice(texts, offset)
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
         """Async ``_get_text_embeddings``; waits for a slot of the calling
@@ -414,14 +395,14 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         if call.window is None:  # cannot happen
             raise RuntimeError("internal error: call.window is None")
         async with call.window:
-            with _caller_index(offset):
-                return await self._aembed_batch(texts)
+            return await self._aembed_batch(texts, offset)
 
     @_dispatcher.span
-    async def _aembed_batch(self, texts: list[str]) -> list[Embedding]:
+    async def _aembed_batch(self, texts: list[str], first: int = 0) -> list[Embedding]:
         """One batch of documents on the running loop; ``n x dim`` floats (its own
-        instrumentation span: ``texts`` is the batch, the span times the request)."""
-        return await self._async_client().embed_documents(texts)
+        instrumentation span: ``texts`` is the batch, the span times the request).
+        ``first``: the index of ``texts[0]`` in the caller's list (errors name it)."""
+        return await self._async_client()._embed_slice(texts, first)
 
     def _chunk(self, items: list[str]) -> int:
         """Texts per LlamaIndex batch: ``embed_batch_size``; with ``"auto"`` the whole
