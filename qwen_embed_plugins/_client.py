@@ -314,6 +314,7 @@ class _ClientBase:
 
     def _init(self, config: EmbeddingConfig) -> None:
         self._config = config
+        self._query_task = config.query_task  # resolved once (the config is frozen)
         self._engine = Engine(config)
         self._sdk: Any = None  # the openai SDK object, built on first use
         # how a flow's Send is performed: through the adaptive gate only when there is
@@ -385,7 +386,7 @@ class _ClientBase:
 
     def _query_texts(self, texts: Iterable[str]) -> list[str]:
         items = validate_texts(texts, max_chars=self._config.max_text_chars)
-        task = self._config.query_task
+        task = self._query_task
         return [format_query(t, task) for t in items]
 
     def _inputs(self, texts: object, on_error: OnError, first: int = 0) -> _Inputs:
@@ -610,7 +611,7 @@ class EmbeddingClient(_ClientBase):
     def embed_query_array(self, text: str) -> FloatArray:
         """Like ``embed_query`` but returns a float32 numpy array of shape ``(dim,)``."""
         validate_text(text, None, max_chars=self._config.max_text_chars)
-        return self._embed_one(format_query(text, self._config.query_task), query=True)
+        return self._embed_one(format_query(text, self._query_task), query=True)
 
     def embed_queries(self, texts: Sequence[str] | Iterable[str]) -> list[list[float]]:
         """Embed many queries (each with the instruction); ``n x dim`` floats."""
@@ -798,14 +799,14 @@ class AsyncEmbeddingClient(_ClientBase):
         """Embed one query with the Qwen3 instruction; ``dim`` floats."""
         # embed_query_array inlined: one coroutine less per query
         validate_text(text, None, max_chars=self._config.max_text_chars)
-        query = format_query(text, self._config.query_task)
+        query = format_query(text, self._query_task)
         result: list[float] = (await self._embed_one(query, query=True)).tolist()
         return result
 
     async def embed_query_array(self, text: str) -> FloatArray:
         """Embed one query into a float32 numpy array of shape ``(dim,)``."""
         validate_text(text, None, max_chars=self._config.max_text_chars)
-        query = format_query(text, self._config.query_task)
+        query = format_query(text, self._query_task)
         return await self._embed_one(query, query=True)
 
     async def embed_queries(self, texts: Sequence[str] | Iterable[str]) -> list[list[float]]:

@@ -47,6 +47,7 @@ from ._config import (
     OnError,
     RequestBody,
     RequestHeaders,
+    RetryConfig,
     insecure_key_target,
     known_model_dims,
 )
@@ -109,11 +110,13 @@ class _Split(Exception):
         self.tokens = tokens
 
 
-@dataclass
+@dataclass(slots=True)
 class _Retry:
     """What the attempts of one ``request_flow`` have tried and learned so far."""
 
-    rs: RetryState
+    policy: RetryConfig
+    started: float  # the call's, monotonic
+    deadline: float | None  # the call's, in seconds
     multi: bool  # the endpoint has more than one replica
     avoid: Replica | None = None  # the replica an outage just failed on
     failed_on: dict[Replica, QwenEmbedError] = field(default_factory=dict)  # maybe theirs
@@ -125,9 +128,21 @@ class _Retry:
     moved_prefix: bool = False
     previous: QwenEmbedError | None = None  # the last attempt's error
     attempt: int = 0  # of the current request (options changed: counted from 1 again)
+    _rs: RetryState | None = None
+
+    @property
+    def rs(self) -> RetryState:
+        """The retries' state, built at the first failure (a batch answered at once
+        needs none)."""
+        rs = self._rs
+        if rs is None:
+            rs = self._rs = RetryState(
+                policy=self.policy, started=self.started, deadline=self.deadline
+            )
+        return rs
 
 
-@dataclass
+@dataclass(slots=True)
 class _Attempt:
     """One request of a batch: where it went, with which options, and how it went."""
 
@@ -287,7 +302,7 @@ class Engine(Learning, Bisecting):
         self.endpoint.check_open()
         retry = self.config.retry
         deadline = retry.query_deadline if query else retry.deadline
-        if self.secret is not None and not self._insecure_warned:
+        if not self._insecure_warned and self.secret is not None:
             self._warn_insecure()
         return Call(started=time.monotonic(), deadline=deadline, on_error=on_error)
 
@@ -375,12 +390,13 @@ class Engine(Learning, Bisecting):
     def _observe(
         self, replica: Replica, state: ReplicaState, reply: Reply, payload: object
     ) -> None:
-        if self.fixed is None and (state.profile is None or state.profile is servers.GENERIC):
-            found = servers.identify_response(reply.headers, payload)
-            if found is not None:
-                state.profile, state.source = found.profile, found.source
-            elif state.profile is None:
-                state.profile, state.source = servers.GENERIC, "answers of a generic server"
+        """Identify the server from a good answer (no fixed ``server=``, no profile
+        found yet or only the generic one): ``_interpret`` calls it then only."""
+        found = servers.identify_response(reply.headers, payload)
+        if found is not None:
+            state.profile, state.source = found.profile, found.source
+        elif state.profile is None:
+            state.profile, state.source = servers.GENERIC, "answers of a generic server"
 
     def _unreachable(self, error: QwenEmbedError, call: Call) -> QwenEmbedError:
         """``error``, or (when no request reached the endpoint) a new error saying so and
@@ -415,8 +431,7 @@ class Engine(Learning, Bisecting):
         may help, and else the next step (``_next_step``): resend, back off, bisect or
         fail."""
         run = _Retry(
-            RetryState(policy=self.config.retry, started=call.started, deadline=call.deadline),
-            multi=len(self.endpoint.replicas) > 1,
+            self.config.retry, call.started, call.deadline, len(self.endpoint.replicas) > 1
         )
         while True:
             run.attempt += 1
@@ -462,7 +477,8 @@ class Engine(Learning, Bisecting):
     def _choose(self, run: _Retry) -> Replica:
         """The replica for the next attempt: not one this batch failed on (nor the one an
         outage just avoided) while another is available (``Endpoint.choose``)."""
-        return self.endpoint.choose(list(run.failed_on) or run.avoid)
+        failed_on = run.failed_on
+        return self.endpoint.choose(list(failed_on) if failed_on else run.avoid)
 
     def _attempt(self, run: _Retry, replica: Replica, call: Call, texts: Sequence[str]) -> _Attempt:
         """The next attempt on ``replica``: its limits (``_limits``), the options it takes
@@ -521,7 +537,8 @@ class Engine(Learning, Bisecting):
             return None
         try:
             payload = parse_body(reply.body)
-            self._observe(replica, state, reply, payload)
+            if self.fixed is None and (state.profile is None or state.profile is servers.GENERIC):
+                self._observe(replica, state, reply, payload)
             rows, sq = decode_rows(payload, indices)
         except ResponseError as exc:
             # its message may quote the body: the new error's is built without the key

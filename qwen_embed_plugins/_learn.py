@@ -297,6 +297,14 @@ class Learning:
         reported = usage_prompt_tokens(payload)
         if reported is None:
             return
+        # no text is suspect while the report is at least half of the estimates
+        # (``truncation_suspects``): for one text, its estimate; for a batch, first an
+        # upper bound of theirs (``estimate_tokens`` <= characters + 1 per text)
+        if len(texts) == 1:
+            if reported * 2 >= estimate_tokens(texts[0]):
+                return
+        elif reported * 2 >= sum(map(len, texts)) + len(texts):
+            return
         estimates = [estimate_tokens(t) for t in texts]
         for pos, estimate, cap in truncation_suspects(estimates, reported):
             replica.metrics.fallback("truncated_input")

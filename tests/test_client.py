@@ -399,6 +399,40 @@ def test_api_key_never_leaks(caplog: pytest.LogCaptureFixture) -> None:
         assert SECRET.encode() not in pickle.dumps(good.config)
 
 
+async def test_clients_with_other_keys_on_one_async_pool_each_send_their_own() -> None:
+    """The event-loop transport keeps the request headers it built for the last client
+    that used it: two clients sharing one pool (the key is no part of the pool key),
+    called in turn, still each send their own key."""
+    once = q.RetryConfig(max_attempts=1)
+    with EmbeddingServer(api_key=SECRET) as srv:
+        good = q.AsyncEmbeddingClient(base_url=srv.base_url, api_key=SECRET, retry=once)
+        wrong = q.AsyncEmbeddingClient(base_url=srv.base_url, api_key=SECRET + "-wrong", retry=once)
+        assert good.config.pool_key == wrong.config.pool_key
+        for turn in range(3):
+            assert len(await good.embed_query(f"hello {turn}")) == 1024
+            with pytest.raises(q.AuthenticationError):
+                await wrong.embed_query(f"hello {turn}")
+        assert pool.async_transport(good.config.pool_key) is pool.async_transport(
+            wrong.config.pool_key
+        )
+
+
+async def test_async_read_timeout_shorter_than_the_deadline_still_applies() -> None:
+    """The event-loop transport leaves out a read timeout only when the call's deadline
+    ends the exchange first; a shorter one still ends a silent server's answer, also
+    after a first call built the transport's timeouts."""
+    with EmbeddingServer() as srv:
+        client = q.AsyncEmbeddingClient(
+            base_url=srv.base_url,
+            timeout=q.Timeouts(read=0.2),
+            retry=q.RetryConfig(max_attempts=1, query_deadline=600.0),
+        )
+        assert len(await client.embed_query("fast")) == 1024
+        srv.inject("delay", seconds=600.0)  # ended when the server stops, below
+        with pytest.raises(q.ReadTimeout, match=r"Timeouts\.read"):
+            await client.embed_query("slow")
+
+
 def test_pickle_rereads_key_from_environment(
     srv: EmbeddingServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -248,6 +248,28 @@ def test_normalize_rows_slices_and_renormalises_only_when_needed() -> None:
     )
 
 
+@pytest.mark.parametrize("dim", [8, 1024, 4096])
+@pytest.mark.parametrize("scale", [1.0, 1.00009, 0.99991, 1.00011, 0.99989, 0.5, 0.0])
+def test_one_row_norm_decides_as_the_batch_norms_do(dim: int, scale: float) -> None:
+    """A single answer's squared norm (a float32 estimate when it is surely inside the
+    unit-length band) leads to the same vector as the batch path's float64 norms: left
+    bit for bit, renormalised, or reported as unusable."""
+    rng = np.random.default_rng(dim)
+    vec = rng.standard_normal(dim).astype(np.float32)
+    vec = (vec / np.linalg.norm(vec) * scale).astype(np.float32)
+    item = {"index": 0, "embedding": base64.b64encode(vec.tobytes()).decode()}
+    one, sq_one = protocol.decode_rows({"data": [item]}, [0])
+    two, sq_two = protocol.decode_rows({"data": [item, {**item, "index": 1}]}, [0, 1])
+    bad = protocol.bad_rows(sq_one)
+    assert bad == {k: v for k, v in protocol.bad_rows(sq_two).items() if k == 0}
+    assert bool(bad) == (scale == 0.0)
+    if not bad:
+        alone, changed_alone = protocol.normalize_rows(one.copy(), squared_norms=sq_one)
+        batch, changed_batch = protocol.normalize_rows(two.copy(), squared_norms=sq_two)
+        assert changed_alone == changed_batch == (scale not in (1.0, 1.00009, 0.99991))
+        np.testing.assert_array_equal(alone[0], batch[0])
+
+
 # ----------------------------------------------------------------------------- errors
 
 

@@ -72,7 +72,7 @@ import socket
 import time
 import warnings
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 from .._config import PoolKey
@@ -106,6 +106,14 @@ from ._http import _limits, _timeout_ext, httpx
 __all__ = ["AsyncTransport", "QuietFlag"]
 
 _LARGE_BODY = 1 << 20  # bytes: aiohttp's threshold for its "large body" warning
+_TIMEOUTS_KEPT = 64  # ``ClientTimeout`` objects kept per transport (``AsyncTransport._timeout``)
+
+
+def _progress(deadline: float | None, stage: str, fresh: bool, received: bool) -> Progress:
+    """A ``Progress`` for an error of the aiohttp exchange (built only then)."""
+    progress = Progress(deadline)
+    progress.stage, progress.fresh, progress.received = stage, fresh, received
+    return progress
 
 
 # --------------------------------------------------------------------------- async
@@ -324,6 +332,8 @@ class AsyncTransport:
         self._closed = False
         self._h2c = cleartext and self.http2
         self._urls: dict[str, Any] = {}
+        self._timeouts: dict[tuple[int | None, float | None, float | None], Any] = {}
+        self._kept_headers: tuple[Any, Any] | None = None
         self.quiet = quiet if quiet is not None else QuietFlag()
         self._loop: asyncio.AbstractEventLoop | None = None  # once a session/client exists
 
@@ -380,18 +390,65 @@ class AsyncTransport:
             found = self._urls[url] = yarl.URL(url, encoded=False)
         return found
 
+    def _timeout(self, req: Request, deadline: float | None) -> Any:
+        """aiohttp's ``ClientTimeout`` for ``req``: ``total`` is the time left before
+        ``deadline``, cut down to whole milliseconds (never later than the deadline), so
+        that the objects can be kept (``_timeouts``): a call's first request leaves at
+        once, so its time left is nearly always the same number of milliseconds.
+
+        A connect or read timeout at least as long as the time left is left out: the
+        total timer ends the exchange first, and aiohttp then arms no read timer per
+        request (a query's deadline is shorter than ``Timeouts.read`` by default)."""
+        t = req.timeouts
+        connect, read = t.connect, t.read
+        left_ms = None
+        if deadline is not None:  # at least 1 ms, as before any exchange
+            left_ms = max(int((deadline - time.monotonic()) * 1000.0), 1)
+            if connect is not None and connect * 1000.0 >= left_ms:
+                connect = None
+            if read is not None and read * 1000.0 >= left_ms:
+                read = None
+        key = (left_ms, connect, read)
+        timeout = self._timeouts.get(key)
+        if timeout is None:
+            import aiohttp
+
+            if len(self._timeouts) >= _TIMEOUTS_KEPT:
+                self._timeouts.clear()
+            timeout = self._timeouts[key] = aiohttp.ClientTimeout(
+                total=None if left_ms is None else left_ms / 1000.0,
+                sock_connect=connect,
+                sock_read=read,
+            )
+        return timeout
+
+    def _headers(self, headers: Any) -> Any:
+        """The request headers as aiohttp takes them (``Accept-Encoding`` added unless
+        set). Built once per read-only headers object (the engine's, one per client) and
+        kept while the next request brings the same object; a mutable mapping is read
+        afresh each time."""
+        kept = self._kept_headers
+        if kept is not None and kept[0] is headers:
+            return kept[1]
+        from multidict import CIMultiDict, CIMultiDictProxy
+
+        built: Any = CIMultiDict(dict(headers))
+        if "Accept-Encoding" not in built:
+            built["Accept-Encoding"] = _ACCEPT_ENCODING
+        frozen = CIMultiDictProxy(built)  # aiohttp copies it; nobody may change it
+        if not isinstance(headers, MutableMapping):
+            self._kept_headers = (headers, frozen)
+        return frozen
+
     async def _aiohttp_exchange(self, req: Request, deadline: float | None) -> Reply:
         import aiohttp
 
         session = self._aiohttp()
-        t = req.timeouts
         # the call's deadline is aiohttp's own total timer (``ClientTimeout.total`` bounds
         # the whole exchange, body read included): cheaper than a second timer around it
-        left = None if deadline is None else max(deadline - time.monotonic(), 0.001)
-        timeout = aiohttp.ClientTimeout(total=left, sock_connect=t.connect, sock_read=t.read)
-        headers = dict(req.headers)
-        headers.setdefault("Accept-Encoding", _ACCEPT_ENCODING)
-        progress = Progress(deadline)
+        timeout = self._timeout(req, deadline)
+        # how far the exchange got (``Progress``, built only for an error)
+        fresh, received, stage = True, False, "connect"
         resp: Any = None
         ok = False
         try:
@@ -402,24 +459,25 @@ class AsyncTransport:
                 # aiohttp warns for a bytes body over 1 MiB ("might lock the event loop"):
                 # a large one is sent from a file-like object, in pieces
                 data=(body if len(body) < _LARGE_BODY else io.BytesIO(body)) or None,
-                headers=headers,
+                headers=self._headers(req.headers),
                 allow_redirects=False,
                 timeout=timeout,
                 proxy=self.key.proxy,
             )
-            progress.fresh = _fresh.get()
-            progress.stage = "read"
-            check_status(resp.status, req, progress)
-            _declared_too_big(resp.headers, req.max_bytes, req.ctx)
-            reader = _Body(resp.headers.get("Content-Encoding", ""), req.max_bytes, req.ctx)
+            fresh = _fresh.get()
+            stage = "read"
+            status = resp.status
+            headers = resp.headers
+            if not 200 <= status <= 599:
+                check_status(status, req, _progress(deadline, stage, fresh, received))
+            _declared_too_big(headers, req.max_bytes, req.ctx)
+            reader = _Body(headers.get("Content-Encoding", ""), req.max_bytes, req.ctx)
             content = resp.content
             while chunk := await content.readany():
-                progress.received = True
+                received = True
                 reader.feed(chunk)
                 if deadline is not None and time.monotonic() > deadline:
-                    raise total_timeout_error(
-                        req.ctx, req.total, received=True, fresh=progress.fresh
-                    )
+                    raise total_timeout_error(req.ctx, req.total, received=True, fresh=fresh)
             data = reader.result()
             ok = True
         except (QwenEmbedError, Retired):
@@ -428,8 +486,9 @@ class AsyncTransport:
             if isinstance(exc, TimeoutError) and not isinstance(exc, aiohttp.ClientError):
                 # aiohttp's total timer (ClientTimeout.total): the deadline
                 raise total_timeout_error(
-                    req.ctx, req.total, received=progress.received, fresh=progress.fresh
+                    req.ctx, req.total, received=received, fresh=fresh
                 ) from exc
+            progress = _progress(deadline, stage, fresh, received)
             raise failure(exc, req, progress, "aiohttp") from exc
         finally:
             if resp is not None:
@@ -439,11 +498,13 @@ class AsyncTransport:
                     resp.close()  # never reuse a connection with an unread body
         version = resp.version
         return Reply(
-            status=resp.status,
-            headers=resp.headers,
+            status=status,
+            headers=headers,
             body=data,
-            fresh=progress.fresh,
-            http_version=f"HTTP/{version.major}.{version.minor}" if version else "HTTP/1.1",
+            fresh=fresh,
+            http_version="HTTP/1.1"
+            if version is None or version == (1, 1)
+            else f"HTTP/{version.major}.{version.minor}",
         )
 
     # ---------------------------------------------------------------- httpx (HTTP/2)
@@ -524,49 +585,46 @@ class AsyncTransport:
         if self._closed:
             raise Retired
         try:
-            return await self._send(req)
+            deadline = _deadline(req.total)
+            wait = req.timeouts.pool
+            if deadline is not None:  # the pool wait is part of the exchange's budget too
+                left = max(deadline - time.monotonic(), 0.001)
+                wait = left if wait is None else min(wait, left)
+            gate = self._gate
+            if gate is not None and not await gate.aacquire(wait):
+                raise pool_timeout_error(req.ctx)
+            slots = self._slots
+            try:
+                if slots.locked():
+                    try:
+                        async with asyncio.timeout(wait):
+                            await slots.acquire()
+                    except TimeoutError:
+                        raise pool_timeout_error(req.ctx) from None
+                else:
+                    await slots.acquire()
+                try:
+                    if not self.http2:  # bounded by aiohttp's total timer
+                        return await self._aiohttp_exchange(req, deadline)
+                    exchange = self._httpx_exchange
+                    if deadline is None:
+                        return await exchange(req, deadline)
+                    try:
+                        async with asyncio.timeout_at(
+                            asyncio.get_running_loop().time() + (deadline - time.monotonic())
+                        ):
+                            return await exchange(req, deadline)
+                    except TimeoutError:
+                        raise total_timeout_error(req.ctx, req.total) from None
+                finally:
+                    slots.release()
+            finally:
+                if gate is not None:
+                    gate.release()
         except QwenEmbedError as exc:
             if self._closed:
                 raise Retired from exc
             raise
-
-    async def _send(self, req: Request) -> Reply:
-        deadline = _deadline(req.total)
-        wait = req.timeouts.pool
-        if deadline is not None:  # the pool wait is part of the exchange's budget too
-            left = max(deadline - time.monotonic(), 0.001)
-            wait = left if wait is None else min(wait, left)
-        gate = self._gate
-        if gate is not None and not await gate.aacquire(wait):
-            raise pool_timeout_error(req.ctx)
-        slots = self._slots
-        try:
-            if slots.locked():
-                try:
-                    async with asyncio.timeout(wait):
-                        await slots.acquire()
-                except TimeoutError:
-                    raise pool_timeout_error(req.ctx) from None
-            else:
-                await slots.acquire()
-            try:
-                if not self.http2:  # bounded by aiohttp's total timer
-                    return await self._aiohttp_exchange(req, deadline)
-                exchange = self._httpx_exchange
-                if deadline is None:
-                    return await exchange(req, deadline)
-                try:
-                    async with asyncio.timeout_at(
-                        asyncio.get_running_loop().time() + (deadline - time.monotonic())
-                    ):
-                        return await exchange(req, deadline)
-                except TimeoutError:
-                    raise total_timeout_error(req.ctx, req.total) from None
-            finally:
-                slots.release()
-        finally:
-            if gate is not None:
-                gate.release()
 
     def retire(self) -> None:
         """No new request may use this transport (``close_all``): its close is left to
