@@ -69,6 +69,7 @@ import contextvars
 import io
 import os
 import socket
+import math
 import time
 import warnings
 import weakref
@@ -419,6 +420,9 @@ class AsyncTransport:
                 total=None if left_ms is None else left_ms / 1000.0,
                 sock_connect=connect,
                 sock_read=read,
+                # aiohttp rounds timers of ``ceil_threshold`` s or more up to the next
+                # whole second (default 5 s): never, so the deadline is kept to the ms
+                ceil_threshold=math.inf,
             )
         return timeout
 
