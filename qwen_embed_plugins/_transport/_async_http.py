@@ -67,9 +67,9 @@ import asyncio
 import contextlib
 import contextvars
 import io
+import math
 import os
 import socket
-import math
 import time
 import warnings
 import weakref
