@@ -65,18 +65,25 @@ def test_the_cap_is_a_setting(hostile: HostileServer) -> None:
 
 
 def test_the_models_probe_is_bounded_in_size_and_time(hostile: HostileServer) -> None:
-    """The one ``GET /models`` probe (``qwen-embed check``'s)."""
-    from qwen_embed_plugins._transport._http import httpx
-    from qwen_embed_plugins.cli._probe import bounded_get, get_models_response
+    """The one ``GET /models`` probe (``qwen-embed check``'s, on the library's
+    transport): the cap, also after gzip decoding, and the probes' one deadline."""
+    import time
 
-    hostile.set("endless_chunked", on="models")
+    from qwen_embed_plugins.cli._probe import PROBE_MAX_BYTES, Probes
+
+    def probes(budget: float) -> Probes:
+        deadline = time.monotonic() + budget
+        return Probes(hostile.base_url, api_key=KEY, verify=True, deadline=deadline, budget=budget)
+
     before = peak_rss()
-    with httpx.Client() as http, pytest.raises(httpx.HTTPError, match="larger than"):
-        get_models_response(http, hostile.base_url, None)
+    for kind in ("endless_chunked", "gzip_bomb"):
+        hostile.set(kind, on="models")
+        with probes(30.0) as http, pytest.raises(q.ResponseError, match=f"{PROBE_MAX_BYTES:,}"):
+            http.get_models(hostile.base_url)
     assert peak_rss() - before < 64 * MIB
-    hostile.set("trickle", on="models", interval=0.2)
-    with httpx.Client() as http, pytest.raises(httpx.ReadTimeout, match=r"longer than 1\.0 s"):
-        bounded_get(http, f"{hostile.base_url}/models", {}, budget=1.0)  # not the read timeout
+    hostile.set("trickle", on="models", interval=0.2, headers=True)
+    with probes(1.0) as http, pytest.raises(q.ReadTimeout, match=r"--timeout of 1 s"):
+        http.get_models(hostile.base_url)  # a trickled head too: not a read timeout
 
 
 # --------------------------------------------------------------------------- time
