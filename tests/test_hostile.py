@@ -86,6 +86,32 @@ def test_the_models_probe_is_bounded_in_size_and_time(hostile: HostileServer) ->
         http.get_models(hostile.base_url)  # a trickled head too: not a read timeout
 
 
+@pytest.mark.parametrize(
+    ("kind", "params", "error"),
+    [
+        ("trickle", {"headers": True, "interval": 0.2}, "--timeout"),
+        ("silent", {}, "--timeout"),
+        ("interim", {"status": 103}, "interim"),
+        ("status_line", {"line": "HTTP/1.1 600 Beyond"}, "malformed status"),
+    ],
+)
+def test_the_keepalive_probe_is_bounded_by_the_checks_deadline(
+    hostile: HostileServer, kind: str, params: dict[str, object], error: str
+) -> None:
+    """``qwen-embed check``'s keep-alive probe (the one on ``http.client`` directly): a
+    trickled head or a silent server ends at the check's deadline, and neither a 1xx nor
+    a malformed status is taken for the answer whose connection it then watches."""
+    import time
+
+    from qwen_embed_plugins.cli._probe import measure_idle_timeout
+
+    hostile.set(kind, on="models", **params)
+    with pytest.raises(OSError, match=error):
+        measure_idle_timeout(
+            hostile.base_url, api_key=KEY, max_idle=30.0, deadline=time.monotonic() + 1.0
+        )
+
+
 # --------------------------------------------------------------------------- time
 
 
