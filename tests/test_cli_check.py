@@ -186,3 +186,27 @@ def test_the_keepalive_probe_waits_beside_the_other_probes() -> None:
     idle = report.finding("keepalive").value
     assert isinstance(idle, float)
     assert 0.8 <= idle <= 2.0
+
+
+def test_the_whole_check_ends_within_its_timeout() -> None:
+    """``--timeout`` bounds the whole check, not each probe: a server keeping idle
+    connections for 30 s, a keep-alive wait of up to 60 s, a 4 s timeout. The wait is
+    cut at the deadline; the check exits 1 and the finding it cut says so (before,
+    the keep-alive probe alone waited 60 s)."""
+    import time
+
+    from cli_support import GUARD
+
+    with EmbeddingServer(keep_alive_timeout=30.0) as srv:
+        started = time.monotonic()
+        result = run(
+            "check", "--base-url", srv.base_url, "--max-idle", "60", "--timeout", "4", "--json"
+        )
+        took = time.monotonic() - started
+    assert took < GUARD
+    assert result.exit_code == 1, result.output
+    data = orjson.loads(result.stdout)
+    cut = [f for f in data["findings"] if "--timeout" in f["summary"]]
+    assert cut, data["findings"]
+    assert all(f["status"] != "ok" for f in cut), cut
+    assert "--timeout" in run("check", "--help").output

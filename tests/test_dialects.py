@@ -359,13 +359,15 @@ def test_response_model_may_be_a_path() -> None:
 
 
 def test_the_models_probe_reads_owned_by(srv: EmbeddingServer) -> None:
-    from qwen_embed_plugins._transport._http import httpx
-    from qwen_embed_plugins.cli._probe import get_models_response
+    import time
 
-    with httpx.Client() as http:
-        answer = get_models_response(http, srv.base_url, None)
+    from qwen_embed_plugins.cli._probe import Probes
+
+    deadline = time.monotonic() + 30.0
+    with Probes(srv.base_url, api_key=None, verify=True, deadline=deadline, budget=30.0) as http:
+        answer = http.get_models(srv.base_url)
     found = servers.identify_models(
-        answer.status_code, answer.headers, answer.content, base_url=srv.base_url
+        answer.status, answer.headers, answer.body, base_url=srv.base_url
     )
     expected = {"ollama": "ollama", "tei": "tei"}.get(srv.dialect, srv.dialect)
     if srv.dialect not in ("dashscope", "siliconflow"):  # on loopback: no URL to go by

@@ -65,18 +65,51 @@ def test_the_cap_is_a_setting(hostile: HostileServer) -> None:
 
 
 def test_the_models_probe_is_bounded_in_size_and_time(hostile: HostileServer) -> None:
-    """The one ``GET /models`` probe (``qwen-embed check``'s)."""
-    from qwen_embed_plugins._transport._http import httpx
-    from qwen_embed_plugins.cli._probe import bounded_get, get_models_response
+    """The one ``GET /models`` probe (``qwen-embed check``'s, on the library's
+    transport): the cap, also after gzip decoding, and the probes' one deadline."""
+    import time
 
-    hostile.set("endless_chunked", on="models")
+    from qwen_embed_plugins.cli._probe import PROBE_MAX_BYTES, Probes
+
+    def probes(budget: float) -> Probes:
+        deadline = time.monotonic() + budget
+        return Probes(hostile.base_url, api_key=KEY, verify=True, deadline=deadline, budget=budget)
+
     before = peak_rss()
-    with httpx.Client() as http, pytest.raises(httpx.HTTPError, match="larger than"):
-        get_models_response(http, hostile.base_url, None)
+    for kind in ("endless_chunked", "gzip_bomb"):
+        hostile.set(kind, on="models")
+        with probes(30.0) as http, pytest.raises(q.ResponseError, match=f"{PROBE_MAX_BYTES:,}"):
+            http.get_models(hostile.base_url)
     assert peak_rss() - before < 64 * MIB
-    hostile.set("trickle", on="models", interval=0.2)
-    with httpx.Client() as http, pytest.raises(httpx.ReadTimeout, match=r"longer than 1\.0 s"):
-        bounded_get(http, f"{hostile.base_url}/models", {}, budget=1.0)  # not the read timeout
+    hostile.set("trickle", on="models", interval=0.2, headers=True)
+    with probes(1.0) as http, pytest.raises(q.ReadTimeout, match=r"--timeout of 1 s"):
+        http.get_models(hostile.base_url)  # a trickled head too: not a read timeout
+
+
+@pytest.mark.parametrize(
+    ("kind", "params", "error"),
+    [
+        ("trickle", {"headers": True, "interval": 0.2}, "--timeout"),
+        ("silent", {}, "--timeout"),
+        ("interim", {"status": 103}, "interim"),
+        ("status_line", {"line": "HTTP/1.1 600 Beyond"}, "malformed status"),
+    ],
+)
+def test_the_keepalive_probe_is_bounded_by_the_checks_deadline(
+    hostile: HostileServer, kind: str, params: dict[str, object], error: str
+) -> None:
+    """``qwen-embed check``'s keep-alive probe (the one on ``http.client`` directly): a
+    trickled head or a silent server ends at the check's deadline, and neither a 1xx nor
+    a malformed status is taken for the answer whose connection it then watches."""
+    import time
+
+    from qwen_embed_plugins.cli._probe import measure_idle_timeout
+
+    hostile.set(kind, on="models", **params)
+    with pytest.raises(OSError, match=error):
+        measure_idle_timeout(
+            hostile.base_url, api_key=KEY, max_idle=30.0, deadline=time.monotonic() + 1.0
+        )
 
 
 # --------------------------------------------------------------------------- time

@@ -1,18 +1,23 @@
 """One table of hostile-server cases, each run on every request path: the library's sync
 and async clients and ``openai_client()`` sync and async, over HTTP/1.1 against
 `HostileServer` and over HTTP/2 against ``HostileServer(http2=True)`` (TLS, ALPN h2),
-or a raw socket where the case is below HTTP; and the CLI's probes (``qwen-embed
-check``: ``check_server``). A case holds only when it holds on every path; where one
-path cannot hold it, the case is marked ``xfail(strict=True)`` there with the reason.
+or a raw socket where the case is below HTTP; and ``qwen-embed check`` (run in-process,
+``--json``) with the hostile answer on each of its probes in turn: ``GET /health`` (its
+first), ``GET /models`` and ``POST /embeddings``. A case holds only when it holds on
+every path; where one path cannot hold it, the case is marked ``xfail(strict=True)``
+there with the reason.
 
-Deadline cases use a 2 s deadline and assert the error type; the wall time is guarded
-only against hangs (``GUARD``)."""
+Deadline cases use a 2 s deadline (the CLI: ``--timeout 2``) and assert the error type
+(the CLI: the finding names ``--timeout``); the wall time is guarded only against hangs
+(``GUARD``). Every CLI run is searched for the key (stdout and stderr) and must exit 0
+or 1 with a JSON report, never crash."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import gc
+import json
 import logging
 import socket
 import threading
@@ -20,6 +25,7 @@ import time
 import traceback
 import warnings
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,7 +40,9 @@ GUARD = 45.0  # seconds: far above every deadline here; only a hang reaches it
 SLACK = 30.0  # seconds: the deadline of every other call (a loaded machine is slow)
 CLIENT_PATHS = ("sync", "async", "sdk_sync", "sdk_async")
 H2 = tuple(f"h2_{p}" for p in CLIENT_PATHS)
-PATHS = (*CLIENT_PATHS, *H2, "cli")
+# qwen-embed check, the hostile answer on one probe: the finding each path's probe makes
+CLI = {"cli_health": "health", "cli_models": "models", "cli_embeddings": "embedding"}
+PATHS = (*CLIENT_PATHS, *H2, *CLI)
 TEXTS = ["alpha", "beta"]
 # the loggers that could see a header: every one at DEBUG in the secret cases
 LOGGERS = ("hpack", "hpack.hpack", "hpack.table", "h2", "httpcore", "httpcore2", "httpx", "httpx2")
@@ -54,8 +62,8 @@ def call(
         path = path.removeprefix("h2_")
         opts["http2"] = True
     try:
-        if path == "cli":
-            return check(base_url, verify=opts.get("verify", True))
+        if path in CLI:
+            return check(base_url, deadline, verify=opts.get("verify", True))
         if path == "sync":
             return q.EmbeddingClient(**opts).embed_documents_array(texts)
         if path == "async":
@@ -74,13 +82,35 @@ def call(
         return exc
 
 
-def check(base_url: str, verify: bool | str = True) -> Any:
-    """``qwen-embed check``'s probes (``check_server``) against ``base_url``: the report."""
-    from qwen_embed_plugins.cli._check import check_server
+@dataclass
+class CliRun:
+    """One ``qwen-embed check --json`` run: its exit status, report and whole output."""
 
-    return check_server(
-        base_url, api_key=KEY, verify=verify, max_idle=0.2, batch_probe_max=2, samples=1
-    )
+    exit_code: int
+    report: dict[str, Any]
+    output: str
+
+    def finding(self, name: str) -> dict[str, Any]:
+        found = [f for f in self.report["findings"] if f["name"] == name]
+        assert found, (name, self.output[:2000])
+        return found[0]
+
+
+def check(base_url: str, deadline: float = SLACK, verify: bool | str = True) -> CliRun:
+    """``qwen-embed check --timeout deadline`` against ``base_url`` (in-process): never
+    the key in what it prints, exit 0 (every probe held) or 1 (one failed) with its
+    JSON report on stdout."""
+    from cli_support import run
+
+    args = ["check", "--base-url", base_url, "--api-key", KEY, "--json", "--max-idle", "0.5"]
+    args += ["--batch-probe-max", "2", "--timeout", f"{deadline:g}"]
+    if isinstance(verify, str):
+        args += ["--ca", verify]
+    result = run(*args)
+    output = result.output
+    no_secret([output, result.stdout])
+    assert result.exit_code in (0, 1), output[-3000:]
+    return CliRun(result.exit_code, json.loads(result.stdout), output)
 
 
 def library_error(path: str, outcome: Any) -> BaseException:
@@ -138,9 +168,8 @@ def hostile(path: str) -> Iterator[HostileServer]:
 
 
 def on(path: str) -> str:
-    """The requests a case targets: the embeddings (the CLI: its bounded ``GET /models``
-    probe)."""
-    return "models" if path == "cli" else "embeddings"
+    """The requests a case targets: the embeddings (the CLI: the probe its path names)."""
+    return {"cli_health": "health", "cli_models": "models"}.get(path, "embeddings")
 
 
 def tls(server: HostileServer) -> dict[str, Any]:
@@ -166,18 +195,12 @@ SLOW = [
 
 
 def _slow_params() -> list[Any]:
-    """Every slow case on every path but two on the CLI: its probes read HTTP/1.1 with
-    httpx, and httpcore takes the read timeout once per response head and once per body
-    (not per read), so a head or a chunk framing line trickled within each read
-    timeout outlives the probe's budget; bounding them needs a watchdog on the probe's
-    socket, which httpx shows only after the head (not done)."""
-    out = []
-    for kind, params in SLOW:
-        for path in PATHS:
-            if path == "cli" and (kind == "trickle_chunked" or params.get("headers")):
-                continue
-            out.append(pytest.param(kind, params, path, id=f"{kind}-{params}-{path}"))
-    return out
+    """Every slow case on every path."""
+    return [
+        pytest.param(kind, params, path, id=f"{kind}-{params}-{path}")
+        for kind, params in SLOW
+        for path in PATHS
+    ]
 
 
 @pytest.mark.parametrize(("kind", "params", "path"), _slow_params())
@@ -194,32 +217,37 @@ def test_a_slow_answer_ends_at_the_deadline(
     # the server's view: the client gave up long before the trickle ran out (at GUARD,
     # GUARD / interval bytes), not at the server's own bound
     assert trickled < GUARD / params.get("interval", 1.0) / 2, trickled
-    if path == "cli":
-        text = cli_failure_or_models(outcome)
-        assert "took longer" in text or "timed out" in text, text
+    if path in CLI:  # the check ran out of its --timeout there: no probe after it holds
+        cli_failure(path, outcome, "--timeout of 2 s")
+        assert outcome.exit_code == 1, outcome.output[-2000:]
     else:
         error = library_error(path, outcome)
         assert isinstance(error, q.TimeoutException), (path, repr(error))
-    if kind != "silent" and path != "cli":  # the client left: the trickle was cut off
+    if kind != "silent":  # the client left: the trickle was cut off
         hostile.wait_for("connections_active", 0, at_most=True, timeout=GUARD)
     hostile.set("ok")
     again = call(path, hostile.base_url, ["gamma"], **tls(hostile))
-    if path != "cli":
+    if path in CLI:
+        assert again.exit_code == 0, again.output[-2000:]
+    else:
         assert not isinstance(again, BaseException), (path, repr(again))
         np.testing.assert_allclose(again, expected_embeddings(["gamma"]), atol=1e-6)
 
 
-def cli_failure_or_models(outcome: Any) -> str:
-    """The CLI with a hostile ``/models``: the report says the models probe failed, with
-    the key nowhere in it; the models finding's summary."""
-    import json
-
-    assert not isinstance(outcome, BaseException), repr(outcome)
-    text = json.dumps(outcome.to_dict())
-    no_secret([text, repr(outcome)])
-    finding = outcome.finding("models")
-    assert finding.status != "ok", text[:500]
-    return str(finding.summary)
+def cli_failure(path: str, outcome: Any, *words: str) -> str:
+    """``qwen-embed check`` with a hostile answer on the probe of ``path``: that probe's
+    finding failed, naming one of ``words`` (the bound it hit), with the key nowhere
+    (``check``). The run exits 1 when the check cannot go on without that probe
+    (health, embedding); a failed model list is not fatal (TEI has no ``/models``).
+    Returns the finding's summary."""
+    assert isinstance(outcome, CliRun), repr(outcome)
+    finding = outcome.finding(CLI[path])
+    summary = str(finding["summary"])
+    assert finding["status"] in (("info",) if path == "cli_models" else ("fail",)), finding
+    assert not words or any(word in summary for word in words), (words, summary)
+    if path != "cli_models":
+        assert outcome.exit_code == 1, outcome.output[-2000:]
+    return summary
 
 
 def _listener(backlog: int) -> socket.socket:
@@ -233,10 +261,11 @@ def raw_url(path: str, port: int) -> str:
     return f"{'https' if path.startswith('h2_') else 'http'}://127.0.0.1:{port}/v1"
 
 
-@pytest.mark.parametrize("path", CLIENT_PATHS + H2)
+@pytest.mark.parametrize("path", [*CLIENT_PATHS, *H2, "cli_health"])
 def test_a_server_that_never_reads_ends_at_the_deadline(path: str) -> None:
     """Slow write (HTTP/1.1: the server never reads a ~13 MB request) and slow TLS
-    handshake (``h2_``: the server never answers the ClientHello)."""
+    handshake (``h2_``: the server never answers the ClientHello); ``qwen-embed check``:
+    its first probe (its requests are small: sent, then never answered)."""
     listener = _listener(8)
     held: list[socket.socket] = []
     stop = threading.Event()
@@ -264,8 +293,11 @@ def test_a_server_that_never_reads_ends_at_the_deadline(path: str) -> None:
             )
         )
         assert took < GUARD
-        error = library_error(path, outcome)
-        assert isinstance(error, q.TimeoutException), (path, repr(error))
+        if path in CLI:
+            cli_failure(path, outcome, "--timeout of 2 s")
+        else:
+            error = library_error(path, outcome)
+            assert isinstance(error, q.TimeoutException), (path, repr(error))
     finally:
         stop.set()
         thread.join()
@@ -275,7 +307,7 @@ def test_a_server_that_never_reads_ends_at_the_deadline(path: str) -> None:
         q.close_all()
 
 
-@pytest.mark.parametrize("path", CLIENT_PATHS + H2)
+@pytest.mark.parametrize("path", [*CLIENT_PATHS, *H2, "cli_health"])
 def test_a_connect_that_hangs_ends_at_the_deadline(path: str) -> None:
     """Slow connect: a listening socket whose backlog is full (SYNs are not answered)."""
     listener = _listener(0)
@@ -293,8 +325,11 @@ def test_a_connect_that_hangs_ends_at_the_deadline(path: str) -> None:
             lambda: call(path, url, deadline=DEADLINE, timeout=q.Timeouts(connect=60.0))
         )
         assert took < GUARD
-        error = library_error(path, outcome)
-        assert isinstance(error, q.TimeoutException | q.ConnectError), (path, repr(error))
+        if path in CLI:
+            cli_failure(path, outcome, "--timeout of 2 s", "cannot reach")
+        else:
+            error = library_error(path, outcome)
+            assert isinstance(error, q.TimeoutException | q.ConnectError), (path, repr(error))
     finally:
         for filler in fillers:
             filler.close()
@@ -305,7 +340,9 @@ def test_a_connect_that_hangs_ends_at_the_deadline(path: str) -> None:
 @pytest.mark.parametrize("path", CLIENT_PATHS + H2)
 def test_a_wait_for_the_pool_ends_at_the_deadline(hostile: HostileServer, path: str) -> None:
     """One connection, held by a silent answer: the next call waits for the pool no
-    longer than its deadline (the pool timeout is far longer). (The CLI has no pool.)"""
+    longer than its deadline (the pool timeout is far longer). (Not the CLI: its probes
+    run one after another on a transport of their own, so none waits for a connection;
+    its latency sample runs on the client with the check's time left as its deadline.)"""
     hostile.set("silent", on="embeddings")
     # one connection for the process (every thread and event loop), the pool timeout
     # far longer than the deadline
@@ -340,8 +377,8 @@ def test_an_oversized_body_ends_in_a_response_error(
     hostile.set(kind, on=on(path))
     # not a deadline case: time enough for the server to build its bomb
     outcome = call(path, hostile.base_url, deadline=GUARD, **tls(hostile))
-    if path == "cli":
-        cli_failure_or_models(outcome)
+    if path in CLI:
+        cli_failure(path, outcome, "larger than the cap", "above the cap")
         # every probe read stopped at its cap: the server wrote far less than it would
         assert hostile.stats()["bytes_sent"] < 64 * 1024**2
         return
@@ -363,9 +400,16 @@ def test_an_interim_answer_is_never_taken_for_the_final_one(
     left on the socket)."""
     hostile.set("interim", on=on(path), status=status)
     first = call(path, hostile.base_url, **tls(hostile))
-    if path == "cli":  # the probe reads the final answer, never the 1xx
-        assert not isinstance(first, BaseException), repr(first)
-        assert first.finding("models").status == "ok", first.finding("models")
+    if path in CLI:  # the probe reads the final answer, or fails naming the 1xx
+        finding = first.finding(CLI[path])
+        if "interim" in finding["summary"]:
+            cli_failure(path, first)
+        elif path == "cli_health":  # the final answer: 404, no health endpoint
+            assert finding["value"] == 404, finding
+        else:
+            assert finding["status"] == "ok", finding
+        hostile.set("ok")
+        assert call(path, hostile.base_url).exit_code == 0
         return
     if isinstance(first, BaseException):
         assert isinstance(library_error(path, first), q.TransportError), (path, repr(first))
@@ -415,8 +459,8 @@ def test_a_malformed_or_missing_status_is_a_transport_error(
 ) -> None:
     hostile.set("status_line", on=on(path), line=line, code=code)
     outcome = call(path, hostile.base_url, **tls(hostile))
-    if path == "cli":
-        cli_failure_or_models(outcome)
+    if path in CLI:
+        cli_failure(path, outcome, "malformed status", "broken response")
         return
     error = library_error(path, outcome)
     assert isinstance(error, q.RemoteProtocolError), (path, repr(error))
@@ -430,8 +474,8 @@ def test_a_malformed_or_missing_status_is_a_transport_error(
 def test_a_dropped_connection_is_a_transport_error(hostile: HostileServer, path: str) -> None:
     hostile.set("drop", on=on(path))
     outcome = call(path, hostile.base_url, **tls(hostile))
-    if path == "cli":
-        cli_failure_or_models(outcome)
+    if path in CLI:
+        cli_failure(path, outcome)
         return
     error = library_error(path, outcome)
     assert isinstance(error, q.TransportError), (path, repr(error))
@@ -454,10 +498,8 @@ def test_a_key_echoed_anywhere_never_reaches_an_error_or_a_log(
     hostile.set("echo_auth", on=on(path), where=where, transform="exact")
     outcome = call(path, hostile.base_url, **tls(hostile))
     texts = [caplog.text]
-    if path == "cli":
-        import json
-
-        texts += [json.dumps(outcome.to_dict()), repr(outcome)]
+    if path in CLI:
+        texts += [outcome.output, json.dumps(outcome.report)]
     elif isinstance(outcome, BaseException):  # the chain: the library's error included
         texts += [repr(outcome), "".join(traceback.format_exception(outcome))]
         texts.append(repr(vars(outcome)))

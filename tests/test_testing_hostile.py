@@ -294,7 +294,7 @@ def test_kinds_and_parameters_are_validated() -> None:
     with pytest.raises(ValueError, match="redirect status"):
         HostileServer("redirect", status=200)
     with pytest.raises(ValueError, match="on must be"):
-        HostileServer(on="health")
+        HostileServer(on="ready")
 
 
 # --------------------------------------------------------------------------- HTTP/2

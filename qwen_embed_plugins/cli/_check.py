@@ -5,6 +5,11 @@ Probes health, the model list, one embedding (vector size and norm), base64, MRL
 enforces, and a latency sample through the pooled client; returns a ``CheckReport`` with
 one finding per probe and advice for each. Prints nothing (the CLI renders it).
 
+The whole check has one deadline (``timeout``, the CLI's ``--timeout``): every probe
+runs within the time left of it. The HTTP probes are exchanges on the library's own
+transport (``_probe.Probes``), with its caps, deadline and scrubbing; the latency and
+truncation samples run through the client, with the time left as its deadline.
+
 Advice names the server's own settings only for the server that answers: the library's
 own reading of the ``GET /models`` answer (``servers.identify_models``, then the
 embedding answer's headers) says which one it is, and a server it does not recognise
@@ -28,23 +33,25 @@ import orjson
 from .. import (
     DEFAULT_MODEL,
     BatchTooLargeError,
+    ConnectError,
+    ConnectTimeout,
     EmbeddingClient,
     EmbeddingConfig,
     Limits,
     QwenEmbedError,
+    RetryConfig,
     close_all,
 )
 from .._servers import identify_models, identify_response
+from .._transport import Reply
 from ._corpus import corpus
 from ._probe import (
+    CHECK_TIMEOUT,
+    Probes,
     api_root,
-    get_models,
-    get_models_response,
-    headers,
     measure_idle_timeout,
     models_in,
     probe_http2,
-    ssl_context,
     status_error,
 )
 
@@ -224,7 +231,7 @@ class _Probe:
     """One check run: the probe client, the target and what was learned so far."""
 
     def __init__(
-        self, http: Any, base_url: str, api_key: str | None, verify: bool | str, model: str
+        self, http: Probes, base_url: str, api_key: str | None, verify: bool | str, model: str
     ) -> None:
         self.http = http
         self.base_url = base_url
@@ -239,26 +246,20 @@ class _Probe:
     def server_name(self) -> str | None:
         return None if self.server is None or self.server.name == "openai" else self.server.name
 
-    def post(
-        self,
-        texts: list[str],
-        fmt: str = "float",
-        dimensions: int | None = None,
-        timeout: float | None = None,
-    ) -> Any:
-        """POST ``texts`` to the embeddings URL (``timeout``: seconds instead of the
-        probe client's)."""
+    def post(self, texts: list[str], fmt: str = "float", dimensions: int | None = None) -> Reply:
+        """POST ``texts`` to the embeddings URL, within the check's time left.
+
+        Raises:
+            QwenEmbedError: no complete answer.
+        """
         body: dict[str, Any] = {"model": self.model, "input": texts, "encoding_format": fmt}
         if dimensions is not None:
             body["dimensions"] = dimensions
-        extra = {} if timeout is None else {"timeout": timeout}
-        return self.http.post(
-            self.url, content=orjson.dumps(body), headers=headers(self.api_key), **extra
-        )
+        return self.http.send("POST", self.url, orjson.dumps(body))
 
-    def message(self, resp: Any) -> str:
+    def message(self, reply: Reply) -> str:
         err = status_error(
-            resp.status_code, resp.content, url=self.url, headers=resp.headers, secret=self.api_key
+            reply.status, reply.body, url=self.url, headers=reply.headers, secret=self.api_key
         )
         return str(err)
 
@@ -269,12 +270,10 @@ class _Probe:
             return None
         candidate = f"{self.base_url}/v1"
         try:
-            status, models = get_models(self.http, candidate, self.api_key)
-        except Exception:  # any failure (transport, TLS): no hint
+            models = models_in(self.http.get_models(candidate), self.api_key)
+        except QwenEmbedError:  # any failure (transport, TLS, the deadline): no hint
             return None
-        if status < 400 and models is not None:
-            return candidate
-        return None
+        return None if models is None else candidate
 
 
 def check_server(
@@ -287,6 +286,7 @@ def check_server(
     batch_probe_max: int = 128,
     samples: int = 10,
     step: Callable[[str], None] | None = None,
+    timeout: float = CHECK_TIMEOUT,
 ) -> CheckReport:
     """Probe what an OpenAI-compatible embedding server is and supports.
 
@@ -299,19 +299,18 @@ def check_server(
         batch_probe_max: largest batch the batch-limit probe sends (texts).
         samples: warm single-text requests in the latency sample.
         step: called with each probe's name before it runs (for a spinner).
+        timeout: seconds the whole check may take: every probe runs within the time
+            left (one that finds none fails, naming it), the keep-alive wait included.
 
     Returns:
         a ``CheckReport``. Probes never raise: a failure becomes a ``"fail"`` finding,
         and probes that depend on a failed one are left out.
 
     Raises:
-        ConfigError: ``verify`` names a CA file that does not exist (from the client's
-            settings).
+        ConfigError: a malformed ``base_url``, or ``verify`` names a CA file that does
+            not exist (from the client's settings).
     """
-    from .._transport._contract import quiet_header_loggers
-    from .._transport._http import httpx
-
-    quiet_header_loggers()  # the probes' httpx logs no response head (echoed keys)
+    deadline = time.monotonic() + timeout
     base_url = base_url.rstrip("/")
     say = step or (lambda name: None)
     findings: list[CheckFinding] = []
@@ -325,32 +324,23 @@ def check_server(
             None if probe is None else probe.server,
         )
 
-    with httpx.Client(verify=ssl_context(verify), timeout=30.0) as http:
+    with Probes(
+        base_url, api_key=api_key, verify=verify, deadline=deadline, budget=timeout
+    ) as http:
         # ---- health
         say("health")
         try:
-            resp = http.get(f"{api_root(base_url)}/health", headers=headers(api_key))
-        except httpx.HTTPError as exc:
-            certificate = "CERTIFICATE" in str(exc).upper()
-            findings.append(
-                CheckFinding(
-                    "health",
-                    "fail",
-                    f"cannot reach {label}: {exc}",
-                    None,
-                    "check the URL, the port, and that the server is running"
-                    + ("; for a private CA pass --ca /path/to/ca.pem" if certificate else ""),
-                )
-            )
+            resp = http.send("GET", f"{api_root(base_url)}/health")
+        except QwenEmbedError as exc:
+            findings.append(_unreachable(label, exc))
             return report()
-        status: Literal["ok", "info"] = "ok" if resp.status_code < 400 else "info"
+        status: Literal["ok", "info"] = "ok" if resp.status < 400 else "info"
         findings.append(
             CheckFinding(
                 "health",
                 status,
-                f"GET /health: {resp.status_code}"
-                + ("" if status == "ok" else " (no health endpoint)"),
-                resp.status_code,
+                f"GET /health: {resp.status}" + ("" if status == "ok" else " (no health endpoint)"),
+                resp.status,
             )
         )
 
@@ -362,14 +352,12 @@ def check_server(
         models_error: str | None = None
         detection: Any = None
         try:
-            resp = get_models_response(http, base_url, api_key)
-        except httpx.HTTPError as exc:
+            resp = http.get_models(base_url)
+        except QwenEmbedError as exc:
             models_error = str(exc)
         else:
-            models_status, models = resp.status_code, models_in(resp) or []
-            detection = identify_models(
-                resp.status_code, resp.headers, resp.content, base_url=base_url
-            )
+            models_status, models = resp.status, models_in(resp, api_key) or []
+            detection = identify_models(resp.status, resp.headers, resp.body, base_url=base_url)
         chosen = model or (models[0] if models else DEFAULT_MODEL)
         probe = _Probe(http, base_url, api_key, verify, chosen)
         probe.server, moved = _identify(detection)
@@ -392,7 +380,7 @@ def check_server(
         # The keep-alive probe mostly waits (up to max_idle s) on its own idle
         # connection: it runs beside the other probes, not after them.
         keepalive = _Background(
-            "keepalive", _keepalive_finding, base_url, verify, api_key, max_idle
+            "keepalive", _keepalive_finding, base_url, verify, api_key, max_idle, deadline
         )
 
         say("base64")
@@ -403,18 +391,61 @@ def check_server(
         findings.append(_batch_limit_finding(probe, batch_probe_max))
 
     say("http2")
-    findings.append(_http2_finding(base_url, verify, api_key))
+    findings.append(_http2_finding(base_url, verify, api_key, deadline))
     say("keepalive")
     findings.append(keepalive.result())
     say("latency")
-    cfg = EmbeddingConfig(base_url=base_url, api_key=api_key, verify=verify, model=probe.model)
+    left = deadline - time.monotonic()
+    if left < 0.01:
+        findings.append(
+            CheckFinding(
+                "latency",
+                "fail",
+                f"not measured: the check's --timeout of {timeout:g} s ran out",
+                None,
+                "raise --timeout",
+            )
+        )
+        return report(probe)
+    # the client's own calls, within the time left (its deadline for every call)
+    retry = RetryConfig(deadline=left, query_deadline=left)
+    cfg = EmbeddingConfig(
+        base_url=base_url, api_key=api_key, verify=verify, model=probe.model, retry=retry
+    )
     from .._metrics import stats
 
     before = dict(stats().get(cfg.endpoint, {}).get("fallbacks", {}))
     findings.append(_latency_sample(cfg, samples))
     say("truncation")
-    findings.extend(_client_findings(cfg, before))
+    left = deadline - time.monotonic()
+    if left < 0.01:
+        summary = f"not checked: the check's --timeout of {timeout:g} s ran out"
+        findings.append(CheckFinding("truncation", "info", summary, None, "raise --timeout"))
+        return report(probe)
+    retry = RetryConfig(deadline=left, query_deadline=left)
+    findings.extend(_client_findings(cfg.replace(retry=retry), before))
     return report(probe)
+
+
+def _unreachable(label: str, exc: QwenEmbedError) -> CheckFinding:
+    """The health finding of a first probe that got no answer."""
+    if isinstance(exc, ConnectError | ConnectTimeout):
+        certificate = "CERTIFICATE" in str(exc).upper()
+        return CheckFinding(
+            "health",
+            "fail",
+            f"cannot reach {label}: {exc}",
+            None,
+            "check the URL, the port, and that the server is running"
+            + ("; for a private CA pass --ca /path/to/ca.pem" if certificate else ""),
+        )
+    return CheckFinding(
+        "health",
+        "fail",
+        f"GET /health got no usable answer from {label}: {exc}",
+        None,
+        "the server (or a proxy in front of it) answers HTTP wrongly or too slowly; see its log",
+    )
 
 
 class _Background:
@@ -504,35 +535,33 @@ def _models_finding(models: list[str], status: int | None, error: str | None) ->
 def _embedding_finding(
     probe: _Probe,
 ) -> tuple[CheckFinding, np.ndarray[Any, np.dtype[np.float32]] | None]:
-    from .._transport._http import httpx
-
     advice: str | None
     try:
         resp = probe.post([_PROBE_TEXT])
-    except httpx.HTTPError as exc:
+    except QwenEmbedError as exc:
         return CheckFinding("embedding", "fail", f"POST /embeddings: {exc}"), None
-    if resp.status_code >= 400:
+    if resp.status >= 400:
         message = probe.message(resp)
-        if resp.status_code == 404 and (hint := probe.v1_hint()) is not None:
+        if resp.status == 404 and (hint := probe.v1_hint()) is not None:
             advice = (
                 f"the OpenAI API of this server is under {hint}, not {probe.base_url}: "
                 f"pass --base-url {hint}"
             )
-        elif resp.status_code in (401, 403):
+        elif resp.status in (401, 403):
             advice = "check --api-key (or QWEN_EMBED_API_KEY)"
-        elif resp.status_code == 404:
+        elif resp.status == 404:
             advice = (
                 "check --model (see the models finding) and the path of --base-url "
                 "(the API root, where /embeddings is)"
             )
         else:
             advice = "check --model (see the models finding)"
-        return CheckFinding("embedding", "fail", message, resp.status_code, advice), None
+        return CheckFinding("embedding", "fail", message, resp.status, advice), None
     if probe.server_name is None:  # not recognised from /models: its answer may say
         found = identify_response(resp.headers)
         if found is not None:
             probe.server = _identify(found)[0]
-    vec = _first_vector(resp.content)
+    vec = _first_vector(resp.body)
     if vec is None:
         return CheckFinding("embedding", "fail", "the response holds no float embedding"), None
     dim = int(vec.size)
@@ -565,21 +594,19 @@ def _embedding_finding(
 
 
 def _base64_finding(probe: _Probe, float_vec: np.ndarray[Any, Any]) -> CheckFinding:
-    from .._transport._http import httpx
-
     try:
         resp = probe.post([_PROBE_TEXT], fmt="base64")
-        if resp.status_code >= 400:
+        if resp.status >= 400:
             return CheckFinding(
                 "base64",
                 "warn",
-                f"encoding_format=base64 refused ({resp.status_code})",
+                f"encoding_format=base64 refused ({resp.status})",
                 False,
                 "nothing to do: encoding_format='auto' falls back to float once "
                 "(responses are ~4x larger)",
             )
-        item = orjson.loads(resp.content)["data"][0]["embedding"]
-    except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
+        item = orjson.loads(resp.body)["data"][0]["embedding"]
+    except (QwenEmbedError, KeyError, IndexError, TypeError, ValueError) as exc:
         return CheckFinding("base64", "warn", f"base64 probe failed: {exc}", None)
     if not isinstance(item, str):
         return CheckFinding(
@@ -601,19 +628,17 @@ def _base64_finding(probe: _Probe, float_vec: np.ndarray[Any, Any]) -> CheckFind
 
 
 def _dimensions_finding(probe: _Probe, dim: int) -> CheckFinding:
-    from .._transport._http import httpx
-
     want = 256 if dim > 256 else max(1, dim // 2)
     advice = dimensions_advice(probe.server_name)
     try:
         resp = probe.post([_PROBE_TEXT], dimensions=want)
-    except httpx.HTTPError as exc:
+    except QwenEmbedError as exc:
         return CheckFinding("dimensions", "warn", f"dimensions probe failed: {exc}", None)
-    if resp.status_code >= 400:
+    if resp.status >= 400:
         return CheckFinding(
-            "dimensions", "warn", f"dimensions={want} refused ({resp.status_code})", False, advice
+            "dimensions", "warn", f"dimensions={want} refused ({resp.status})", False, advice
         )
-    vec = _first_vector(resp.content)
+    vec = _first_vector(resp.body)
     got = 0 if vec is None else int(vec.size)
     if vec is None or got != want:
         return CheckFinding(
@@ -630,11 +655,6 @@ def _dimensions_finding(probe: _Probe, dim: int) -> CheckFinding:
     )
 
 
-_BATCH_PROBE_TIMEOUT: Final = 120.0
-"""Seconds the batch probe waits for an answer: a large batch on a CPU server is slow,
-and slowness is not a limit."""
-
-
 def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
     """The most texts per request the server takes, up to ``bound``.
 
@@ -643,10 +663,10 @@ def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
     limit. Only after a refusal that states no limit are the sizes in between tried,
     largest first. The texts are a few words each: the probe counts texts, and a real
     model embeds long ones slowly (MiniLM on a CPU: ~20 s for the former ascending
-    series of 1,000 passages of 200 characters).
+    series of 1,000 passages of 200 characters). Each request waits for its answer as
+    long as the check's time left (a large batch on a CPU server is slow, and slowness
+    is not a limit).
     """
-    from .._transport._http import httpx
-
     sizes = [s for s in (8, 32, 64, 128, 256, 512, 1024, 2048) if s < bound] + [bound]
     texts = [" ".join(p.split()[:6]) for p in corpus(bound)]
     setting = _BATCH_SETTING.get(probe.server_name or "", "")
@@ -654,15 +674,15 @@ def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
     def attempt(size: int) -> CheckFinding | str | None:
         """``None``: taken; a finding: the server stated its limit; else why not."""
         try:
-            resp = probe.post(texts[:size], timeout=_BATCH_PROBE_TIMEOUT)
-        except httpx.HTTPError as exc:
+            resp = probe.post(texts[:size])
+        except QwenEmbedError as exc:
             return f"failed: {exc}"
-        if resp.status_code < 400:
+        if resp.status < 400:
             return None
-        err = status_error(resp.status_code, resp.content, url=probe.url, secret=probe.api_key)
+        err = status_error(resp.status, resp.body, url=probe.url, secret=probe.api_key)
         limit = err.limit if isinstance(err, BatchTooLargeError) else None
         if limit is None:
-            return f"refused ({resp.status_code}: {err.message[:120]})"
+            return f"refused ({resp.status}: {err.message[:120]})"
         return CheckFinding(
             "batch_limit",
             "warn" if limit < 32 else "ok",
@@ -718,8 +738,12 @@ def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
     )
 
 
-def _http2_finding(base_url: str, verify: bool | str, api_key: str | None) -> CheckFinding:
-    version = probe_http2(base_url, verify=verify, api_key=api_key)
+def _http2_finding(
+    base_url: str, verify: bool | str, api_key: str | None, deadline: float
+) -> CheckFinding:
+    version = probe_http2(base_url, verify=verify, api_key=api_key, deadline=deadline)
+    if version is None and time.monotonic() >= deadline:
+        return CheckFinding("http2", "info", "not probed: the check's --timeout ran out")
     if version == "HTTP/2":
         how = "ALPN h2" if base_url.startswith("https") else "h2c prior knowledge"
         return CheckFinding(
@@ -740,10 +764,12 @@ def _http2_finding(base_url: str, verify: bool | str, api_key: str | None) -> Ch
 
 
 def _keepalive_finding(
-    base_url: str, verify: bool | str, api_key: str | None, max_idle: float
+    base_url: str, verify: bool | str, api_key: str | None, max_idle: float, deadline: float
 ) -> CheckFinding:
     try:
-        idle = measure_idle_timeout(base_url, verify=verify, api_key=api_key, max_idle=max_idle)
+        idle = measure_idle_timeout(
+            base_url, verify=verify, api_key=api_key, max_idle=max_idle, deadline=deadline
+        )
     except OSError as exc:
         return CheckFinding("keepalive", "warn", f"keep-alive probe failed: {exc}")
     expiry = Limits().keepalive_expiry

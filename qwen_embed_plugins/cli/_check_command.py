@@ -24,6 +24,13 @@ __all__ = ["check"]
     help="Largest batch the batch-limit probe sends (texts; a CPU server may take ~40 ms "
     "per text).",
 )
+@shown(
+    "--timeout",
+    type=click.FloatRange(0.5, 86400),
+    default=300.0,
+    help="Seconds the whole check may take: each probe runs within the time left, and "
+    "one the deadline cuts fails naming it.",
+)
 @output_options()
 def check(
     base_url: str,
@@ -33,6 +40,7 @@ def check(
     insecure: bool,
     max_idle: float,
     batch_probe_max: int,
+    timeout: float,
     as_json: bool,
     show_metrics: bool,
 ) -> None:
@@ -43,6 +51,10 @@ def check(
     client's counters of that sample). The advice names the settings of the server
     software the client detects (SGLang, vLLM, TEI, Infinity, Ollama, llama.cpp, ...);
     a base URL missing its /v1 is diagnosed as such. Exit status 1 when a probe failed.
+
+    The whole check ends within --timeout seconds; every answer it reads is capped
+    (1 MiB for a GET; a POST by its number of texts), and the API key is scrubbed from
+    everything it prints.
     """
     from .. import QwenEmbedError
     from ._check import check_server
@@ -60,6 +72,7 @@ def check(
                 model=model,
                 max_idle=max_idle,
                 batch_probe_max=batch_probe_max,
+                timeout=timeout,
                 step=lambda name: status.update(f"probing {name}..."),
             )
     except QwenEmbedError as exc:  # the settings themselves (e.g. a malformed URL)

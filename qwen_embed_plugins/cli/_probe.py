@@ -1,14 +1,19 @@
-"""Raw HTTP probes of ``check_server`` (and of the tooling's ``run_bench``).
+"""The HTTP probes of ``check_server`` (and of the tooling's ``run_bench``).
 
-``bounded_get`` is the library's one ``GET /models`` probe: at most ``PROBE_MAX_BYTES``
-read (as received) and ``PROBE_BUDGET`` seconds in all: each connect, read (of a
-trickled head too), write and pool wait within the time left (``transport.TimeLeft``).
+Every probe but one is an exchange on the library's own transport (``_transport``:
+``Request -> Reply`` on a ``SyncTransport`` of the probe's own, never the shared pool),
+so the CLI has the guarantees of every other path, implemented once there: the body
+cap while streaming and after decoding (a gzip bomb is cut), the total time budget of
+each exchange (connect, write, pool wait and every read within the time left, a
+trickled head or chunk framing included: the transport's watchdog), no reuse of a
+socket with bytes left, 1xx answers never taken for the final one, malformed status
+codes refused, errors translated once and the API key scrubbed from them. ``Probes``
+holds the check's one deadline: each exchange gets the time left of it.
 
-These talk to a server below the client on purpose (one plain request, its status and
-body as sent), so they use the HTTP library directly (``_http``, the one module that
-chooses it) or the standard library. They never raise for an HTTP or transport failure
-of the probe itself: callers get ``None`` / empty results or the status to report.
-Errors a caller must raise come from the client, the one translation boundary.
+The one exception is ``measure_idle_timeout``: it must watch its own idle socket for
+the server's close, which no transport shows, so it speaks the stdlib's ``http.client``
+(the library's HTTP/1.1 backend) directly, within the same deadline (connect timeout,
+a watchdog at the deadline) and cap, refusing a status that is not a final answer.
 """
 
 from __future__ import annotations
@@ -24,40 +29,33 @@ from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
+from .._config import EmbeddingConfig, Limits, Timeouts
+from .._metrics import EndpointMetrics
+from .._server_text import scrub
+from .._transport import Reply, Request, SyncTransport
+from .._transport._contract import sdk_cap, ssl_context
+from ..errors import ErrorContext, QwenEmbedError, ReadTimeout, TimeoutException
+
 if TYPE_CHECKING:
     from ..errors import HTTPStatusError
 
 __all__ = [
-    "Answer",
+    "CHECK_TIMEOUT",
+    "PROBE_MAX_BYTES",
+    "Probes",
     "api_root",
-    "bounded_get",
     "discover_models",
-    "get_models",
-    "get_models_response",
     "headers",
     "measure_idle_timeout",
     "models_in",
     "probe_http2",
-    "ssl_context",
     "status_error",
 ]
 
-
-def ssl_context(verify: bool | str) -> ssl.SSLContext:
-    """An SSL context: ``False`` verifies nothing, a path trusts that CA bundle,
-    ``True`` trusts certifi's roots (what httpx and openai load) or the system's."""
-    if verify is False:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        return ctx
-    if isinstance(verify, str):
-        return ssl.create_default_context(cafile=verify)
-    try:
-        import certifi
-    except ImportError:  # pragma: no cover - httpx depends on certifi
-        return ssl.create_default_context()
-    return ssl.create_default_context(cafile=certifi.where())
+CHECK_TIMEOUT = 300.0
+"""Seconds a whole ``qwen-embed check`` may take by default (``--timeout``)."""
+PROBE_MAX_BYTES = 1 << 20
+"""The largest answer to a ``GET`` probe, in bytes (as received and decoded)."""
 
 
 def headers(api_key: str | None, *, json_body: bool = True) -> dict[str, str]:
@@ -91,131 +89,173 @@ def status_error(
     return error_from_response(status, body, url=url, headers=headers, secret=secret)
 
 
-def _models_in(body: bytes) -> list[str] | None:
+def models_in(reply: Reply, secret: str | None = None) -> list[str] | None:
+    """The model ids of a ``GET /models`` answer (``None``: an error status or not an
+    OpenAI model list), ``secret`` scrubbed from each (a server may echo the key)."""
+    if reply.status >= 400:
+        return None
     try:
-        data = orjson.loads(body)
+        data = orjson.loads(reply.body)
     except orjson.JSONDecodeError:
         return None
     cards = data.get("data") if isinstance(data, dict) else None
     if not isinstance(cards, list):
         return None
-    return [str(m["id"]) for m in cards if isinstance(m, dict) and "id" in m]
+    return [scrub(str(m["id"]), secret) for m in cards if isinstance(m, dict) and "id" in m]
 
 
-PROBE_BUDGET = 10.0
-"""Seconds a probe's answer may take in all (a trickling body cannot hold it longer)."""
-PROBE_MAX_BYTES = 1 << 20
-"""The largest probe answer read, in bytes (an endless or huge body is cut)."""
+class Probes:
+    """The check's HTTP exchanges with one server, on a transport of their own (the
+    library's ``SyncTransport``: HTTP/1.1 on ``http.client``, HTTP/2 on httpx), all
+    within one deadline.
 
-
-class Answer:
-    """A probe's answer, read within ``PROBE_BUDGET`` seconds and ``PROBE_MAX_BYTES``."""
-
-    def __init__(self, status_code: int, headers: Any, content: bytes, http_version: str):
-        self.status_code = status_code
-        self.headers = headers
-        self.content = content
-        self.http_version = http_version
-
-
-def bounded_get(
-    http: Any,
-    url: str,
-    request_headers: dict[str, str],
-    *,
-    budget: float = PROBE_BUDGET,
-    cap: int = PROBE_MAX_BYTES,
-) -> Answer:
-    """``GET url`` on ``http`` (an HTTP library client), reading the body as a stream
-    within ``cap`` bytes (as received: a compressed body is not inflated) and ``budget``
-    seconds in all.
+    Args:
+        base_url: the API root (``.../v1``); every probe URL is on its host and port.
+        api_key: bearer token (sent, and scrubbed from every error), or ``None``.
+        verify: TLS verification (``True``, ``False`` or a CA bundle path).
+        deadline: the ``time.monotonic()`` by which every exchange must have ended.
+        budget: the seconds that deadline stands for, as errors name it.
+        http2: negotiate HTTP/2 (ALPN; prior-knowledge h2c over ``http://``).
 
     Raises:
-        the HTTP library's ``HTTPError``: no answer, or the answer broke a bound.
+        ConfigError: a malformed ``base_url``, or ``verify`` naming a missing CA file.
     """
-    from .._transport._http import TimeLeft, httpx
 
-    deadline = time.monotonic() + budget
-    request_headers = {**request_headers, "Accept-Encoding": "identity"}
-    request = http.build_request("GET", url, headers=request_headers)
-    # each connect, read (of the head too), write and pool wait within the time left
-    request.extensions["timeout"] = TimeLeft(httpx.Timeout(budget).as_dict(), deadline)
-    with contextlib.closing(http.send(request, stream=True)) as resp:
-        chunks: list[bytes] = []
-        size = 0
-        for chunk in resp.iter_raw():
-            size += len(chunk)
-            if size > cap:
-                raise httpx.RemoteProtocolError(f"the answer of {url} is larger than {cap} bytes")
-            if time.monotonic() > deadline:
-                raise httpx.ReadTimeout(f"the answer of {url} took longer than {budget} s")
-            chunks.append(chunk)
-        return Answer(resp.status_code, resp.headers, b"".join(chunks), resp.http_version)
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        api_key: str | None,
+        verify: bool | str,
+        deadline: float,
+        budget: float,
+        http2: bool = False,
+    ) -> None:
+        cfg = EmbeddingConfig(
+            base_url=base_url, verify=verify, http2=http2, limits=Limits(max_connections=4)
+        )
+        key = cfg.pool_key
+        self.label = key.label
+        self.deadline = deadline
+        self.budget = budget
+        self._key = api_key
+        cleartext = key.base_url.startswith("http://")
+        self._transport = SyncTransport(key, EndpointMetrics(key.label), h2c=http2 and cleartext)
+        self._ctx = ErrorContext(url=key.label, secret=api_key, total=budget, max_connections=4)
+        # each exchange: only the time left bounds its connect, write, pool wait and reads
+        self._timeouts = Timeouts(connect=None, read=None, write=None, pool=None, total=None)
 
+    def __enter__(self) -> Probes:
+        return self
 
-def get_models(http: Any, base_url: str, api_key: str | None) -> tuple[int, list[str] | None]:
-    """``GET {base_url}/models`` on ``http`` (an HTTP library client): the status and
-    the model ids (``None`` when the body is not an OpenAI model list).
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
-    Raises:
-        the HTTP library's ``HTTPError``: no answer.
-    """
-    resp = get_models_response(http, base_url, api_key)
-    return int(resp.status_code), _models_in(resp.content) if resp.status_code < 400 else None
+    def close(self) -> None:
+        """Close the probes' connections."""
+        self._transport.close()
 
+    def left(self) -> float:
+        """Seconds left before the deadline (``<= 0``: none)."""
+        return self.deadline - time.monotonic()
 
-def get_models_response(http: Any, base_url: str, api_key: str | None) -> Any:
-    """The raw answer to ``GET {base_url}/models`` on ``http`` (status, headers, body).
+    def out_of_time(self, what: str, cut: Exception | None = None) -> TimeoutException:
+        """The error of a probe the check's deadline cut (``cut``: the transport's
+        timeout, whose type it keeps) or left no time for."""
+        kind = type(cut) if isinstance(cut, TimeoutException) else ReadTimeout
+        return kind(
+            f"{what} to {self.label} did not end within the check's --timeout of "
+            f"{self.budget:g} s in all",
+            url=self.label,
+        )
 
-    Raises:
-        the HTTP library's ``HTTPError``: no answer.
-    """
-    return bounded_get(http, f"{base_url.rstrip('/')}/models", headers(api_key, json_body=False))
+    def send(self, method: str, url: str, body: bytes = b"", *, cap: int | None = None) -> Reply:
+        """One exchange (``GET`` without a body, ``POST`` with a JSON ``body``), within
+        the time left and ``cap`` bytes of answer (default: ``PROBE_MAX_BYTES`` for a
+        ``GET``; for a ``POST`` the client's cap for that many inputs).
 
+        Raises:
+            QwenEmbedError: no complete answer (the library's translated, scrubbed
+                error; ``ReadTimeout`` naming ``--timeout`` when the deadline cut it).
+        """
+        what = f"{method} {urlsplit(url).path or '/'}"
+        left = self.left()
+        if left <= 0.001:
+            raise self.out_of_time(what)
+        if cap is None:
+            cap = sdk_cap(body) if body else PROBE_MAX_BYTES
+        request = Request(
+            method,
+            url,
+            body,
+            headers(self._key, json_body=bool(body)),
+            self._timeouts,
+            left,
+            cap,
+            self._ctx,
+        )
+        try:
+            return self._transport.send(request)
+        except QwenEmbedError as exc:
+            if self.left() <= 0.002 and isinstance(exc, TimeoutError):
+                raise self.out_of_time(what, exc) from exc
+            raise
 
-def models_in(resp: Any) -> list[str] | None:
-    """The model ids of a ``GET /models`` answer (``None``: not an OpenAI model list)."""
-    return _models_in(resp.content) if resp.status_code < 400 else None
+    def get_models(self, base_url: str) -> Reply:
+        """The answer to ``GET {base_url}/models`` (the library's one ``GET /models``
+        probe; ``base_url`` on this server).
+
+        Raises:
+            QwenEmbedError: no complete answer.
+        """
+        return self.send("GET", f"{base_url.rstrip('/')}/models")
 
 
 def discover_models(
     base_url: str, *, verify: bool | str = True, api_key: str | None = None, timeout: float = 10.0
 ) -> list[str]:
-    """Model ids listed by ``GET {base_url}/models``; empty when the server lists none,
-    answers an error or cannot be reached (the first real request reports that)."""
-    from .._transport._http import httpx
-
+    """Model ids listed by ``GET {base_url}/models`` within ``timeout`` seconds; empty
+    when the server lists none, answers an error or cannot be reached (the first real
+    request reports that)."""
     try:
-        with httpx.Client(verify=ssl_context(verify), timeout=timeout) as http:
-            status, models = get_models(http, base_url, api_key)
-    except httpx.HTTPError:
+        with Probes(
+            base_url,
+            api_key=api_key,
+            verify=verify,
+            deadline=time.monotonic() + timeout,
+            budget=timeout,
+        ) as probes:
+            return models_in(probes.get_models(base_url), api_key) or []
+    except QwenEmbedError:
         return []
-    return (models or []) if status < 400 else []
 
 
 def probe_http2(
-    base_url: str, *, verify: bool | str = True, api_key: str | None = None, timeout: float = 10.0
+    base_url: str,
+    *,
+    verify: bool | str = True,
+    api_key: str | None = None,
+    timeout: float = 10.0,
+    deadline: float | None = None,
 ) -> str | None:
-    """The HTTP version a client asking for HTTP/2 gets: ``"HTTP/2"`` or ``"HTTP/1.1"``.
+    """The HTTP version a client asking for HTTP/2 gets: ``"HTTP/2"`` or ``"HTTP/1.1"``,
+    within ``timeout`` seconds (or by ``deadline``, a ``time.monotonic()`` value).
 
     Over ``https://`` h2 is offered by ALPN (the server picks). Over ``http://`` a
     prior-knowledge h2c request is tried; ``None`` means it failed (no h2c).
     """
-    from .._transport._http import httpx
-
-    cleartext = base_url.startswith("http://")
-    kwargs: dict[str, Any] = {"http2": True, "timeout": timeout}
-    if cleartext:
-        kwargs["http1"] = False
-    else:
-        kwargs["verify"] = ssl_context(verify)
+    budget = timeout if deadline is None else max(deadline - time.monotonic(), 0.0)
     try:
-        with httpx.Client(**kwargs) as client:
-            resp = bounded_get(
-                client, f"{base_url.rstrip('/')}/models", headers(api_key, json_body=False)
-            )
-            return str(resp.http_version)
-    except httpx.HTTPError:
+        with Probes(
+            base_url,
+            api_key=api_key,
+            verify=verify,
+            deadline=time.monotonic() + budget,
+            budget=budget,
+            http2=True,
+        ) as probes:
+            return probes.get_models(base_url).http_version
+    except QwenEmbedError:
         return None
 
 
@@ -231,66 +271,95 @@ def measure_idle_timeout(
     verify: bool | str = True,
     api_key: str | None = None,
     max_idle: float = 6.5,
+    deadline: float | None = None,
 ) -> float | None:
     """Seconds after which the server closes an idle keep-alive connection.
 
     Opens one HTTP/1.1 connection, makes one request (``GET /models``), then waits up
     to ``max_idle`` seconds for the server to close it, and returns the idle time at
     which it did (``0.0``: the server closed it with the answer; ``None``: still open
-    after ``max_idle``, or an answer larger than ``PROBE_MAX_BYTES`` or slower than
-    ``PROBE_BUDGET`` seconds, which is not read to its end).
+    after ``max_idle``, or an answer larger than ``PROBE_MAX_BYTES``, which is not read
+    to its end). The whole probe, the idle wait included, ends by ``deadline`` (a
+    ``time.monotonic()`` value; default: ``CHECK_TIMEOUT`` seconds from now): the
+    connect timeout is the time left, and a watchdog shuts the socket down at the
+    deadline (a trickled head included).
 
     Raises:
-        OSError: the connection could not be made, or the answer broke off or is not
-            HTTP.
+        OSError: the connection could not be made, the answer broke off, is not HTTP or
+            not a final answer (a 1xx, a malformed status), or the deadline passed
+            first.
     """
     import http.client
 
+    if deadline is None:
+        deadline = time.monotonic() + CHECK_TIMEOUT
+    left = deadline - time.monotonic()
+    if left <= 0.001:
+        raise OSError("no time left for the keep-alive probe (the check's --timeout)")
     parts = urlsplit(base_url)
     host = parts.hostname or "127.0.0.1"
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(
-            host, parts.port or 443, context=ssl_context(verify), timeout=10.0
-        )
+        context = ssl_context(verify, http2=False, cleartext=False)
+        conn = http.client.HTTPSConnection(host, parts.port or 443, context=context, timeout=left)
     else:
-        conn = http.client.HTTPConnection(host, parts.port or 80, timeout=10.0)
+        conn = http.client.HTTPConnection(host, parts.port or 80, timeout=left)
+    expired = threading.Event()
+
+    def shut() -> None:  # the watchdog: at the deadline, end whatever blocks
+        expired.set()
+        _shut(conn.sock)
+
+    watchdog = threading.Timer(left, shut)
+    watchdog.daemon = True
+    watchdog.start()
     try:
-        budget = time.monotonic() + PROBE_BUDGET
-        conn.request(
-            "GET", f"{parts.path.rstrip('/')}/models", headers=headers(api_key, json_body=False)
-        )
-        # as bounded_get: PROBE_BUDGET in all, a trickled head included (http.client
-        # bounds each read only: at the budget a watchdog shuts the socket down, which
-        # ends a blocked read), and the cap
-        watchdog = threading.Timer(PROBE_BUDGET, _shut, (conn.sock,))
-        watchdog.start()
         try:
+            conn.connect()
+            if expired.is_set():  # the watchdog fired while connecting: no socket to shut
+                raise OSError("connect ended at the deadline")
+            conn.request(
+                "GET", f"{parts.path.rstrip('/')}/models", headers=headers(api_key, json_body=False)
+            )
             resp = conn.getresponse()
+            if not 200 <= resp.status <= 599:
+                what = "an interim (1xx)" if 100 <= resp.status <= 199 else "a malformed"
+                raise OSError(f"GET /models answered with {what} status ({resp.status})")
             size = 0
             while chunk := resp.read1(65536):
                 size += len(chunk)
-                if size > PROBE_MAX_BYTES or time.monotonic() > budget:
+                if size > PROBE_MAX_BYTES:
                     return None
-        except http.client.HTTPException as exc:  # the answer broke off or is malformed
-            raise OSError(f"the answer to GET /models is not HTTP ({type(exc).__name__})") from None
+        except (http.client.HTTPException, OSError) as exc:
+            if expired.is_set():
+                raise OSError(
+                    "GET /models did not end within the check's --timeout (keep-alive probe)"
+                ) from None
+            if isinstance(exc, http.client.HTTPException):  # broke off or malformed
+                raise OSError(
+                    f"the answer to GET /models is not HTTP ({type(exc).__name__})"
+                ) from None
+            raise
         finally:
             watchdog.cancel()
-        if time.monotonic() > budget:
-            return None
         if resp.will_close:
             return 0.0
         sock = conn.sock
         if sock is None:  # pragma: no cover - http.client keeps it open when not will_close
             return 0.0
         idle_from = time.monotonic()
-        deadline = idle_from + max_idle
+        until = min(idle_from + max_idle, deadline)
         sock.setblocking(False)
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            wait = until - time.monotonic()
+            if wait <= 0:
+                if until < idle_from + max_idle:
+                    raise OSError(
+                        f"the check's --timeout ran out after {until - idle_from:.1f} s of "
+                        "the keep-alive wait"
+                    )
                 return None
-            readable, _, _ = select.select([sock], [], [], left)
+            readable, _, _ = select.select([sock], [], [], wait)
             if not readable:
                 continue
             try:
@@ -302,4 +371,5 @@ def measure_idle_timeout(
             # EOF, or unsolicited bytes on an idle HTTP/1.1 connection: closing
             return time.monotonic() - idle_from
     finally:
+        watchdog.cancel()
         conn.close()

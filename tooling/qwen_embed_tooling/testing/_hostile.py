@@ -136,8 +136,9 @@ class HostileServer:
         http2: speak HTTP/2 only, over TLS (ALPN ``h2``) with a throw-away CA
             (`ca_cert_path`; needs ``trustme``): every kind in its HTTP/2 form (see
             ``_hostile_h2``).
-        on: which requests behave so: ``"all"`` (default), ``"embeddings"`` or
-            ``"models"``; the others get valid answers.
+        on: which requests behave so: ``"all"`` (default), ``"embeddings"``,
+            ``"models"`` or ``"health"`` (``GET /health``, ``qwen-embed check``'s first
+            probe); the others get valid answers.
         port: TCP port on 127.0.0.1; 0 (default) picks a free one.
         dim: vector size of valid answers.
         model: model name of valid answers.
@@ -203,8 +204,8 @@ class HostileServer:
         """
         if kind not in HOSTILE_KINDS:
             raise ValueError(f"unknown kind {kind!r}; expected one of {', '.join(HOSTILE_KINDS)}")
-        if on not in ("all", "embeddings", "models"):
-            raise ValueError(f"on must be 'all', 'embeddings' or 'models', got {on!r}")
+        if on not in ("all", "embeddings", "models", "health"):
+            raise ValueError(f"on must be 'all', 'embeddings', 'models' or 'health', got {on!r}")
         defaults = HOSTILE_KINDS[kind]
         for name in params:
             if name not in defaults:
@@ -329,6 +330,8 @@ class HostileServer:
             return path.endswith("/embeddings")
         if self.on == "models":
             return path.endswith("/models")
+        if self.on == "health":
+            return path.endswith("/health")
         return True
 
     async def _write(self, writer: asyncio.StreamWriter, data: bytes) -> None:
