@@ -129,8 +129,10 @@ def reset() -> None:
     Call it in tests (before each test: a server started by a test can get the port, and
     so the URL, of an earlier test's server) and after redeploying a server behind the
     same URL (a new version may accept larger batches than the old one). Clients made
-    before keep working (they reopen connections on their next request, and the replica
-    state they hold is cleared too); a call in flight finishes on its connection.
+    before keep working (they reopen connections on their next request, the replica
+    state they hold is cleared too, and they look their adaptive gate up here on every
+    request, so they start again from a fresh one); a call in flight finishes on its
+    connection.
     Raises nothing.
     """
     STATE.reset()
