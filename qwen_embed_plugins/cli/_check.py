@@ -311,7 +311,7 @@ def check_server(
     from .._transport._contract import quiet_header_loggers
     from .._transport._http import httpx
 
-    quiet_header_loggers()  # the probes' httpx logs no response head (echoed keys)
+    quiet_header_loggers(api_key)  # the probes' httpx logs never show the key
     base_url = base_url.rstrip("/")
     say = step or (lambda name: None)
     findings: list[CheckFinding] = []
