@@ -74,12 +74,15 @@ def test_a_refused_http2_stream_is_recognised_by_h2_event_type() -> None:
         for exc in failures:
             assert isinstance(exc, httpx.RemoteProtocolError | httpx.LocalProtocolError)
             error = translate(exc, _ctx(srv.base_url), backend="httpx")
+            assert isinstance(error, q.NetworkError), repr(error)
             assert error.refused, (repr(exc), repr(exc.__cause__))
 
 
 def test_a_protocol_error_without_an_h2_event_is_not_refused() -> None:
     exc = httpx.RemoteProtocolError("Server disconnected")
-    assert not translate(exc, _ctx("http://127.0.0.1:1"), backend="httpx").refused
+    error = translate(exc, _ctx("http://127.0.0.1:1"), backend="httpx")
+    assert isinstance(error, q.NetworkError)
+    assert not error.refused
 
 
 # --------------------------------------------------------------------------- TLS hints
