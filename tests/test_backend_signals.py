@@ -134,6 +134,24 @@ def test_tls_hints_come_from_the_ssl_errors_attributes(path: str, collect: None)
         assert "the server answers plain HTTP" in str(error), str(error)
 
 
+@pytest.mark.filterwarnings("ignore:unclosed:ResourceWarning")
+def test_check_suggests_a_ca_only_for_a_certificate_failure(collect: None) -> None:
+    """``qwen-embed check``'s health probe suggests ``--ca`` when the certificate
+    failed verification (the ``ssl`` error on httpx's chain), not for a refused
+    connection."""
+    from qwen_embed_plugins.cli._check import check_server
+
+    with EmbeddingServer(tls=True) as srv:
+        health = check_server(srv.base_url, samples=1).finding("health")
+        assert health.status == "fail"
+        assert "--ca" in str(health.advice), health
+        port = srv.port
+    gone = check_server(f"https://127.0.0.1:{port}/v1", samples=1).finding("health")
+    assert gone.status == "fail"
+    assert gone.advice is not None
+    assert "--ca" not in gone.advice, gone
+
+
 # --------------------------------------------------------------------------- TimeLeft
 
 

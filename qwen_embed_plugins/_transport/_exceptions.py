@@ -43,7 +43,7 @@ from ..errors import (
     scrub,
 )
 
-__all__ = ["translate"]
+__all__ = ["certificate_failure", "translate"]
 
 
 def _chain(exc: BaseException) -> list[BaseException]:
@@ -86,6 +86,14 @@ def _refused(exc: BaseException) -> bool:
             ):
                 return True
     return False
+
+
+def certificate_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (any backend's) comes from a failed TLS certificate verification
+    (an ``ssl.SSLCertVerificationError`` on its chain)."""
+    import ssl
+
+    return any(isinstance(item, ssl.SSLCertVerificationError) for item in _chain(exc))
 
 
 def _tls_hint(exc: BaseException, text: str, label: str) -> ConnectError | None:

@@ -309,6 +309,7 @@ def check_server(
             settings).
     """
     from .._transport._contract import quiet_header_loggers
+    from .._transport._exceptions import certificate_failure
     from .._transport._http import httpx
 
     quiet_header_loggers(api_key)  # the probes' httpx logs never show the key
@@ -331,7 +332,7 @@ def check_server(
         try:
             resp = http.get(f"{api_root(base_url)}/health", headers=headers(api_key))
         except httpx.HTTPError as exc:
-            certificate = "CERTIFICATE" in str(exc).upper()
+            certificate = certificate_failure(exc)
             findings.append(
                 CheckFinding(
                     "health",
