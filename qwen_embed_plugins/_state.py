@@ -58,6 +58,10 @@ class ProcessState:
     # metrics.py: counters per endpoint label; endpoints of several replicas
     metrics: dict[str, Any] = field(default_factory=dict)
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # _contract.py: every secret sent through an HTTP library that logs (httpx, httpcore),
+    # scrubbed from those libraries' log records; kept by reset() and in a forked child
+    # (clients made before still send them). Replaced, never mutated: read without the lock
+    log_secrets: tuple[str, ...] = ()
     # transport.py: one SSL context per (verify, http2, cleartext)
     ssl_contexts: dict[tuple[bool | str, bool, bool], ssl.SSLContext] = field(default_factory=dict)
     # threads, started on first use
@@ -124,13 +128,16 @@ def reset() -> None:
     the replicas and their health (ejections, failure streaks, open circuits), what was
     learned about each server (batch and token limits, dialect, vector encoding), the
     adaptive concurrency gates, and the metrics (``stats()`` and ``pool_stats()`` start
-    empty). SSL contexts are kept (they depend on settings only).
+    empty). SSL contexts are kept (they depend on settings only), and so are the secrets
+    scrubbed from the HTTP libraries' log records (clients made before still send them).
 
     Call it in tests (before each test: a server started by a test can get the port, and
     so the URL, of an earlier test's server) and after redeploying a server behind the
     same URL (a new version may accept larger batches than the old one). Clients made
-    before keep working (they reopen connections on their next request, and the replica
-    state they hold is cleared too); a call in flight finishes on its connection.
+    before keep working (they reopen connections on their next request, the replica
+    state they hold is cleared too, and they look their adaptive gate up here on every
+    request, so they start again from a fresh one); a call in flight finishes on its
+    connection.
     Raises nothing.
     """
     STATE.reset()

@@ -444,7 +444,8 @@ def _bad_status_params() -> list[Any]:
                 marks.append(
                     pytest.mark.xfail(
                         strict=True,
-                        reason="httpcore (h2 inbound header validation off) reads a missing "
+                        reason="known limit (docs/reliability.md, 'What the library relies "
+                        "on'): httpcore (h2 inbound header validation off) reads a missing "
                         ":status as 200, and httpx's public API shows no pseudo-headers: "
                         "no public way to tell",
                     )

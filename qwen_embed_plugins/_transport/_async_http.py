@@ -45,6 +45,13 @@ assigned; ``tests/test_layout.py`` checks it):
   ``closed`` and the finaliser (silent once ``QuietFlag`` is set: the connections are
   released by the library); it relies on aiohttp's ``ClientSession`` finaliser asking
   ``connector.closed``, and on ``should_close`` (public name, not documented);
+  no documented aiohttp API tells whether a kept-alive connection received bytes while
+  idle (asyncio reads them into the protocol at once, so the socket never looks
+  readable; ``ClientResponse.release()`` after reading to EOF and ``close()``
+  otherwise cover the bytes of the exchange itself; ``force_close=True`` would give up
+  keep-alive). Bounded: were ``should_close`` removed, every reuse would fail at once
+  (``AttributeError``); were its meaning changed, ``tests/test_hostile.py``
+  (``test_a_stray_response_is_never_taken_for_the_next_answer``, async) fails;
 - a loop that is open but will not run again (``close_all`` at exit): each aiohttp
   connection's asyncio transport is aborted (``Transport.abort`` takes it out of the
   selector at once) and its socket closed; an httpx connection's socket is shut down and
@@ -98,6 +105,7 @@ from ._contract import (
     _left,
     check_status,
     failure,
+    keep_out_of_logs,
     mapped,
     quiet_header_loggers,
     ssl_context,
@@ -546,6 +554,7 @@ class AsyncTransport:
                 opened(info.get("return_value"))
 
         client = self._httpx()
+        keep_out_of_logs(*req.ctx.secrets())  # httpx/httpcore may log what echoes them
         url = self._urls.get(req.url)
         if url is None:
             url = self._urls[req.url] = httpx.URL(req.url)

@@ -28,7 +28,9 @@ What every backend shares is here, once:
   whichever is sooner; ``_deadline`` / ``_left``): each backend bounds its connect,
   write, pool wait and reads by the time left, and the whole exchange as its module says;
 - ``ProcessGate`` (``Limits.max_connections_per_process``), ``ssl_context``, and
-  ``quiet_header_loggers`` (no HTTP/2 header block in the logs).
+  ``quiet_header_loggers`` (no HTTP/2 header block, no secret sent in the HTTP
+  libraries' logs, by logger and level, and by scrubbing each record's formatted
+  message: never by its wording).
 
 Connection reuse only of sockets with nothing unread on them; redirects are never
 followed (a 3xx is returned as it is). Proxies are passed explicitly (resolved once from
@@ -69,6 +71,7 @@ __all__ = [
     "Retired",
     "check_status",
     "failure",
+    "keep_out_of_logs",
     "mapped",
     "quiet_header_loggers",
     "sdk_cap",
@@ -134,12 +137,20 @@ class Reply:
 # --------------------------------------------------------------------------- logs
 
 # The loggers of the ``hpack`` package (HTTP/2 header compression): at DEBUG they print
-# every header block, encoded and decoded, ``Authorization`` included.
+# every header block, encoded and decoded, ``Authorization`` included. The encoded form
+# (Huffman-coded) cannot be scrubbed: their DEBUG records are dropped.
 _HEADER_LOGGERS = ("hpack.hpack", "hpack.table")
-# httpcore's trace loggers (httpx and httpx2's): their ``receive_response_headers``
-# records hold the response headers, or the error a malformed one raised, as sent
-_TRACE_LOGGERS = tuple(
-    f"{package}.{name}" for package in ("httpcore", "httpcore2") for name in ("http11", "http2")
+# The loggers of httpx and httpcore (httpx2's and httpcore2's under openai 3.x): their
+# records may quote what a server sent (a response head echoing the key in a header or
+# the reason phrase): every record is scrubbed of the secrets sent, whatever its wording.
+_SCRUBBED_LOGGERS = (
+    "httpx",
+    "httpx2",
+    *(
+        f"{package}.{name}"
+        for package in ("httpcore", "httpcore2")
+        for name in ("http11", "http2", "connection", "proxy", "socks")
+    ),
 )
 
 
@@ -150,41 +161,52 @@ class _NoHeaderBlocks(logging.Filter):
         return record.levelno > logging.DEBUG
 
 
-class _NoResponseHeaders(logging.Filter):
-    """Drops httpcore's DEBUG trace records of response heads (a server may echo the
-    key in a header or the status)."""
+class _NoSecrets(logging.Filter):
+    """Scrubs every secret sent (``STATE.log_secrets``) and every ``Bearer``/``Basic``
+    value from a record, through the documented ``logging`` API only: the record's
+    formatted message (``getMessage()``) is scrubbed and, when anything was replaced,
+    becomes its ``msg`` (with no ``args``). No reliance on a record's wording or on the
+    position of its arguments."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return record.levelno > logging.DEBUG or not str(record.msg).startswith(
-            "receive_response_headers"
-        )
-
-
-_no_header_blocks = _NoHeaderBlocks()
-_no_response_headers = _NoResponseHeaders()
-
-
-class _NoReasonPhrase(logging.Filter):
-    """Blanks the reason phrase (the status line's text, which a server may set to the
-    key) in httpx's ``HTTP Request:`` records."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        args = record.args
-        if str(record.msg).startswith("HTTP Request:") and isinstance(args, tuple) and args:
-            record.args = (*args[:-1], "")
+        try:
+            text = record.getMessage()
+        except Exception:  # a record whose args do not fit its format: logging reports it
+            return True
+        clean = scrub(text, *STATE.log_secrets)
+        if clean != text:
+            record.msg = clean
+            record.args = None
         return True
 
 
-_no_reason_phrase = _NoReasonPhrase()
+_no_header_blocks = _NoHeaderBlocks()
+_no_secrets = _NoSecrets()
 
 
-def quiet_header_loggers() -> None:
-    """Keep HTTP/2 header blocks (and so the API key) out of the logs, whatever the
-    logging configuration: a ``logging.Filter`` on the ``hpack`` package's own loggers
-    (``hpack.hpack``, ``hpack.table``) drops their DEBUG records, and the ``hpack``
-    logger's level is raised to INFO when nobody set one (so those records are not even
-    built). Installed when the first HTTP/2 transport is built; the ``h2`` package logs
-    through a logger of its own only when given one (httpcore gives none)."""
+def keep_out_of_logs(*secrets: str | None) -> None:
+    """Scrub ``secrets`` from the HTTP libraries' log records (``quiet_header_loggers``)
+    from now on in this process."""
+    known = STATE.log_secrets
+    if all(not s or s in known for s in secrets):
+        return
+    with STATE.lock:
+        known = STATE.log_secrets
+        new = [s for s in dict.fromkeys(secrets) if s and s not in known]
+        STATE.log_secrets = (*known, *new)
+
+
+def quiet_header_loggers(*secrets: str | None) -> None:
+    """Keep HTTP/2 header blocks and the secrets sent (the API key, ``secrets``, and those
+    of every request of an httpx transport: ``keep_out_of_logs``) out of the HTTP
+    libraries' logs, whatever the logging configuration: a ``logging.Filter`` on the
+    ``hpack`` package's own loggers (``hpack.hpack``, ``hpack.table``) drops their DEBUG
+    records (the ``hpack`` logger's level is raised to INFO when nobody set one, so those
+    records are not even built), and one on each httpx/httpcore logger scrubs every
+    record's message. Installed when the first HTTP/2 transport is built and by
+    ``qwen-embed check``; the ``h2`` package logs through a logger of its own only when
+    given one (httpcore gives none)."""
+    keep_out_of_logs(*secrets)
     parent = logging.getLogger("hpack")
     if parent.level == logging.NOTSET:
         parent.setLevel(logging.INFO)
@@ -192,14 +214,10 @@ def quiet_header_loggers() -> None:
         logger = logging.getLogger(name)
         if _no_header_blocks not in logger.filters:
             logger.addFilter(_no_header_blocks)
-    for name in _TRACE_LOGGERS:
+    for name in _SCRUBBED_LOGGERS:
         logger = logging.getLogger(name)
-        if _no_response_headers not in logger.filters:
-            logger.addFilter(_no_response_headers)
-    for name in ("httpx", "httpx2"):
-        logger = logging.getLogger(name)
-        if _no_reason_phrase not in logger.filters:
-            logger.addFilter(_no_reason_phrase)
+        if _no_secrets not in logger.filters:
+            logger.addFilter(_no_secrets)
 
 
 # --------------------------------------------------------------------------- TLS

@@ -7,11 +7,26 @@ its public type; ``_contract.failure`` / ``mapped`` call it for every backend an
 the result ``from`` the original. Every text taken from the original is scrubbed of the
 API key and the credential-like header values (``ErrorContext.secrets``) first; errors
 are built once, with how far the exchange got (``fresh``, ``received``) as fields.
+
+Signals are read from public types and documented attributes, never from messages:
+``h2`` exceptions by ``isinstance(exc, h2.exceptions.H2Error)``; a refused HTTP/2 stream
+by the ``h2.events.StreamReset`` (``error_code == ErrorCodes.REFUSED_STREAM``) or
+``h2.events.ConnectionTerminated`` that httpcore raises its ``RemoteProtocolError``
+with, found on the exception chain (``_refused``); TLS hints by the ``ssl`` error on the
+chain (``SSLCertVerificationError``; ``SSLError.reason``, OpenSSL's reason mnemonic),
+aiohttp's wrapped through its public ``os_error`` / ``certificate_error``.
+
+Two readings are not documented by the backend, both bounded: that httpcore puts h2's
+event in its exception's ``args`` (if it stopped, a refused stream would be retried as a
+plain protocol error, within ``max_attempts``, instead of resent at once;
+``tests/test_backend_signals.py`` fails); and, for an ``h2`` exception that escaped
+httpx (read after a GOAWAY), h2's text ``ConnectionState.CLOSED``, the only mark h2
+gives of a connection its state machine has closed (if it changed, the same bounded
+fallback).
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from ..errors import (
@@ -28,27 +43,82 @@ from ..errors import (
     scrub,
 )
 
-__all__ = ["translate"]
+__all__ = ["certificate_failure", "translate"]
 
 
-# HTTP/2 answers that mean "not processed, send it again": GOAWAY (ConnectionTerminated)
-# and RST_STREAM with REFUSED_STREAM (error code 7, RFC 9113 section 7).
-_REFUSED = re.compile(r"ConnectionTerminated|REFUSED_STREAM|StreamReset[^>]*error_code:\s*7\b")
+def _chain(exc: BaseException) -> list[BaseException]:
+    """``exc`` and what it was raised from (``__cause__``, else ``__context__``), and
+    the ``os_error`` / ``certificate_error`` an aiohttp connector error carries (public
+    properties): at most 8, where a backend's typed original is found (httpx raises
+    its errors ``from`` httpcore's, which raises them ``from`` the ``ssl`` / ``h2``
+    ones)."""
+    found: list[BaseException] = []
+    todo: list[BaseException | None] = [exc]
+    while todo and len(found) < 8:
+        item = todo.pop(0)
+        if item is None or any(item is seen for seen in found):
+            continue
+        found.append(item)
+        for name in ("os_error", "certificate_error"):
+            inner = getattr(item, name, None)
+            if isinstance(inner, BaseException):
+                todo.append(inner)
+        todo.append(item.__cause__ or item.__context__)
+    return found
 
 
-def _tls_hint(text: str, label: str) -> ConnectError | None:
-    if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
-        return ConnectError(
-            f"TLS certificate verification failed for {label}: {text}. Pass "
-            "verify='/path/to/ca-bundle.pem' for a private CA",
-            url=label,
-        )
-    if "WRONG_VERSION_NUMBER" in text or "wrong version number" in text:
-        return ConnectError(
-            f"TLS handshake with {label} failed: the server answers plain HTTP; use an "
-            f"http:// base_url ({text})",
-            url=label,
-        )
+def _refused(exc: BaseException) -> bool:
+    """An HTTP/2 answer that means "not processed, send it again", recognised by h2's
+    public event types that httpcore raises its ``RemoteProtocolError`` with (as its
+    argument; httpx raises its own ``from`` it): GOAWAY (``h2.events.ConnectionTerminated``)
+    or RST_STREAM with ``h2.errors.ErrorCodes.REFUSED_STREAM`` (``StreamReset``; RFC 9113
+    section 8.7)."""
+    import h2.errors
+    import h2.events
+
+    for item in _chain(exc):
+        for arg in item.args:
+            if isinstance(arg, h2.events.ConnectionTerminated):
+                return True
+            if (
+                isinstance(arg, h2.events.StreamReset)
+                and arg.error_code == h2.errors.ErrorCodes.REFUSED_STREAM
+            ):
+                return True
+    return False
+
+
+def certificate_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` (any backend's) comes from a failed TLS certificate verification
+    (an ``ssl.SSLCertVerificationError`` on its chain)."""
+    import ssl
+
+    return any(isinstance(item, ssl.SSLCertVerificationError) for item in _chain(exc))
+
+
+def _tls_hint(exc: BaseException, text: str, label: str) -> ConnectError | None:
+    """A hint for a TLS failure, from the documented attributes of the ``ssl`` error
+    found in ``exc``'s chain (``SSLCertVerificationError``; ``SSLError.reason``, the
+    OpenSSL reason mnemonic)."""
+    import ssl
+
+    for item in _chain(exc):
+        if isinstance(item, ssl.SSLCertVerificationError):
+            return ConnectError(
+                f"TLS certificate verification failed for {label}: {text}. Pass "
+                "verify='/path/to/ca-bundle.pem' for a private CA",
+                url=label,
+            )
+        # aiohttp's ClientConnectorSSLError is an SSLError without a reason of its own:
+        # the ssl error it wraps (``os_error``) comes next in the chain
+        if getattr(item, "reason", None) == "WRONG_VERSION_NUMBER" and isinstance(
+            item, ssl.SSLError
+        ):
+            return ConnectError(
+                f"TLS handshake with {label} failed: the server answers plain HTTP; use an "
+                f"http:// base_url ({text})",
+                url=label,
+            )
     return None
 
 
@@ -84,7 +154,9 @@ def translate(
     if isinstance(exc, QwenEmbedError):
         return exc
     marks: dict[str, Any] = {"fresh": fresh, "received": received}
-    if type(exc).__module__.startswith("h2."):
+    import h2.exceptions
+
+    if isinstance(exc, h2.exceptions.H2Error):
         return _from_h2(exc, ctx, marks)
     if backend == "aiohttp":
         return _from_aiohttp(exc, ctx, marks)
@@ -133,11 +205,11 @@ def _from_httpx(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) ->
     if isinstance(exc, httpx.ProxyError):
         return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
     if isinstance(exc, httpx.ConnectError):
-        return _tls_hint(text, label) or ConnectError(
+        return _tls_hint(exc, text, label) or ConnectError(
             f"cannot connect to {label}: {text}", url=label, **marks
         )
     if isinstance(exc, httpx.RemoteProtocolError):
-        refused = _REFUSED.search(text) is not None
+        refused = _refused(exc)
         what = "refused the HTTP/2 stream" if refused else "closed the connection"
         return RemoteProtocolError(f"{label} {what}: {text}", url=label, refused=refused, **marks)
     if isinstance(exc, httpx.LocalProtocolError):
@@ -173,7 +245,6 @@ def _from_stdlib(
     proxy: bool,
 ) -> TransportError:
     import http.client
-    import ssl
 
     label = ctx.url
     text = scrub(str(exc), *ctx.secrets()) or type(exc).__name__
@@ -194,9 +265,8 @@ def _from_stdlib(
         return ReadTimeout(
             f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
         )
-    tls = isinstance(exc, ssl.SSLError | ssl.CertificateError)
     if stage == "connect":
-        hint = _tls_hint(text, label) if tls or "CERTIFICATE" in text else None
+        hint = _tls_hint(exc, text, label)
         if hint is not None:
             return hint
         if proxy:
@@ -236,7 +306,7 @@ def _from_aiohttp(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) 
     if isinstance(exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
         return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
     if isinstance(exc, aiohttp.ClientConnectorError):
-        return _tls_hint(text, label) or ConnectError(
+        return _tls_hint(exc, text, label) or ConnectError(
             f"cannot connect to {label}: {text}", url=label, **marks
         )
     if isinstance(exc, aiohttp.ServerDisconnectedError):

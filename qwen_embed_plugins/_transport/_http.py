@@ -12,7 +12,9 @@ machine; only the SDK path needs it).
 
 Both httpx backends (the sync HTTP/2 client of ``_sync_http``, the async one of
 ``_async_http``) build their ``Limits`` (``_limits``) and per-request timeouts bounded by
-the time left (``_timeout_ext``) here.
+the time left (``_timeout_ext``) here; ``TimeLeft`` bounds each read of the sync HTTP/2
+client by the time left (the one reliance on an undocumented httpcore behaviour: the
+extension looked up before each read; see its docstring for the bound).
 """
 
 from __future__ import annotations
@@ -80,9 +82,17 @@ def _timeout_ext(t: Timeouts, left: float | None) -> dict[str, float | None]:
 class TimeLeft(dict[str, float | None]):
     """httpx's ``timeout`` request extension (``connect``, ``read``, ``write``,
     ``pool``: seconds or ``None``) whose every lookup is at most the time left before
-    ``deadline`` (``time.monotonic()``). httpcore looks the timeout up before each
-    socket read and write, so a response head trickled byte by byte ends at the
-    deadline, not one read timeout after the last byte."""
+    ``deadline`` (``time.monotonic()``), so that a response trickled byte by byte ends
+    at the deadline, not one read timeout after the last byte.
+
+    What it relies on: the ``timeout`` extension is documented by httpcore
+    (docs/extensions.md); that httpcore looks it up (``.get``) before each socket read
+    and write of an HTTP/2 connection, rather than once per request, is not. No public
+    alternative bounds one HTTP/2 stream: a watchdog would have to shut down the shared
+    connection (every stream on it), and httpcore's HTTP/2 reads are not reachable
+    otherwise. Bounded: ``tests/test_backend_signals.py`` fails if httpcore stops
+    looking it up per read (a trickled head must end in ``ReadTimeout``), and the async
+    HTTP/2 path does not depend on it (``asyncio.timeout_at``)."""
 
     def __init__(self, timeouts: dict[str, float | None], deadline: float) -> None:
         super().__init__(timeouts)
@@ -92,3 +102,8 @@ class TimeLeft(dict[str, float | None]):
         value = super().get(key, default)
         left = max(self.deadline - time.monotonic(), 0.001)
         return left if value is None else min(value, left)
+
+    def __getitem__(self, key: str) -> float | None:
+        if not super().__contains__(key):
+            raise KeyError(key)
+        return self.get(key)

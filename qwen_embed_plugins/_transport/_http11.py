@@ -50,9 +50,16 @@ Remaining reliance on what ``http.client`` does not document: ``HTTPConnection.s
 the connection's socket, read (never assigned) to set the write and read timeouts from
 the time left (``settimeout``), for the idle check (``select``), for the watchdog's
 ``shutdown`` and to see whether ``http.client`` closed the connection itself. No
-documented API gives an ``HTTPConnection``'s socket; ``sock`` is the attribute the
-stdlib's own ``HTTPSConnection`` and urllib3's connection classes set and use. If it
-changed, every exchange would fail at once (``AttributeError``), not silently.
+documented API gives an ``HTTPConnection``'s socket (the docs list ``request``,
+``getresponse``, ``set_debuglevel``, ``set_tunnel``, ``connect``, ``close``,
+``blocksize``, ``putrequest``/``putheader``/``endheaders``/``send``), and none takes one:
+a subclass whose ``connect()`` made the socket itself would have to assign ``sock`` (and
+read the undocumented ``host``/``port``/``timeout``, and call the private ``_tunnel``
+for a proxy), which is worse than reading it. ``sock`` is the attribute the stdlib's
+own ``HTTPSConnection`` and urllib3's connection classes set and use. Bounded: it is
+only read, never assigned; were it renamed or left ``None`` once connected, every
+exchange would fail at once (``AttributeError`` on ``conn.sock.settimeout``), not
+silently.
 """
 
 from __future__ import annotations

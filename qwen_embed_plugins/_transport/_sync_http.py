@@ -11,6 +11,14 @@ retirement under ``close_all()``/the idle reaper, and the choice of backend per 
 
 The contract it keeps (``Request -> Reply``, caps, deadline, the exception map) is
 ``_contract``'s.
+
+Limits of the HTTP/2 backend (httpx on httpcore, sync and async alike), where no public
+API gives the guarantee: a response with no ``:status`` pseudo-header is read as 200
+(httpcore builds its h2 connection with inbound header validation off and defaults the
+status to 200; httpx's public API shows no pseudo-headers), so only the body's checks
+(JSON, vector count and size) stand between it and success; and the per-read deadline
+of the sync client relies on httpcore looking the ``timeout`` extension up before each
+read (``_http.TimeLeft``). docs/reliability.md lists both.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from ._contract import (
     _declared_too_big,
     _left,
     check_status,
+    keep_out_of_logs,
     mapped,
     quiet_header_loggers,
     ssl_context,
@@ -165,6 +174,7 @@ class SyncTransport:
                 progress.fresh = True
                 metrics.connection_opened()
 
+        keep_out_of_logs(*req.ctx.secrets())  # httpx/httpcore may log what echoes them
         headers = dict(req.headers)
         headers.setdefault("Accept-Encoding", _ACCEPT_ENCODING)
         timeouts = _timeout_ext(req.timeouts, None)

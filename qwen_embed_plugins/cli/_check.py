@@ -44,6 +44,7 @@ from .. import (
 )
 from .._servers import identify_models, identify_response
 from .._transport import Reply
+from .._transport._exceptions import certificate_failure
 from ._corpus import corpus
 from ._probe import (
     CHECK_TIMEOUT,
@@ -310,6 +311,9 @@ def check_server(
         ConfigError: a malformed ``base_url``, or ``verify`` names a CA file that does
             not exist (from the client's settings).
     """
+    from .._transport._contract import quiet_header_loggers
+
+    quiet_header_loggers(api_key)  # no backend's log record shows the key
     deadline = time.monotonic() + timeout
     base_url = base_url.rstrip("/")
     say = step or (lambda name: None)
@@ -430,7 +434,7 @@ def check_server(
 def _unreachable(label: str, exc: QwenEmbedError) -> CheckFinding:
     """The health finding of a first probe that got no answer."""
     if isinstance(exc, ConnectError | ConnectTimeout):
-        certificate = "CERTIFICATE" in str(exc).upper()
+        certificate = certificate_failure(exc) or "certificate verification" in str(exc)
         return CheckFinding(
             "health",
             "fail",
