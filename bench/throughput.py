@@ -66,8 +66,9 @@ STOCK = {
 CLIENTS = (*OURS["sync"], *OURS["async"], *STOCK["sync"], *STOCK["async"])
 GRID = ((256, 2), (256, 4), (1024, 2), (1024, 4), (2048, 2), (2048, 8))
 QUICK_GRID = ((256, 4),)
-REAL_GRID = ((16, 2), (32, 2), (32, 4), (64, 2), (128, 1), (128, 2))
-"""The real server's grid: a CPU server, whose capacity is tens to hundreds of texts/s."""
+REAL_GRID = ((32, 4), (64, 2), (128, 2), (512, 1), (512, 2), (1024, 1))
+"""The real server's grid: a CPU server, whose capacity is tens to hundreds of texts/s and
+whose per-request work favours large requests."""
 MODELS = ("constant", "gpu_serial", "gpu_dynamic", "infinity")
 TIMEOUT = 1800.0
 

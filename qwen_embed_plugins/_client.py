@@ -251,7 +251,13 @@ class _Batches:
         if self.engine is None:  # cannot happen
             raise RuntimeError("internal error: engine is None")
         engine = self.engine
-        size = engine.auto_batch_size(len(self.plan.unique) - self._at, self.spread)
+        # The first ``spread`` batches leave together (the window is empty): each is cut
+        # over the slots still free, so a call that fits one wave goes out in equal
+        # batches (400 texts, 4 slots: 4 x 100, not 100, 75, 57, 42 and a second wave).
+        # Later batches are cut one at a time as a slot frees, over the whole spread.
+        cut = len(self.plan.batches)
+        slots = self.spread - cut if cut < self.spread else self.spread
+        size = engine.auto_batch_size(len(self.plan.unique) - self._at, slots)
         count = engine.batch_limits()[0]  # learned during the call too
         return size if count is None else max(1, min(size, count))
 

@@ -422,3 +422,34 @@ def test_llama_index_model_dump_builds_the_model_again(rec: RecordingServer) -> 
     assert {r.headers.get("x-tenant") for r in rec.all()} == {"acme"}
     with pytest.raises(ValueError, match="'class_name' is not supported: LlamaIndex's"):
         QwenPooledEmbedding(**{**dump, "class_name": "OpenAIEmbedding"})
+
+
+@pytest.mark.parametrize("adapter", ADAPTERS)
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_default_batch_call_reaches_the_client_whole(adapter: type[Adapter], mode: str) -> None:
+    """With the defaults (``batch_size="auto"``, 4 in flight) a batch call hands its whole
+    list to the core client, sync and async alike: 400 texts go out as one wave of 4
+    requests of 100 (the client's cut for a call that fits one wave), not in LangChain's
+    or LlamaIndex's own chunks (LlamaIndex's stock default, 10 texts per batch, would be
+    40 requests), and never more than ``max_concurrency`` at once."""
+    from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
+
+    texts = [f"whole call text {i}" for i in range(400)]
+    with EmbeddingServer(latency=0.02) as srv:
+        emb = adapter(base_url=srv.base_url)
+        if isinstance(emb, QwenPooledEmbeddings):
+            rows = (
+                emb.embed_documents(texts)
+                if mode == "sync"
+                else asyncio.run(emb.aembed_documents(texts))
+            )
+        elif mode == "sync":
+            rows = emb.get_text_embedding_batch(texts)
+        else:
+            rows = asyncio.run(emb.aget_text_embedding_batch(texts))
+        stats = srv.stats()
+        sizes = sorted(len(inputs) for inputs in srv.received)
+    assert len(rows) == len(texts)
+    assert rows[7] == pytest.approx(expected_embeddings([texts[7]])[0].tolist(), abs=1e-6)
+    assert sizes == [100, 100, 100, 100]
+    assert 1 <= stats["max_in_flight"] <= 4
