@@ -35,8 +35,8 @@ from ._protocol import (
     is_qwen3_embedding,
     known_model_dims,
 )
-from ._server_text import ProxyURL, has_credentials, redact_url
-from .errors import ConfigError, endpoint_label
+from ._server_text import ProxyURL, endpoint_label, has_credentials, redact_url
+from .errors import ConfigError
 
 __all__ = [
     "DEFAULT_MODEL",

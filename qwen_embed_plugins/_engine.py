@@ -74,6 +74,7 @@ from ._retry import (
     replica_suspect,
 )
 from ._run import Call, Flow, Part, Send, Sleep
+from ._server_text import scrub
 from ._transport import Reply, Request
 from .errors import (
     BadRequestError,
@@ -89,7 +90,6 @@ from .errors import (
     TimeoutException,
     TransportError,
     error_from_response,
-    scrub,
 )
 
 __all__ = ["Engine"]

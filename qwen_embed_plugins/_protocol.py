@@ -461,7 +461,7 @@ def decode_rows(payload: object, input_indices: Sequence[int]) -> tuple[FloatArr
     data = payload.get("data") if isinstance(payload, Mapping) else None
     if not isinstance(data, list):
         if isinstance(payload, Mapping) and payload.get("error") is not None:
-            from .errors import parse_error_body
+            from ._server_text import parse_error_body
 
             message, _ = parse_error_body(orjson.dumps({"error": payload["error"]}))
             raise ResponseError(

@@ -83,15 +83,6 @@ __all__ = [
     "TimeoutException",
     "TransportError",
     "WriteTimeout",
-    "endpoint_label",
-    "error_from_response",
-    "parse_batch_limit",
-    "parse_error_body",
-    "parse_token_limit",
-    "pool_timeout_error",
-    "response_request_id",
-    "scrub",
-    "total_timeout_error",
 ]
 
 

@@ -51,6 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._config import Timeouts
+from .._server_text import scrub
 from .._state import STATE
 from ..errors import (
     ErrorContext,
@@ -59,7 +60,6 @@ from ..errors import (
     RemoteProtocolError,
     ResponseError,
     TimeoutException,
-    scrub,
     total_timeout_error,
 )
 from ._exceptions import translate

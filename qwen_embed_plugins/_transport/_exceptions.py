@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._server_text import scrub
 from ..errors import (
     ConnectError,
     ConnectTimeout,
@@ -40,7 +41,6 @@ from ..errors import (
     TransportError,
     WriteTimeout,
     pool_timeout_error,
-    scrub,
 )
 
 __all__ = ["certificate_failure", "translate"]

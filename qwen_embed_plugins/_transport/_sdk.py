@@ -33,6 +33,7 @@ import orjson
 
 from .. import _pool as pool
 from .._config import EmbeddingConfig
+from .._server_text import scrub
 from ..errors import (
     ConnectError,
     ConnectTimeout,
@@ -45,7 +46,6 @@ from ..errors import (
     TimeoutException,
     TransportError,
     WriteTimeout,
-    scrub,
 )
 from ._contract import Reply, Request, Retired, sdk_cap
 from ._http import httpx
