@@ -10,6 +10,7 @@ import logging
 import resource
 import traceback
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -108,6 +109,31 @@ def test_the_keepalive_probe_is_bounded_by_the_checks_deadline(
     hostile.set(kind, on="models", **params)
     with pytest.raises(OSError, match=error):
         measure_idle_timeout(
+            hostile.base_url, api_key=KEY, max_idle=30.0, deadline=time.monotonic() + 1.0
+        )
+
+
+def test_the_keepalive_probe_names_the_deadline_when_its_watchdog_runs_late(
+    hostile: HostileServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a loaded machine the socket's own timeout (the time left) can fire before the
+    watchdog's thread runs: the probe still says the check's --timeout ran out, not a
+    bare "timed out" (seen in CI with two CPU burners beside the suite)."""
+    import threading
+    import time
+    import types
+
+    from qwen_embed_plugins.cli import _probe
+
+    def late_timer(interval: float, function: Any) -> threading.Timer:
+        return threading.Timer(interval + 30.0, function)  # a watchdog scheduled late
+
+    monkeypatch.setattr(
+        _probe, "threading", types.SimpleNamespace(Event=threading.Event, Timer=late_timer)
+    )
+    hostile.set("silent", on="models")
+    with pytest.raises(OSError, match="--timeout"):
+        _probe.measure_idle_timeout(
             hostile.base_url, api_key=KEY, max_idle=30.0, deadline=time.monotonic() + 1.0
         )
 
