@@ -30,7 +30,12 @@ tables show medians. Ratios: ours / the best stock adapter of the same mode (syn
 async), ours / capacity, ours async / ours sync.
 
     python bench/throughput.py [--quick] [--texts N] [--gpu-texts N] [--real-texts N] [--rounds R]
-                               [--models constant,gpu_serial,...] [--json PATH]
+                               [--models constant,gpu_serial,...] [--auto] [--json PATH]
+    python bench/throughput.py --sizes 100,500,2000,10000 [--rounds R] [--json PATH]
+
+``--auto`` adds ours with ``max_concurrency="auto"`` (a second table: its ratio to ours
+with defaults). ``--sizes`` measures only ours async against ours sync on the constant
+model, at each corpus size.
 
 ``--quick`` (CI): 300 texts, one round, the constant model only, clients in this
 process: checks that the whole thing runs, its figures are not for reading.
@@ -41,6 +46,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import os
 import subprocess
@@ -166,16 +172,19 @@ def _offline_tiktoken() -> None:
 
 
 def _client(worker: str, base_url: str, model: str, batch: int, conc: int) -> Any:
-    """The embedding callable of ``worker`` (built before the clock starts)."""
+    """The embedding callable of ``worker`` (built before the clock starts). Ours with the
+    suffix ``+auto`` (``--auto``): ``max_concurrency="auto"``, the rest default."""
+    worker, auto = worker.removesuffix("+auto"), worker.endswith("+auto")
+    ours: dict[str, Any] = {"max_concurrency": "auto"} if auto else {}
     if worker.startswith("ours_langchain"):
         from qwen_embed_plugins import QwenPooledEmbeddings
 
-        lc = QwenPooledEmbeddings(base_url=base_url, model=model)
+        lc = QwenPooledEmbeddings(base_url=base_url, model=model, **ours)
         return lc.aembed_documents if worker.endswith("_async") else lc.embed_documents
     if worker.startswith("ours_llamaindex"):
         from qwen_embed_plugins import QwenPooledEmbedding
 
-        li = QwenPooledEmbedding(base_url=base_url, model_name=model)
+        li = QwenPooledEmbedding(base_url=base_url, model_name=model, **ours)
         if worker.endswith("_async"):
             return li.aget_text_embedding_batch
         return li.get_text_embedding_batch
@@ -219,17 +228,27 @@ def worker_main(worker: str, base_url: str, model: str, n: int, batch: int, conc
 def embed_once(
     worker: str, base_url: str, model: str, n: int, batch: int, conc: int
 ) -> dict[str, Any]:
-    """Embed ``n`` distinct passages once with ``worker``; its figures."""
+    """Embed ``n`` distinct passages once with ``worker``; its figures.
+
+    A full garbage-collection pass is run before the clock starts, and the full passes
+    (generation 2) inside the timed call are counted (``gc_full_passes``): after
+    LlamaIndex's import one costs ~0.1 s of CPU, and whichever call's allocations trip
+    the interpreter's threshold pays it (issue 21: it made one adapter's async call
+    0.45x its sync twin at 500 texts). Collecting first gives every client the same
+    start; the count shows a pass that still lands inside a call."""
     _offline_tiktoken()
     from qwen_embed_plugins.cli._corpus import corpus
 
     texts = corpus(n, unique=True)
     embed = _client(worker, base_url, model, batch, conc)
+    gc.collect()
+    full0 = gc.get_stats()[2]["collections"]
     cpu0, t0 = time.process_time(), time.perf_counter()
     asynchronous = asyncio.iscoroutinefunction(embed)
     result = asyncio.run(embed(texts)) if asynchronous else embed(texts)
     seconds, cpu = time.perf_counter() - t0, time.process_time() - cpu0
     return {
+        "gc_full_passes": gc.get_stats()[2]["collections"] - full0,
         "worker": worker,
         "texts": n,
         "rows": len(result),
@@ -286,6 +305,33 @@ def run_worker(
 # ----------------------------------------------------------------------------- driver
 
 
+def sweep(sizes: list[int], rounds: int) -> list[dict[str, Any]]:
+    """``--sizes``: ours async against ours sync (both adapters) on the ``constant``
+    model at each corpus size, interleaved rounds, medians (issue 21, Deliver 2)."""
+    from qwen_embed_tooling.testing import EmbeddingServer
+
+    out = []
+    with EmbeddingServer(process=True, **server_kwargs("constant")) as srv:
+        for n in sizes:
+            print(f"[sizes] {n} texts, {rounds} round(s)", file=sys.stderr)
+            runs: dict[str, list[dict[str, Any]]] = {w: [] for w in (*OURS["sync"], *OURS["async"])}
+            for r in range(rounds):
+                for w in rotated(list(runs), r):
+                    runs[w].append(run_worker(w, srv, srv.base_url, srv.model, n))
+            tps = {w: median([x["texts_per_s"] for x in rs]) for w, rs in runs.items()}
+            out.append(
+                {
+                    "texts": n,
+                    "texts_per_s": tps,
+                    "async_vs_sync": {w: tps[f"{w}_async"] / tps[w] for w in OURS["sync"]},
+                    "gc_full_passes": {
+                        w: sum(x.get("gc_full_passes") or 0 for x in rs) for w, rs in runs.items()
+                    },
+                }
+            )
+    return out
+
+
 @contextlib.contextmanager
 def _target(name: str) -> Iterator[tuple[Any, str, list[str]]]:
     """(server or None, base URL, models to embed with) of a server model."""
@@ -307,13 +353,15 @@ def measure(
     n: int,
     rounds: int,
     grid: tuple[tuple[int, int], ...],
+    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Every client and the capacity probe on one server, interleaved rounds."""
-    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in (*CLIENTS, "capacity")}
+    """Every client (and ``extra`` ones: ``--auto``) and the capacity probe on one
+    server, interleaved rounds."""
+    variants = [*CLIENTS, *extra, "capacity"]
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in variants}
     searched: dict[str, float] = {}
     best: tuple[int, int] = grid[0]
     for r in range(rounds):
-        variants = [*CLIENTS, "capacity"]
         for variant in rotated(variants, r):
             if variant != "capacity":
                 runs[variant].append(run_worker(variant, srv, base_url, model, n))
@@ -334,6 +382,7 @@ def measure(
             if srv is not None
             else None,
             "runs": [round(x["texts_per_s"], 1) for x in rs],
+            "gc_full_passes": [x.get("gc_full_passes") for x in rs],
         }
         for v, rs in runs.items()
     }
@@ -351,6 +400,12 @@ def measure(
                 ratios[ours]["vs_own_sync"] = (
                     mine / rows[ours.removesuffix("_async")]["texts_per_s"]
                 )
+    for variant in extra:
+        default = variant.removesuffix("+auto")
+        ratios[variant] = {
+            "vs_default": rows[variant]["texts_per_s"] / rows[default]["texts_per_s"],
+            "vs_capacity": rows[variant]["texts_per_s"] / capacity,
+        }
     return {
         "server": name,
         "model": model,
@@ -385,6 +440,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         default=None,
         help=f"comma-separated, of {', '.join(MODELS)} (default: all; --quick: constant)",
     )
+    ap.add_argument(
+        "--auto",
+        action="store_true",
+        help='also run ours with max_concurrency="auto" (ratios to ours with defaults)',
+    )
+    ap.add_argument(
+        "--sizes",
+        default=None,
+        help="comma-separated corpus sizes: instead of the table, ours async vs ours sync "
+        "on the constant model at each size",
+    )
     ap.add_argument("--json", dest="json_path", type=Path, default=None)
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--base-url", help=argparse.SUPPRESS)
@@ -407,6 +473,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for m in models:
         if m not in MODELS:
             ap.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    if args.sizes:
+        report = {
+            "benchmark": "throughput-sizes",
+            "command": command_line(),
+            "environment": environment(),
+            "rounds": rounds,
+            "sizes": sweep([int(x) for x in args.sizes.split(",")], rounds),
+        }
+        report["environment"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+        if args.json_path:
+            args.json_path.write_text(json.dumps(report, indent=2) + "\n")
+        print(render_sizes(report))
+        return report
+    extra = tuple(f"{w}+auto" for w in (*OURS["sync"], *OURS["async"])) if args.auto else ()
     report: dict[str, Any] = {
         "benchmark": "throughput",
         "command": command_line(),
@@ -430,7 +510,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             for model in served:
                 print(f"[{name}/{model}] {n} texts, {rounds} round(s)", file=sys.stderr)
                 g = grid if name != "infinity" or args.quick else REAL_GRID
-                report["results"].append(measure(name, base_url, model, srv, n, rounds, g))
+                report["results"].append(measure(name, base_url, model, srv, n, rounds, g, extra))
     load = os.getloadavg()
     report["environment"]["load_avg_at_end"] = [round(x, 2) for x in load]
     if args.json_path:
@@ -481,9 +561,47 @@ def render(report: dict[str, Any]) -> str:
         "async / sync",
     ]
     lines.append(markdown_table(headers, rows))
+    auto = [
+        [
+            f"{res['server']} ({res['model'].split('/')[-1]}, {res['texts']:,})",
+            variant.removesuffix("+auto"),
+            res["rows"][variant.removesuffix("+auto")]["texts_per_s"],
+            res["rows"][variant]["texts_per_s"],
+            f"{q['vs_default']:.2f}x",
+            f"{q['vs_capacity']:.0%}",
+        ]
+        for res in report["results"]
+        for variant, q in res["ratios"].items()
+        if variant.endswith("+auto")
+    ]
+    if auto:
+        headers = ["server (texts)", "ours", "defaults", '"auto"', '"auto" / defaults']
+        lines += ["", markdown_table([*headers, '"auto" / capacity'], auto)]
     for name, why in report["skipped"].items():
         lines.append(f"\n{name}: skipped ({why})")
     return "\n".join(lines) + "\n"
+
+
+def render_sizes(report: dict[str, Any]) -> str:
+    """The ``--sizes`` table."""
+    env = report["environment"]
+    rows = []
+    for res in report["sizes"]:
+        t, q, g = res["texts_per_s"], res["async_vs_sync"], res["gc_full_passes"]
+        rows.append(
+            [
+                f"{res['texts']:,}",
+                *(x for w in OURS["sync"] for x in (t[w], t[f"{w}_async"], f"{q[w]:.2f}x")),
+                sum(g.values()),
+            ]
+        )
+    headers = ["texts", "LangChain sync", "async", "async / sync"]
+    headers += ["LlamaIndex sync", "async", "async / sync", "full GC passes in the calls"]
+    return (
+        f"`{report['command']}` — medians of {report['rounds']} interleaved round(s); "
+        f"load average {env.get('load_avg_at_start')} at start, "
+        f"{env.get('load_avg_at_end')} at end\n\n" + markdown_table(headers, rows) + "\n"
+    )
 
 
 if __name__ == "__main__":

@@ -18,11 +18,11 @@ SCRIPT = ROOT / "bench" / "throughput.py"
 
 pytestmark = pytest.mark.timeout(900)
 
+OURS = {"ours_langchain", "ours_langchain_async", "ours_llamaindex", "ours_llamaindex_async"}
+AUTO = {f"{name}+auto" for name in OURS}
 CLIENTS = {
-    "ours_langchain",
-    "ours_langchain_async",
-    "ours_llamaindex",
-    "ours_llamaindex_async",
+    *OURS,
+    *AUTO,
     "langchain_openai",
     "langchain_openai_async",
     "llamaindex_openai_like",
@@ -39,7 +39,7 @@ def _positive(value: Any) -> bool:
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("bench") / "throughput.json"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--json", str(out)],
+        [sys.executable, str(SCRIPT), "--quick", "--auto", "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -47,6 +47,7 @@ def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "ours / capacity" in proc.stdout  # the markdown table was printed
+    assert '"auto" / defaults' in proc.stdout  # and the --auto one
     data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
     return data
 
@@ -63,16 +64,42 @@ def test_report_shape(report: dict[str, Any]) -> None:
         assert _positive(row["texts_per_s"]), name
         assert len(row["runs"]) == report["rounds"], name
         assert row["requests"] >= 1, name
+        assert all(isinstance(g, int) and g >= 0 for g in row["gc_full_passes"]), name
     assert set(result["capacity_setting"]) == {"batch", "in_flight"}
     assert result["capacity_grid"]
 
 
 def test_ratios_for_every_one_of_ours(report: dict[str, Any]) -> None:
     ratios = report["results"][0]["ratios"]
-    assert set(ratios) == {c for c in CLIENTS if c.startswith("ours_")}
+    assert set(ratios) == OURS | AUTO
     for name, values in ratios.items():
-        want = {"vs_best_stock", "vs_capacity"} | (
-            {"vs_own_sync"} if name.endswith("_async") else set()
-        )
+        if name in AUTO:
+            want = {"vs_default", "vs_capacity"}
+        else:
+            want = {"vs_best_stock", "vs_capacity"} | (
+                {"vs_own_sync"} if name.endswith("_async") else set()
+            )
         assert set(values) == want, name
         assert all(_positive(v) for v in values.values()), name
+
+
+def test_sizes_compare_ours_async_with_ours_sync(tmp_path: Path) -> None:
+    out = tmp_path / "sizes.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick", "--sizes", "20,50", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "async / sync" in proc.stdout
+    data = json.loads(out.read_text(encoding="utf-8"))
+    assert data["benchmark"] == "throughput-sizes"
+    assert [s["texts"] for s in data["sizes"]] == [20, 50]
+    for size in data["sizes"]:
+        assert set(size["texts_per_s"]) == OURS
+        assert all(_positive(v) for v in size["texts_per_s"].values())
+        assert set(size["async_vs_sync"]) == {"ours_langchain", "ours_llamaindex"}
+        assert all(_positive(v) for v in size["async_vs_sync"].values())
+        assert set(size["gc_full_passes"]) == OURS
