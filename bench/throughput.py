@@ -52,7 +52,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -325,7 +325,7 @@ def sweep(sizes: list[int], rounds: int) -> list[dict[str, Any]]:
                     "texts_per_s": tps,
                     "async_vs_sync": {w: tps[f"{w}_async"] / tps[w] for w in OURS["sync"]},
                     "gc_full_passes": {
-                        w: sum(x.get("gc_full_passes") or 0 for x in rs) for w, rs in runs.items()
+                        w: sum(x["gc_full_passes"] for x in rs) for w, rs in runs.items()
                     },
                 }
             )
@@ -382,7 +382,7 @@ def measure(
             if srv is not None
             else None,
             "runs": [round(x["texts_per_s"], 1) for x in rs],
-            "gc_full_passes": [x.get("gc_full_passes") for x in rs],
+            "gc_full_passes": [x["gc_full_passes"] for x in rs],
         }
         for v, rs in runs.items()
     }
@@ -481,11 +481,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             "rounds": rounds,
             "sizes": sweep([int(x) for x in args.sizes.split(",")], rounds),
         }
-        report["environment"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
-        if args.json_path:
-            args.json_path.write_text(json.dumps(report, indent=2) + "\n")
-        print(render_sizes(report))
-        return report
+        return _finish(report, args.json_path, render_sizes)
     extra = tuple(f"{w}+auto" for w in (*OURS["sync"], *OURS["async"])) if args.auto else ()
     report: dict[str, Any] = {
         "benchmark": "throughput",
@@ -511,11 +507,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 print(f"[{name}/{model}] {n} texts, {rounds} round(s)", file=sys.stderr)
                 g = grid if name != "infinity" or args.quick else REAL_GRID
                 report["results"].append(measure(name, base_url, model, srv, n, rounds, g, extra))
-    load = os.getloadavg()
-    report["environment"]["load_avg_at_end"] = [round(x, 2) for x in load]
-    if args.json_path:
-        args.json_path.write_text(json.dumps(report, indent=2) + "\n")
-    print(render(report))
+    return _finish(report, args.json_path, render)
+
+
+def _finish(
+    report: dict[str, Any], json_path: Path | None, show: Callable[[dict[str, Any]], str]
+) -> dict[str, Any]:
+    """Stamp the load at the end, write the JSON (if asked), print the tables."""
+    report["environment"]["load_avg_at_end"] = [round(x, 2) for x in os.getloadavg()]
+    if json_path:
+        json_path.write_text(json.dumps(report, indent=2) + "\n")
+    print(show(report))
     return report
 
 

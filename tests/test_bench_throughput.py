@@ -35,20 +35,25 @@ def _positive(value: Any) -> bool:
     return isinstance(value, int | float) and math.isfinite(value) and value > 0
 
 
-@pytest.fixture(scope="module")
-def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    out = tmp_path_factory.mktemp("bench") / "throughput.json"
+def _quick(out: Path, *args: str) -> tuple[str, dict[str, Any]]:
+    """Run ``throughput.py --quick ARGS --json OUT``: (its printed tables, its report)."""
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--auto", "--json", str(out)],
+        [sys.executable, str(SCRIPT), "--quick", *args, "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=False,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "ours / capacity" in proc.stdout  # the markdown table was printed
-    assert '"auto" / defaults' in proc.stdout  # and the --auto one
     data: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return proc.stdout, data
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    printed, data = _quick(tmp_path_factory.mktemp("bench") / "throughput.json", "--auto")
+    assert "ours / capacity" in printed  # the markdown table was printed
+    assert '"auto" / defaults' in printed  # and the --auto one
     return data
 
 
@@ -84,17 +89,8 @@ def test_ratios_for_every_one_of_ours(report: dict[str, Any]) -> None:
 
 
 def test_sizes_compare_ours_async_with_ours_sync(tmp_path: Path) -> None:
-    out = tmp_path / "sizes.json"
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick", "--sizes", "20,50", "--json", str(out)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "async / sync" in proc.stdout
-    data = json.loads(out.read_text(encoding="utf-8"))
+    printed, data = _quick(tmp_path / "sizes.json", "--sizes", "20,50")
+    assert "async / sync" in printed
     assert data["benchmark"] == "throughput-sizes"
     assert [s["texts"] for s in data["sizes"]] == [20, 50]
     for size in data["sizes"]:
