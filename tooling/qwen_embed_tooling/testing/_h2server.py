@@ -86,6 +86,7 @@ class _H2Protocol(asyncio.Protocol):
         self.closed = False
         self.window_open = asyncio.Event()
         self._preface = b""
+        self.refused = False  # an HTTP/1.1 client was refused: its bytes are dropped
         self._timer: asyncio.TimerHandle | None = None
 
     # ---- transport events --------------------------------------------------------------
@@ -99,11 +100,13 @@ class _H2Protocol(asyncio.Protocol):
         self._arm_idle()
 
     def data_received(self, data: bytes) -> None:
+        if self.refused:
+            return  # the rest of a refused HTTP/1.1 request: read and dropped
         if len(self._preface) < len(_PREFACE):  # prior knowledge only: no HTTP/1.1
             self._preface += data[: len(_PREFACE) - len(self._preface)]
             if not _PREFACE.startswith(self._preface):
                 self.state.fault_applied("h1_refused")
-                self.abort(reset=False)
+                self._refuse_http11()
                 return
             if len(self._preface) == len(_PREFACE):
                 # our preface (SETTINGS) only once the client's is checked, so an
@@ -138,6 +141,27 @@ class _H2Protocol(asyncio.Protocol):
         data = self.conn.data_to_send()
         if data and self.transport is not None and not self.closed:
             self.transport.write(data)
+
+    def _refuse_http11(self) -> None:
+        """Refuse an HTTP/1.1 client with a plain close, never a reset.
+
+        Closing while the rest of its request is still arriving makes the kernel answer
+        with a reset (the client reads ECONNRESET, not the end of the stream). So our side
+        ends first (FIN), what else the client sends is read and dropped, and the socket
+        closes when the client closes its side (``eof_received``) or after the keep-alive
+        timeout. TLS cannot half-close: there the socket closes at once.
+        """
+        self.refused = True
+        self.goaway_sent = True  # nothing more is written here, not even at shutdown
+        transport = self.transport
+        if transport is None or not transport.can_write_eof():
+            self.abort(reset=False)
+            return
+        transport.write_eof()
+        if self._timer is not None:
+            self._timer.cancel()
+        timeout = self.settings.keep_alive_timeout
+        self._timer = asyncio.get_running_loop().call_later(timeout, transport.close)
 
     def abort(self, *, reset: bool) -> None:
         """Close the connection (``reset``: at once, dropping unsent data)."""
