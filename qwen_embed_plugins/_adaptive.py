@@ -608,7 +608,8 @@ class BatchSizer:
     per-text part dominates (a GPU at work, a CPU-bound server), doubling the batch
     doubles its latency and carries nothing more.
 
-    - **Grow** (like TCP slow start): starting at ``start`` texts, once ``samples``
+    - **Grow** (like TCP slow start): starting at ``start`` texts (or where ``leap``
+      puts a sizer that knows nothing yet), once ``samples``
       answers of batches of the current size are in, the next batches try twice the
       size — but only when the call has work for a full window of them
       (``size(pressure=True)``; a small call never moves the size).
@@ -738,6 +739,16 @@ class BatchSizer:
                 self._handed, self._waited = 1, 0
                 self._lat.pop(bigger, None)  # judge the trial on fresh answers
                 return bigger
+            return self.level
+
+    def leap(self, size: int) -> int:
+        """Start the growth at ``size`` texts (at most ``ceiling``) instead of ``start``,
+        if this sizer knows nothing yet: no answer at a judged size, no trial, no back-off.
+        For a call longer than one wave, whose first batches would otherwise spend its
+        first round trips at ``start`` (``Engine.auto_batch_size``). The level, in texts."""
+        with self._lock:
+            if not self._lat and self.trial is None and not self.backoffs:
+                self.level = max(self.level, min(size, self.ceiling))
             return self.level
 
     def wants(self, remaining: int, window: int) -> bool:

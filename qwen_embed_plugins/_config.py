@@ -566,11 +566,12 @@ class EmbeddingConfig(_Replaceable):
             server paths, Ollama tags), raw queries for any other model; the choice is
             logged once per model (INFO). The resolved value is ``query_task``.
         batch_size: texts per request (1..2048), or ``"auto"`` (the default): starting
-            at 32, each replica's batch size grows while a batch twice as large answers
-            in about the same time (latency flat in batch size), and stops at the knee
-            where latency grows with the batch (``adaptive.BatchSizer``); 413/422/429/503
-            and token caps make it back off. Either way lowered automatically to
-            a server's stated limit.
+            at 32 (at 256 for a call longer than one wave of 256-text batches to a
+            replica not measured yet), each replica's batch size grows while a batch
+            twice as large answers in about the same time (latency flat in batch size),
+            and stops at the knee where latency grows with the batch
+            (``adaptive.BatchSizer``); 413/422/429/503 and token caps make it back off.
+            Either way lowered automatically to a server's stated limit.
         max_batch_tokens: most (estimated) tokens per request (default ``None``: the
             server's known cap, else learned from its refusal). Tokens are estimated
             without a tokenizer (UTF-8 bytes / 4).

@@ -55,7 +55,8 @@ _EOS_ID = 151643  # Qwen2/Qwen3 <|endoftext|> (qwen.tiktoken / tokenizer_config.
 _MAX_WARNINGS = 5
 _ONE_WAVE = 8
 """A ``batch_size="auto"`` call whose texts fill the window with batches of at most this
-many times the sizer's start (8 x 32 = 256 texts) is sent in one wave of them."""
+many times the sizer's start (8 x 32 = 256 texts) is sent in one wave of them; a longer
+call starts the growth of a replica that knows nothing yet at that size."""
 
 
 class Learning:
@@ -210,22 +211,26 @@ class Learning:
         share of ``remaining`` is smaller, that share (not below the sizer's start), so
         the last batches of a call still fill the window; and when the share is larger
         but within ``_ONE_WAVE`` x the start (and below any size a replica refused), the
-        share: a call that fits in one wave of moderate batches goes in one wave. Known
-        and learned limits are applied by the caller."""
+        share: a call that fits in one wave of moderate batches goes in one wave. A longer
+        call starts the growth of a replica that knows nothing yet at that one-wave size
+        (``BatchSizer.leap``), not at the start: its first round trips then carry
+        ``_ONE_WAVE`` times the texts. Known and learned limits are applied by the
+        caller."""
         size = 0
         start = 1
         bound = 1 << 30
-        for replica in self.endpoint.replicas:
-            sizer = replica.state(self.model).sizer
+        sizers = [replica.state(self.model).sizer for replica in self.endpoint.replicas]
+        for sizer in sizers:
             size = max(size, sizer.size(sizer.wants(remaining, window)))
             start = max(start, sizer.start)
             bound = min(bound, sizer.bound)
         share = -(-remaining // max(1, window))
         if share <= size:
             return max(1, min(size, max(start, share)))
-        if share <= min(_ONE_WAVE * start, bound):
+        wave = min(_ONE_WAVE * start, bound)
+        if share <= wave:
             return share
-        return size
+        return max(size, *(sizer.leap(wave) for sizer in sizers))
 
     def _sized(
         self, state: ReplicaState, texts: int, seconds: float, error: QwenEmbedError | None

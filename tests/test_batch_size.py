@@ -99,6 +99,35 @@ def test_a_refused_size_is_never_tried_again() -> None:
     assert max(sizes) < trial
 
 
+def test_a_leap_starts_the_growth_of_a_sizer_that_knows_nothing_yet() -> None:
+    sizer = BatchSizer()
+    assert sizer.leap(256) == 256
+    assert sizer.size(pressure=True) == 256  # judged there first, then grown from there
+    sizes = drive(sizer, lambda n: 0.02, 30)
+    assert min(sizes) == 256
+    assert sizer.level == 2048
+    assert BatchSizer(ceiling=128).leap(256) == 128  # never past the ceiling
+
+
+@pytest.mark.parametrize(
+    "history",
+    [
+        lambda s: drive(s, lambda n: 0.005 + 0.0056 * n, 40),  # answers: a knee found
+        lambda s: s.observe(32, 0.02, overload=True),  # a back-off
+        lambda s: s.observe(64, 0.02, too_large=True),  # a refused size
+        lambda s: drive(s, lambda n: 0.02, 3),  # a trial under way
+    ],
+)
+def test_a_leap_does_nothing_once_the_sizer_knows_something(
+    history: Callable[[BatchSizer], object],
+) -> None:
+    sizer = BatchSizer()
+    history(sizer)
+    level, trial = sizer.level, sizer.trial
+    assert sizer.leap(256) == level
+    assert (sizer.level, sizer.trial) == (level, trial)
+
+
 def test_a_settled_size_is_retested_and_the_knee_can_move() -> None:
     slow = True
     sizer = BatchSizer(retest_every=4)
@@ -130,7 +159,9 @@ def test_engine_spreads_a_small_call_over_the_window_in_one_wave() -> None:
     engine.endpoint.replicas[0].states.clear()
     assert engine.auto_batch_size(50, 4) == 32  # a share below the start: the start
     assert engine.auto_batch_size(600, 4) == 150  # one wave of moderate batches
-    assert engine.auto_batch_size(10_000, 4) == 32  # a big call: the sizer's size
+    assert engine.auto_batch_size(10_000, 4) == 256  # a big call: its growth starts there
+    assert engine.auto_batch_size(600, 4) == 150  # the leap does not change a wave's cut
+    assert engine.auto_batch_size(10_000, 4) == 256  # (the sizer's level now)
     engine.endpoint.replicas[0].states.clear()
 
 
@@ -229,7 +260,10 @@ def test_default_does_not_grow_past_a_server_that_refuses_larger_batches(
     arr = client.embed_documents_array(TEXTS)
     np.testing.assert_array_equal(arr, expected_embeddings(TEXTS))
     refused = capped_server.requests - SMALL_BATCHES
-    assert 0 <= refused <= 2  # the trial's two batches at most, then never above 32
+    # the first wave's batches at most (a long call's growth starts at 256 texts: 4 in
+    # flight before the first refusal is read), then never above 32
+    assert 0 <= refused <= 4
+    assert max(len(batch) for batch in capped_server.received[-SMALL_BATCHES:]) == 32
     before = capped_server.requests
     client.embed_documents_array(TEXTS[::-1])
     assert capped_server.requests - before == SMALL_BATCHES  # learned: no refusal
