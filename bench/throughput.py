@@ -441,6 +441,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         help=f"comma-separated, of {', '.join(MODELS)} (default: all; --quick: constant)",
     )
     ap.add_argument(
+        "--real-models",
+        default=None,
+        help="comma-separated: only these of the Infinity server's models (default: all)",
+    )
+    ap.add_argument(
         "--auto",
         action="store_true",
         help='also run ours with max_concurrency="auto" (ratios to ours with defaults)',
@@ -503,6 +508,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
                 continue
         n = {"constant": texts, "infinity": real_texts}.get(name, gpu_texts)
         with _target(name) as (srv, base_url, served):
+            if name == "infinity" and args.real_models:
+                wanted = [m.strip() for m in args.real_models.split(",") if m.strip()]
+                if unknown := sorted(set(wanted) - set(served)):
+                    ap.error(f"--real-models: not served: {unknown}; served: {served}")
+                served = wanted
             for model in served:
                 print(f"[{name}/{model}] {n} texts, {rounds} round(s)", file=sys.stderr)
                 g = grid if name != "infinity" or args.quick else REAL_GRID
