@@ -478,6 +478,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
     for m in models:
         if m not in MODELS:
             ap.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
+    if args.real_models and "infinity" not in models:
+        ap.error("--real-models needs infinity in --models")
     if args.sizes:
         report = {
             "benchmark": "throughput-sizes",

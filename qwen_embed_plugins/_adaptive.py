@@ -743,11 +743,14 @@ class BatchSizer:
 
     def leap(self, size: int) -> int:
         """Start the growth at ``size`` texts (at most ``ceiling``) instead of ``start``,
-        if this sizer knows nothing yet: no answer at a judged size, no trial, no back-off.
-        For a call longer than one wave, whose first batches would otherwise spend its
-        first round trips at ``start`` (``Engine.auto_batch_size``). The level, in texts."""
+        if this sizer has decided nothing yet: never grown, no knee found, never backed
+        off, no trial under way (answers at ``start`` alone do not count). For a call
+        longer than one wave, whose first batches would otherwise spend its first round
+        trips at ``start`` (``Engine.auto_batch_size``). From there the knee rule only
+        grows the size; an overload or a refused size lowers it. The level, in texts."""
         with self._lock:
-            if not self._lat and self.trial is None and not self.backoffs:
+            fresh = not (self.grown or self.knees or self.backoffs) and self.trial is None
+            if fresh:
                 self.level = max(self.level, min(size, self.ceiling))
             return self.level
 

@@ -56,7 +56,8 @@ _MAX_WARNINGS = 5
 _ONE_WAVE = 8
 """A ``batch_size="auto"`` call whose texts fill the window with batches of at most this
 many times the sizer's start (8 x 32 = 256 texts) is sent in one wave of them; a longer
-call starts the growth of a replica that knows nothing yet at that size."""
+call starts the growth of a replica that has decided nothing yet at that size (see
+``auto_batch_size``)."""
 
 
 class Learning:
@@ -69,6 +70,9 @@ class Learning:
     endpoint: Endpoint
 
     def ctx(self, replica: Replica) -> Any:  # provided by Engine
+        raise NotImplementedError
+
+    def batch_limits(self) -> tuple[int | None, int | None]:  # provided by Engine
         raise NotImplementedError
 
     def _adapt(
@@ -212,10 +216,12 @@ class Learning:
         the last batches of a call still fill the window; and when the share is larger
         but within ``_ONE_WAVE`` x the start (and below any size a replica refused), the
         share: a call that fits in one wave of moderate batches goes in one wave. A longer
-        call starts the growth of a replica that knows nothing yet at that one-wave size
-        (``BatchSizer.leap``), not at the start: its first round trips then carry
-        ``_ONE_WAVE`` times the texts. Known and learned limits are applied by the
-        caller."""
+        call starts the growth of a replica that has decided nothing yet at that one-wave
+        size (``BatchSizer.leap``; at most the known or learned limit on texts per
+        request), not at the start: its first round trips then carry ``_ONE_WAVE`` times
+        the texts. Not under a limit on tokens per request, nor under a text limit at or
+        below the start: batches cut below the level would leave the sizer blind. Known
+        and learned limits are applied by the caller."""
         size = 0
         start = 1
         bound = 1 << 30
@@ -230,7 +236,11 @@ class Learning:
         wave = min(_ONE_WAVE * start, bound)
         if share <= wave:
             return share
-        return max(size, *(sizer.leap(wave) for sizer in sizers))
+        count, tokens = self.batch_limits()
+        if tokens is not None or (count is not None and count <= start):
+            return size  # batches cut below the level would leave the sizer blind
+        wave = wave if count is None else min(wave, count)
+        return max([size, *(sizer.leap(wave) for sizer in sizers)])
 
     def _sized(
         self, state: ReplicaState, texts: int, seconds: float, error: QwenEmbedError | None

@@ -17,8 +17,9 @@ Two batch sizes, not to be confused:
 
 * ``batch_size``: rows per ``map_batches`` call (one Arrow table handed to an actor);
 * ``request_batch_size``: texts per HTTP request (the client's ``batch_size``; default
-  ``"auto"``, from 32). One call of ``batch_size`` rows is sent as ``ceil(batch_size /
-  request_batch_size)`` requests, ``max_in_flight`` of them at a time.
+  ``"auto"``, from 32, or 256 for a call of more than 1,024 rows). One call of
+  ``batch_size`` rows is sent as ``ceil(batch_size / request_batch_size)`` requests,
+  ``max_in_flight`` of them at a time.
 
 Output: the input table unchanged plus ``output_column``, an Arrow
 ``fixed_size_list<float32>[dim]`` built without copying from the decoded ``n x dim``

@@ -107,6 +107,10 @@ def test_a_leap_starts_the_growth_of_a_sizer_that_knows_nothing_yet() -> None:
     assert min(sizes) == 256
     assert sizer.level == 2048
     assert BatchSizer(ceiling=128).leap(256) == 128  # never past the ceiling
+    measured = BatchSizer()
+    measured.observe(32, 0.02)
+    measured.observe(32, 0.02)  # answers at the start, no decision yet: it still leaps
+    assert measured.leap(256) == 256
 
 
 @pytest.mark.parametrize(
@@ -116,6 +120,7 @@ def test_a_leap_starts_the_growth_of_a_sizer_that_knows_nothing_yet() -> None:
         lambda s: s.observe(32, 0.02, overload=True),  # a back-off
         lambda s: s.observe(64, 0.02, too_large=True),  # a refused size
         lambda s: drive(s, lambda n: 0.02, 3),  # a trial under way
+        lambda s: drive(s, lambda n: 0.02, 5),  # grown once
     ],
 )
 def test_a_leap_does_nothing_once_the_sizer_knows_something(
@@ -161,7 +166,26 @@ def test_engine_spreads_a_small_call_over_the_window_in_one_wave() -> None:
     assert engine.auto_batch_size(600, 4) == 150  # one wave of moderate batches
     assert engine.auto_batch_size(10_000, 4) == 256  # a big call: its growth starts there
     assert engine.auto_batch_size(600, 4) == 150  # the leap does not change a wave's cut
-    assert engine.auto_batch_size(10_000, 4) == 256  # (the sizer's level now)
+    assert engine.endpoint.replicas[0].state(engine.model).sizer.level == 256
+    engine.endpoint.replicas[0].states.clear()
+
+
+@pytest.mark.parametrize(
+    ("settings", "want"),
+    [
+        ({"max_batch_tokens": 100_000}, 32),  # a token limit: batches cut below the level
+        ({"base_url": "https://api.siliconflow.cn/v1"}, 64),  # a text limit above the start
+        ({"base_url": "https://dashscope.aliyuncs.com/compatible-mode/v1"}, 32),  # 10
+    ],
+)
+def test_a_big_call_leaps_only_to_what_the_known_limits_let_the_sizer_measure(
+    settings: dict[str, object], want: int
+) -> None:
+    config = q.EmbeddingConfig(**{"base_url": "http://127.0.0.1:9/v1", **settings})
+    engine = Engine(config)  # nothing is sent: the limits are the servers' known ones
+    engine.endpoint.replicas[0].states.clear()
+    assert engine.auto_batch_size(10_000, 4) == want
+    assert engine.endpoint.replicas[0].state(engine.model).sizer.level == want
     engine.endpoint.replicas[0].states.clear()
 
 
@@ -212,8 +236,12 @@ def test_default_grows_past_32_texts_per_request_on_a_flat_server(
     # a call longer than one wave, to a replica not measured yet: its first wave (4
     # requests in flight before any answer) starts the growth at 256 texts, not 32
     assert sizes[:4] == [256] * 4, sizes
-    assert max(sizes) > 32, sizes  # how fast it grows is the unit tests' (no clock there)
+    assert max(sizes) > 32, sizes
     assert flat_server.requests < SMALL_BATCHES, sizes
+    # the answers reached the replica's sizer (how fast it grows from them is the unit
+    # tests', which need no clock)
+    engine = Engine(client.config)
+    assert 256 in engine.endpoint.replicas[0].state(engine.model).sizer.snapshot()["latency"]
 
 
 async def test_async_default_grows_past_32_texts_per_request_on_a_flat_server(
@@ -228,6 +256,10 @@ async def test_async_default_grows_past_32_texts_per_request_on_a_flat_server(
     assert sizes[:4] == [256] * 4, sizes
     assert max(sizes) > 32, sizes
     assert flat_server.requests < SMALL_BATCHES, sizes
+    # the answers reached the replica's sizer (how fast it grows from them is the unit
+    # tests', which need no clock)
+    engine = Engine(client.config)
+    assert 256 in engine.endpoint.replicas[0].state(engine.model).sizer.snapshot()["latency"]
 
 
 def test_adapters_default_grows_on_a_flat_server(flat_server: EmbeddingServer) -> None:
@@ -267,9 +299,11 @@ def test_default_does_not_grow_past_a_server_that_refuses_larger_batches(
     np.testing.assert_array_equal(arr, expected_embeddings(TEXTS))
     refused = capped_server.requests - SMALL_BATCHES
     # the first wave's batches at most (a long call's growth starts at 256 texts: 4 in
-    # flight before the first refusal is read), then never above 32
-    assert 0 <= refused <= 4
-    assert max(len(batch) for batch in capped_server.received[-SMALL_BATCHES:]) == 32
+    # flight before the first refusal is read), then never above 32 (the server logs
+    # refused requests too, in the order they arrive)
+    assert 1 <= refused <= 4
+    big = [len(batch) for batch in capped_server.received if len(batch) > 32]
+    assert big == [256] * refused, big
     before = capped_server.requests
     client.embed_documents_array(TEXTS[::-1])
     assert capped_server.requests - before == SMALL_BATCHES  # learned: no refusal

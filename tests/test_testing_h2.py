@@ -209,7 +209,8 @@ def test_h2_only_server_refuses_http11(tls: bool) -> None:
             assert np.array_equal(got, expected_embeddings(texts, DIM))
             assert c.get("/models").status_code == 200
         # in clear text the refusal is a plain close (never a reset, however the request's
-        # segments arrive); TLS cannot half-close, so there a reset can win the race
+        # segments arrive); asyncio's TLS transport cannot half-close, so there a reset can
+        # still win the race
         refused: Any = (
             (httpx.RemoteProtocolError, httpx.ConnectError, httpx.ReadError)
             if tls

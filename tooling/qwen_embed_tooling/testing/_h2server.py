@@ -149,7 +149,8 @@ class _H2Protocol(asyncio.Protocol):
         with a reset (the client reads ECONNRESET, not the end of the stream). So our side
         ends first (FIN), what else the client sends is read and dropped, and the socket
         closes when the client closes its side (``eof_received``) or after the keep-alive
-        timeout. TLS cannot half-close: there the socket closes at once.
+        timeout. asyncio's TLS transport has no ``write_eof``: there the connection is
+        closed at once (and a reset can still win the race).
         """
         self.refused = True
         self.goaway_sent = True  # nothing more is written here, not even at shutdown
