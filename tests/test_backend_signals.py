@@ -70,7 +70,10 @@ def test_a_refused_http2_stream_is_recognised_by_h2_event_type() -> None:
                 t.join(GUARD)
         refused = srv.stats()["faults_applied"].get("refused_stream", 0)
         assert refused >= 1, "no stream was refused: nothing was classified"
-        assert len(failures) == refused, (failures, refused)
+        # every failure is a refused stream; httpcore may resend a refused stream on a new
+        # connection itself (its pool does when the GOAWAY it read first says the stream
+        # was not processed), so a refusal can end in a success instead (CI, openai2)
+        assert 1 <= len(failures) <= refused, (failures, refused)
         for exc in failures:
             assert isinstance(exc, httpx.RemoteProtocolError | httpx.LocalProtocolError)
             error = translate(exc, _ctx(srv.base_url), backend="httpx")
