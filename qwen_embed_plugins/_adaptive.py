@@ -609,7 +609,7 @@ class BatchSizer:
     doubles its latency and carries nothing more.
 
     - **Grow** (like TCP slow start): starting at ``start`` texts (or where ``leap``
-      puts a sizer that knows nothing yet), once ``samples``
+      puts a sizer that has decided nothing yet), once ``samples``
       answers of batches of the current size are in, the next batches try twice the
       size — but only when the call has work for a full window of them
       (``size(pressure=True)``; a small call never moves the size).

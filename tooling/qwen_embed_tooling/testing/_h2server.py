@@ -159,10 +159,7 @@ class _H2Protocol(asyncio.Protocol):
             self.abort(reset=False)
             return
         transport.write_eof()
-        if self._timer is not None:
-            self._timer.cancel()
-        timeout = self.settings.keep_alive_timeout
-        self._timer = asyncio.get_running_loop().call_later(timeout, transport.close)
+        self._close_later(self.settings.keep_alive_timeout)  # GOAWAY is off: a plain close
 
     def abort(self, *, reset: bool) -> None:
         """Close the connection (``reset``: at once, dropping unsent data)."""
