@@ -240,6 +240,7 @@ class _Batches:
         self.spread = spread or window
         self._next = 0
         self._at = 0
+        self._last = 0  # the size of the last wave's batches, once it is cut
         self._sizes = (
             [estimate_tokens(t) for t in plan.unique]
             if engine is not None and tokens is not None
@@ -255,9 +256,16 @@ class _Batches:
         # over the slots still free, so a call that fits one wave goes out in equal
         # batches (400 texts, 4 slots: 4 x 100, not 100, 75, 57, 42 and a second wave).
         # Later batches are cut one at a time as a slot frees, over the whole spread.
-        cut = len(self.plan.batches)
-        slots = self.spread - cut if cut < self.spread else self.spread
-        size = engine.auto_batch_size(len(self.plan.unique) - self._at, slots)
+        # Once the rest fits in the batches the window has left, that size holds to the
+        # end: the last wave goes in equal batches too (950 texts left, 4 slots: 4 x 238,
+        # not 238, 179, 134, ... 32, a tail of round trips at a fraction of the size).
+        size = self._last
+        if not size:
+            cut, remaining = len(self.plan.batches), len(self.plan.unique) - self._at
+            slots = self.spread - cut if cut < self.spread else self.spread
+            size = engine.auto_batch_size(remaining, slots)
+            if size * slots >= remaining:
+                self._last = size
         count = engine.batch_limits()[0]  # learned during the call too
         return size if count is None else max(1, min(size, count))
 

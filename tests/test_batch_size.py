@@ -226,6 +226,16 @@ def capped_server() -> Iterator[EmbeddingServer]:
         yield server
 
 
+def _assert_last_wave_is_equal(sizes: list[int]) -> None:
+    """The rest of a long call, once it fits in the window's batches, goes in equal
+    batches (the last one holding the remainder), not in a tail of ever smaller
+    requests (238, 179, 134, ... 32: 11 requests for the last 952 texts)."""
+    last = [s for s in sizes if s < 256]  # below the first wave: only the last wave
+    assert len(last) <= 4, sizes
+    assert sizes[-4:-1] == [sizes[-4]] * 3, sizes
+    assert sizes[-1] <= sizes[-4], sizes
+
+
 def test_default_grows_past_32_texts_per_request_on_a_flat_server(
     flat_server: EmbeddingServer,
 ) -> None:
@@ -237,6 +247,7 @@ def test_default_grows_past_32_texts_per_request_on_a_flat_server(
     # requests in flight before any answer) starts the growth at 256 texts, not 32
     assert sizes[:4] == [256] * 4, sizes
     assert max(sizes) > 32, sizes
+    _assert_last_wave_is_equal(sizes)
     assert flat_server.requests < SMALL_BATCHES, sizes
     # the answers reached the replica's sizer (how fast it grows from them is the unit
     # tests', which need no clock)
@@ -255,6 +266,7 @@ async def test_async_default_grows_past_32_texts_per_request_on_a_flat_server(
     # requests in flight before any answer) starts the growth at 256 texts, not 32
     assert sizes[:4] == [256] * 4, sizes
     assert max(sizes) > 32, sizes
+    _assert_last_wave_is_equal(sizes)
     assert flat_server.requests < SMALL_BATCHES, sizes
     # the answers reached the replica's sizer (how fast it grows from them is the unit
     # tests', which need no clock)
@@ -283,6 +295,7 @@ def test_adapters_default_grows_on_a_flat_server(flat_server: EmbeddingServer) -
         # the sizer's own pace is tested above; here: the adapters leave it on ("auto")
         assert max(sizes) > 32, sizes
         assert len(sizes) < SMALL_BATCHES, sizes
+        _assert_last_wave_is_equal(sizes)
 
 
 def test_stated_batch_size_is_kept(flat_server: EmbeddingServer) -> None:
