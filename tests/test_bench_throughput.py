@@ -81,7 +81,7 @@ def test_ratios_for_every_one_of_ours(report: dict[str, Any]) -> None:
         if name in AUTO:
             want = {"vs_default", "vs_capacity"}
         else:
-            want = {"vs_best_stock", "vs_capacity"} | (
+            want = {"vs_best_stock", "vs_capacity", "vs_capacity_per_round"} | (
                 {"vs_own_sync"} if name.endswith("_async") else set()
             )
         assert set(values) == want, name
