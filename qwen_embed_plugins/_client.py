@@ -221,8 +221,10 @@ class _Batches:
     For a stated ``batch_size`` the plan was cut up front. For ``batch_size="auto"``
     each batch is cut when it is about to be sent, at the size the replicas' batch
     sizers ask for now (``Engine.auto_batch_size``: they learn from the answers of the
-    batches before it), within the known and learned limits (texts per request, read
-    at each cut; ``tokens``, estimated tokens per request).
+    batches before it), until the rest of the call fits in the window's batches: from
+    there every batch has that size (the last wave in equal batches). Always within the
+    known and learned limits (texts per request, read at each cut; ``tokens``,
+    estimated tokens per request).
     """
 
     def __init__(
@@ -257,8 +259,10 @@ class _Batches:
         # batches (400 texts, 4 slots: 4 x 100, not 100, 75, 57, 42 and a second wave).
         # Later batches are cut one at a time as a slot frees, over the whole spread.
         # Once the rest fits in the batches the window has left, that size holds to the
-        # end: the last wave goes in equal batches too (950 texts left, 4 slots: 4 x 238,
-        # not 238, 179, 134, ... 32, a tail of round trips at a fraction of the size).
+        # end: the last wave goes in equal batches too (952 texts left, 4 slots: 238, 238,
+        # 238, 238, not 238, 179, 134, ... 32, a tail of round trips at a fraction of the
+        # size). An overload answered meanwhile no longer shrinks these few batches; a
+        # known or learned text limit still caps them (below), a token budget splits them.
         size = self._last
         if not size:
             cut, remaining = len(self.plan.batches), len(self.plan.unique) - self._at
