@@ -99,3 +99,25 @@ def test_sizes_compare_ours_async_with_ours_sync(tmp_path: Path) -> None:
         assert set(size["async_vs_sync"]) == {"ours_langchain", "ours_llamaindex"}
         assert all(_positive(v) for v in size["async_vs_sync"].values())
         assert set(size["gc_full_passes"]) == OURS
+
+
+def test_no_worker_collects_inside_its_timed_call(server: Any) -> None:
+    """Every client's timed call, the ideal client's included, runs no full garbage
+    collection of its own: with the automatic collector off, the only full passes are
+    explicit ones. (The ideal client once ran ``_harness.run_sync``, whose collection
+    before its own clock fell inside the call: its capacity was understated.)"""
+    workers = sorted(CLIENTS - AUTO)
+    code = (
+        "import gc, json, sys\n"
+        f"sys.path.insert(0, {str(ROOT / 'bench')!r})\n"
+        "import throughput\n"
+        "gc.disable()\n"
+        f"print(json.dumps({{w: throughput.embed_once(w, {server.base_url!r}, "
+        f"{server.model!r}, 40, 8, 2)['gc_full_passes'] for w in {workers!r}}}))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    passes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert passes == dict.fromkeys(workers, 0)
