@@ -107,12 +107,19 @@ def summarise(samples: Sequence[dict[str, float]]) -> dict[str, float]:
 
 
 def run_sync(
-    call: Callable[[T], Any], items: Sequence[T], concurrency: int = 1, *, texts_per_item: int = 1
+    call: Callable[[T], Any],
+    items: Sequence[T],
+    concurrency: int = 1,
+    *,
+    texts_per_item: int = 1,
+    collect: bool = True,
 ) -> Sample:
-    """Call ``call(item)`` for every item, ``concurrency`` threads pulling from one queue."""
+    """Call ``call(item)`` for every item, ``concurrency`` threads pulling from one queue
+    (``collect``: run the garbage collector first, outside the measurement)."""
     n = len(items)
     latencies: list[float] = []
-    gc.collect()
+    if collect:
+        gc.collect()
     if concurrency <= 1:
         perf = time.perf_counter
         cpu0, wall0 = cpu_seconds(), perf()

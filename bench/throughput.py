@@ -205,23 +205,19 @@ def _client(worker: str, base_url: str, model: str, batch: int, conc: int) -> An
             return like.aget_text_embedding_batch
         return like.get_text_embedding_batch
     if worker == "capacity":
-        from concurrent.futures import ThreadPoolExecutor
-
+        from _harness import run_sync
         from _peers import Target, decode_array, httpx_sync
 
         call, close = httpx_sync(Target(base_url, model), decode_array, limit=max(conc, 1))
 
         def ideal(texts: list[str]) -> Any:
-            # ``conc`` threads take the batches in order. Not ``_harness.run_sync``: it
-            # runs a full collection before its own clock, which here would be inside
-            # the timed call (0.1-0.4 s in this process, which imports every peer).
             batches = [texts[i : i + batch] for i in range(0, len(texts), batch)]
-            with ThreadPoolExecutor(max(conc, 1)) as pool:
-                try:
-                    for _ in pool.map(call, batches):
-                        pass
-                finally:
-                    close()
+            try:
+                # collect=False: embed_once collected before its clock; a collection
+                # here would be timed (0.1-0.4 s in this process, which imports every peer)
+                run_sync(call, batches, conc, collect=False)
+            finally:
+                close()
             return texts  # every batch was answered (a failure raises)
 
         return ideal
