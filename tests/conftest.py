@@ -3,12 +3,20 @@ several people add to it.
 
 * ``unit`` tests (no server, no socket) run first; a ``unit`` test that opens or binds an
   internet socket fails (``_no_network_in_unit_tests``).
+* ``openai_major``: the tests whose outcome can depend on the installed openai major (and
+  so on ``httpx`` vs ``httpx2``): the SDK transports (``openai_client()``), the HTTP/2
+  backend and the stock openai-based adapters. ``scripts/test.sh`` runs the whole suite
+  under openai 3.x and only these again under openai 2.x. A test is marked by the rule
+  in ``_depends_on_openai_major`` (its own source, its parameters, its fixtures), or
+  explicitly with ``@pytest.mark.openai_major``.
 * ``wait_until``: wait for a condition (a request arrived, a connection closed) instead of
   sleeping for a guessed time.
 """
 
 from __future__ import annotations
 
+import inspect
+import re
 import socket
 import time
 from collections.abc import Callable, Iterator
@@ -28,9 +36,40 @@ requirement (a condition that holds after 0.01 s on an idle machine may take sec
 loaded one)."""
 
 
-@pytest.hookimpl(trylast=True)  # after every conftest has added its markers
+# What in a test's own source reaches the SDK transports, the HTTP/2 backend or the stock
+# openai-based adapters: the code whose behaviour the openai/httpx major can change.
+_MAJOR_SOURCE = re.compile(
+    r"openai_client\(|http2\s*=\s*True|\bimport openai\b|\bopenai\.|\bAsyncOpenAI\b|"
+    r"OpenAIEmbeddings?\b|OpenAILikeEmbedding\b|h2_only"
+)
+# ... or a parameter id / fixture name naming such a path (``sdk_async``, ``h2_sync``, ``h2``)
+_MAJOR_WORD = re.compile(r"(?:^|[^a-z0-9])(sdk|h2c?|http2|openai)(?:[^a-z0-9]|$)", re.IGNORECASE)
+
+
+def _depends_on_openai_major(item: pytest.Item) -> bool:
+    """Whether ``item`` can depend on the installed openai major (see the module docstring)."""
+    if item.get_closest_marker("openai_major") is not None:
+        return True
+    function = getattr(item, "function", None)
+    if function is not None:
+        try:
+            if _MAJOR_SOURCE.search(inspect.getsource(function)):
+                return True
+        except (OSError, TypeError):  # no source (a generated test): decide by the rest
+            pass
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and _MAJOR_WORD.search(callspec.id):
+        return True
+    return any(_MAJOR_WORD.search(name) for name in getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Run the ``unit`` tests first (a stable sort: the order within each group is kept)."""
+    """Mark the ``openai_major`` tests, and run the ``unit`` tests first (a stable sort: the
+    order within each group is kept)."""
+    for item in items:
+        if item.get_closest_marker("openai_major") is None and _depends_on_openai_major(item):
+            item.add_marker(pytest.mark.openai_major)
     items.sort(key=lambda item: item.get_closest_marker("unit") is None)
 
 

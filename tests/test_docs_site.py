@@ -4,7 +4,7 @@ temporary folder whose path the test prints), failing on markup that did not ren
 a literal ``\\|`` in a table, an RST ``::``, ``**`` or a Markdown list left as a
 paragraph; and on the API reference, private names and one signature per overload.
 
-Needs the ``docs`` extra (mkdocs; the first venv of scripts/test.sh has it: in a venv
+Needs the ``docs`` dependency group (mkdocs; the first venv of scripts/test.sh has it: in a venv
 without it these tests are skipped, saying so) and Chromium (``apt-get install -y
 chromium``; scripts/test.sh installs it; without it they fail, naming the command).
 Chromium may reach 127.0.0.1 only (``--host-resolver-rules``); pages are file:// URLs.
@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from html.parser import HTMLParser
@@ -189,7 +189,7 @@ def _render(chromium: str, url: str, screenshot: Path, profile: str) -> str:
 
 @pytest.fixture(scope="module")
 def rendered() -> Iterator[dict[str, Rendered]]:
-    pytest.importorskip("mkdocs", reason="needs the docs extra (mkdocs)")
+    pytest.importorskip("mkdocs", reason="needs the docs dependency group (mkdocs)")
     chromium = _chromium()
     out = Path(tempfile.mkdtemp(prefix="qwen-embed-docs-site-"))
     site = out / "site"
@@ -247,7 +247,16 @@ def test_every_page_is_in_the_nav() -> None:
     assert set(NAV_PAGES) == pages, sorted(pages ^ set(NAV_PAGES))
 
 
-@pytest.mark.slow  # the site build and two Chromium runs per page: ~1-3 min in all
+def browser_test(test: Callable[..., None]) -> Callable[..., None]:
+    """Marks a test of the rendered site (the site build and two Chromium runs per page,
+    ~1-3 min in all): ``slow``, ``browser`` (scripts/test.sh installs Chromium for these)
+    and one xdist group, so that one worker builds and renders the site once for all."""
+    for mark in (pytest.mark.slow, pytest.mark.browser, pytest.mark.xdist_group("browser")):
+        test = mark(test)
+    return test
+
+
+@browser_test
 @pytest.mark.parametrize("page", NAV_PAGES)
 def test_page_renders_without_raw_markup(page: str, rendered: dict[str, Rendered]) -> None:
     shown = rendered[page]
@@ -258,7 +267,7 @@ def test_page_renders_without_raw_markup(page: str, rendered: dict[str, Rendered
     assert not problems, f"{page} (screenshot {shown.screenshot}):\n" + "\n".join(problems)
 
 
-@pytest.mark.slow
+@browser_test
 def test_home_page_starts_with_both_adapters_and_lists_the_pages(
     rendered: dict[str, Rendered],
 ) -> None:

@@ -21,6 +21,8 @@ from qwen_embed_plugins._run import Call, Flow, Part, Send, Sleep, run_async, ru
 from qwen_embed_plugins._transport import Reply, Request
 from qwen_embed_plugins.errors import QwenEmbedError, total_timeout_error
 
+pytestmark = pytest.mark.unit  # scripted replies: no server, no socket
+
 DIM = 4
 FAST = q.RetryConfig(backoff_initial=0.01, backoff_max=0.02, max_attempts=2)
 

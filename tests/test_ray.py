@@ -32,6 +32,7 @@ from qwen_embed_plugins import ray as qray
 
 pytestmark = [
     pytest.mark.ray,
+    pytest.mark.xdist_group("ray"),  # one local Ray instance, in one xdist worker
     # Ray 2.60's DataContext.__setattr__ warns about its deprecated fields
     # (use_push_based_shuffle, use_polars, ...) on every assignment, including the ones
     # its own dataclass __init__ makes: constructing a DataContext always warns. Only

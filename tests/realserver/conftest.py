@@ -70,6 +70,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if HERE not in parents or VLLM_DIR in parents:
             continue
         item.add_marker(pytest.mark.realserver)
+        # one pytest-xdist worker for them all (`--dist loadgroup`): the reference vectors
+        # are computed once, and the CPU server is not shared by several test processes
+        item.add_marker(pytest.mark.xdist_group("realserver"))
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(TEST_TIMEOUT_S))
 
