@@ -31,8 +31,10 @@ def peak_rss() -> int:
 @pytest.fixture
 def hostile() -> Iterator[HostileServer]:
     with HostileServer() as server:
-        yield server
-    q.close_all()
+        try:
+            yield server
+        finally:  # the pools' idle connections go first: the server's stop need not wait
+            q.close_all()
 
 
 # --------------------------------------------------------------------------- size
@@ -182,7 +184,8 @@ def test_an_echoed_key_is_scrubbed_everywhere(
     client = q.EmbeddingClient(
         base_url=hostile.base_url,
         api_key=KEY,
-        retry=q.RetryConfig(max_attempts=2, backoff_initial=0.01),
+        # every request fails (the control too): an outage, retried until this deadline
+        retry=q.RetryConfig(max_attempts=2, backoff_initial=0.01, query_deadline=1.0),
     )
     with pytest.raises(q.QwenEmbedError) as info:
         client.embed_query("who am i")
