@@ -32,11 +32,10 @@ round's capacity: "per round", which a server drifting between rounds moves less
 async / ours sync.
 
     python bench/throughput.py [--quick] [--texts N] [--gpu-texts N] [--real-texts N] [--rounds R]
-                               [--models constant,gpu_serial,...] [--auto] [--json PATH]
+                               [--models constant,gpu_serial,...] [--json PATH]
     python bench/throughput.py --sizes 100,500,2000,10000 [--rounds R] [--json PATH]
 
-``--auto`` adds ours with ``max_concurrency="auto"`` (a second table: its ratio to ours
-with defaults). ``--sizes`` measures only ours async against ours sync on the constant
+``--sizes`` measures only ours async against ours sync on the constant
 model, at each corpus size.
 
 ``--quick`` (CI): 300 texts, one round, the constant model only, clients in this
@@ -174,19 +173,16 @@ def _offline_tiktoken() -> None:
 
 
 def _client(worker: str, base_url: str, model: str, batch: int, conc: int) -> Any:
-    """The embedding callable of ``worker`` (built before the clock starts). Ours with the
-    suffix ``+auto`` (``--auto``): ``max_concurrency="auto"``, the rest default."""
-    worker, auto = worker.removesuffix("+auto"), worker.endswith("+auto")
-    ours: dict[str, Any] = {"max_concurrency": "auto"} if auto else {}
+    """The embedding callable of ``worker`` (built before the clock starts)."""
     if worker.startswith("ours_langchain"):
         from qwen_embed_plugins import QwenPooledEmbeddings
 
-        lc = QwenPooledEmbeddings(base_url=base_url, model=model, **ours)
+        lc = QwenPooledEmbeddings(base_url=base_url, model=model)
         return lc.aembed_documents if worker.endswith("_async") else lc.embed_documents
     if worker.startswith("ours_llamaindex"):
         from qwen_embed_plugins import QwenPooledEmbedding
 
-        li = QwenPooledEmbedding(base_url=base_url, model_name=model, **ours)
+        li = QwenPooledEmbedding(base_url=base_url, model_name=model)
         if worker.endswith("_async"):
             return li.aget_text_embedding_batch
         return li.get_text_embedding_batch
@@ -357,11 +353,9 @@ def measure(
     n: int,
     rounds: int,
     grid: tuple[tuple[int, int], ...],
-    extra: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    """Every client (and ``extra`` ones: ``--auto``) and the capacity probe on one
-    server, interleaved rounds."""
-    variants = [*CLIENTS, *extra, "capacity"]
+    """Every client and the capacity probe on one server, interleaved rounds."""
+    variants = [*CLIENTS, "capacity"]
     runs: dict[str, list[dict[str, Any]]] = {c: [] for c in variants}
     searched: dict[str, float] = {}
     best: tuple[int, int] = grid[0]
@@ -413,12 +407,6 @@ def measure(
                 ratios[ours]["vs_own_sync"] = (
                     mine / rows[ours.removesuffix("_async")]["texts_per_s"]
                 )
-    for variant in extra:
-        default = variant.removesuffix("+auto")
-        ratios[variant] = {
-            "vs_default": rows[variant]["texts_per_s"] / rows[default]["texts_per_s"],
-            "vs_capacity": rows[variant]["texts_per_s"] / capacity,
-        }
     return {
         "server": name,
         "model": model,
@@ -459,11 +447,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
         help="comma-separated: only these of the Infinity server's models (default: all)",
     )
     ap.add_argument(
-        "--auto",
-        action="store_true",
-        help='also run ours with max_concurrency="auto" (ratios to ours with defaults)',
-    )
-    ap.add_argument(
         "--sizes",
         default=None,
         help="comma-separated corpus sizes: instead of the table, ours async vs ours sync "
@@ -502,7 +485,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             "sizes": sweep([int(x) for x in args.sizes.split(",")], rounds),
         }
         return _finish(report, args.json_path, render_sizes)
-    extra = tuple(f"{w}+auto" for w in (*OURS["sync"], *OURS["async"])) if args.auto else ()
     report: dict[str, Any] = {
         "benchmark": "throughput",
         "command": command_line(),
@@ -531,7 +513,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any] | None:
             for model in served:
                 print(f"[{name}/{model}] {n} texts, {rounds} round(s)", file=sys.stderr)
                 g = grid if name != "infinity" or args.quick else REAL_GRID
-                report["results"].append(measure(name, base_url, model, srv, n, rounds, g, extra))
+                report["results"].append(measure(name, base_url, model, srv, n, rounds, g))
     return _finish(report, args.json_path, render)
 
 
@@ -590,22 +572,6 @@ def render(report: dict[str, Any]) -> str:
         "async / sync",
     ]
     lines.append(markdown_table(headers, rows))
-    auto = [
-        [
-            f"{res['server']} ({res['model'].split('/')[-1]}, {res['texts']:,})",
-            variant.removesuffix("+auto"),
-            res["rows"][variant.removesuffix("+auto")]["texts_per_s"],
-            res["rows"][variant]["texts_per_s"],
-            f"{q['vs_default']:.2f}x",
-            f"{q['vs_capacity']:.0%}",
-        ]
-        for res in report["results"]
-        for variant, q in res["ratios"].items()
-        if variant.endswith("+auto")
-    ]
-    if auto:
-        headers = ["server (texts)", "ours", "defaults", '"auto"', '"auto" / defaults']
-        lines += ["", markdown_table([*headers, '"auto" / capacity'], auto)]
     for name, why in report["skipped"].items():
         lines.append(f"\n{name}: skipped ({why})")
     return "\n".join(lines) + "\n"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -38,7 +37,6 @@ from ._protocol import (
     validate_text,
     validate_texts,
 )
-from ._retry import parse_retry_after
 from ._run import (
     Part,
     Send,
@@ -53,11 +51,8 @@ from ._servers import Detection
 from ._transport import Reply, Retired, _sdk
 from .errors import (
     ConfigError,
-    HTTPStatusError,
     InputError,
-    PoolTimeout,
     QwenEmbedError,
-    TimeoutException,
 )
 
 if TYPE_CHECKING:
@@ -112,28 +107,6 @@ class EmbeddingResult:
         if self.errors:
             mask[list(self.errors)] = False
         return mask
-
-
-_AUTO_WINDOW = 256
-_OVERLOAD_STATUS = frozenset({429, 503})
-
-
-def _gate_timeout(op: Send, gate: Any) -> PoolTimeout:
-    limit = getattr(getattr(gate, "limit", None), "limit", "?")
-    return PoolTimeout(
-        f"no slot of the adaptive concurrency limit of {op.replica.label} (now {limit} "
-        f"requests in flight) within {op.request.total} s (the call's deadline): the "
-        "server is pushing back (429/503) or slower than the call allows",
-        url=op.replica.label,
-    )
-
-
-def _overload(exc: QwenEmbedError) -> bool:
-    """Whether a failed exchange says the server is past its capacity (a sample that
-    should shrink an adaptive limit)."""
-    if isinstance(exc, HTTPStatusError):
-        return exc.status in _OVERLOAD_STATUS
-    return isinstance(exc, TimeoutException) and not isinstance(exc, PoolTimeout)
 
 
 # --------------------------------------------------------------------------- sinks
@@ -233,13 +206,11 @@ class _Batches:
         window: int,
         tokens: int | None,
         engine: Engine | None,
-        spread: int | None = None,
     ) -> None:
         self.plan = plan
         self.engine = engine
         self.tokens = tokens
         self.window = window
-        self.spread = spread or window
         self._next = 0
         self._at = 0
         self._last = 0  # the size of the last wave's batches, once it is cut
@@ -254,10 +225,10 @@ class _Batches:
         if self.engine is None:  # cannot happen
             raise RuntimeError("internal error: engine is None")
         engine = self.engine
-        # The first ``spread`` batches leave together (the window is empty): each is cut
+        # The first ``window`` batches leave together (the window is empty): each is cut
         # over the slots still free, so a call that fits one wave goes out in equal
         # batches (400 texts, 4 slots: 4 x 100, not 100, 75, 57, 42 and a second wave).
-        # Later batches are cut one at a time as a slot frees, over the whole spread.
+        # Later batches are cut one at a time as a slot frees, over the whole window.
         # Once the rest fits in the batches the window has left, that size holds to the
         # end: the last wave goes in equal batches too (952 texts left, 4 slots: 238, 238,
         # 238, 238, not 238, 179, 134, ... 32, a tail of round trips at a fraction of the
@@ -266,7 +237,7 @@ class _Batches:
         size = self._last
         if not size:
             cut, remaining = len(self.plan.batches), len(self.plan.unique) - self._at
-            slots = self.spread - cut if cut < self.spread else self.spread
+            slots = self.window - cut if cut < self.window else self.window
             size = engine.auto_batch_size(remaining, slots)
             if size * slots >= remaining:
                 self._last = size
@@ -335,11 +306,7 @@ class _ClientBase:
         self._query_task = config.query_task  # resolved once (the config is frozen)
         self._engine = Engine(config)
         self._sdk: Any = None  # the openai SDK object, built on first use
-        # how a flow's Send is performed: through the adaptive gate only when there is
-        # one (``max_concurrency="auto"``), else straight to the pool (one layer less)
-        self._perform = self._send if config.max_concurrency == "auto" else self._exchange
 
-    _send: Callable[[Send], Any]
     _exchange: Callable[[Send], Any]
 
     # pickling / copying: only the config travels (its Secret re-reads the environment)
@@ -367,32 +334,18 @@ class _ClientBase:
         return self._engine.detection()
 
     def _plan(self, texts: list[str]) -> tuple[BatchPlan, _Batches]:
-        window = self._window()
+        window = self._config.max_concurrency
         count, tokens = self._engine.batch_limits()
         size = self._config.batch_size
         if size == "auto":
             plan = plan_batches(texts, max(1, len(texts)))
             plan.batches.clear()  # cut one at a time, as the window frees a slot
-            batches = _Batches(plan, window, tokens, self._engine, self._spread())
+            batches = _Batches(plan, window, tokens, self._engine)
             return plan, batches
         if count is not None and count < size:
             size = count
         plan = plan_batches(texts, size, max_tokens=tokens)
         return plan, _Batches(plan, window, tokens, None)
-
-    def _window(self) -> int:
-        concurrency = self._config.max_concurrency
-        # "auto": the endpoint's adaptive gate bounds the requests in flight
-        return concurrency if isinstance(concurrency, int) else _AUTO_WINDOW
-
-    def _spread(self) -> int:
-        """Requests in flight a call's batches are spread over (to size them): the
-        window, or with ``max_concurrency="auto"`` the adaptive limit now."""
-        concurrency = self._config.max_concurrency
-        if isinstance(concurrency, int):
-            return concurrency
-        gate = self._engine.adaptive_gate(self._engine.endpoint.replicas[0])
-        return max(1, int(gate.slots)) if gate is not None else 4
 
     @staticmethod
     def _batch_counts(plan: BatchPlan) -> Callable[[int], int]:
@@ -652,33 +605,6 @@ class EmbeddingClient(_ClientBase):
 
     # ----------------------------------------------------------------- internals
 
-    def _send(self, op: Send) -> Reply:
-        gate = self._engine.adaptive_gate(op.replica)
-        if gate is None:
-            return self._exchange(op)
-        # waiting here replaces waiting in the window: bounded by the call's deadline
-        # (Request.total), not by the pool timeout
-        if not gate.acquire(op.request.total):
-            raise _gate_timeout(op, gate)
-        started = time.perf_counter()
-        sample, overload, wait = False, False, None
-        try:
-            reply = self._exchange(op)
-            sample = True
-            overload = reply.status in _OVERLOAD_STATUS
-            if overload:
-                wait = parse_retry_after(reply.headers)
-            return reply
-        except QwenEmbedError as exc:
-            sample, overload = True, _overload(exc)
-            wait = exc.retry_after if isinstance(exc, HTTPStatusError) else None
-            raise
-        finally:
-            if sample:
-                gate.release(time.perf_counter() - started, overload, wait)
-            else:  # cancelled or interrupted: no answer to learn from
-                gate.release()
-
     def _exchange(self, op: Send) -> Reply:
         key = op.replica.key
         try:
@@ -691,7 +617,7 @@ class EmbeddingClient(_ClientBase):
         call = engine.new_call(query=query)
 
         def one(abandon: threading.Event | None = None) -> FloatArray:
-            part: Part = run_sync(engine.batch_flow(call, [text], [0]), self._perform, abandon)
+            part: Part = run_sync(engine.batch_flow(call, [text], [0]), self._exchange, abandon)
             row: FloatArray = part.pieces[0][1][0]
             return row
 
@@ -717,7 +643,7 @@ class EmbeddingClient(_ClientBase):
         plan, batches = self._plan(inputs.texts)
         sink = _Sink(plan, lists=lists)
         counts = self._batch_counts(plan) if progress is not None else None
-        send = self._perform
+        send = self._exchange
         indices = _caller_indices(plan, inputs)
 
         def job(b: int) -> None:
@@ -848,33 +774,6 @@ class AsyncEmbeddingClient(_ClientBase):
 
     # ----------------------------------------------------------------- internals
 
-    async def _send(self, op: Send) -> Reply:
-        gate = self._engine.adaptive_gate(op.replica)
-        if gate is None:
-            return await self._exchange(op)
-        # waiting here replaces waiting in the window: bounded by the call's deadline
-        # (Request.total), not by the pool timeout
-        if not await gate.aacquire(op.request.total):
-            raise _gate_timeout(op, gate)
-        started = time.perf_counter()
-        sample, overload, wait = False, False, None
-        try:
-            reply = await self._exchange(op)
-            sample = True
-            overload = reply.status in _OVERLOAD_STATUS
-            if overload:
-                wait = parse_retry_after(reply.headers)
-            return reply
-        except QwenEmbedError as exc:
-            sample, overload = True, _overload(exc)
-            wait = exc.retry_after if isinstance(exc, HTTPStatusError) else None
-            raise
-        finally:
-            if sample:
-                gate.release(time.perf_counter() - started, overload, wait)
-            else:  # cancelled or interrupted: no answer to learn from
-                gate.release()
-
     async def _exchange(self, op: Send) -> Reply:
         key = op.replica.key
         try:
@@ -887,12 +786,12 @@ class AsyncEmbeddingClient(_ClientBase):
         call = engine.new_call(query=query)
         delay = engine.endpoint.p95() if query and self._config.hedge else None
         if delay is None:  # the common path: no extra coroutine per query
-            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._perform)
+            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._exchange)
             first: FloatArray = part.pieces[0][1][0]
             return first
 
         async def one() -> FloatArray:
-            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._perform)
+            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._exchange)
             row: FloatArray = part.pieces[0][1][0]
             return row
 
@@ -915,7 +814,7 @@ class AsyncEmbeddingClient(_ClientBase):
         plan, batches = self._plan(inputs.texts)
         sink = _Sink(plan, lists=lists)
         counts = self._batch_counts(plan) if progress is not None else None
-        send = self._perform
+        send = self._exchange
         indices = _caller_indices(plan, inputs)
 
         async def job(b: int) -> None:

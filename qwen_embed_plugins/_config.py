@@ -39,6 +39,7 @@ from ._server_text import ProxyURL, endpoint_label, has_credentials, redact_url
 from .errors import ConfigError
 
 __all__ = [
+    "CONCURRENCY_AUTO_REMOVED",
     "DEFAULT_MODEL",
     "DEFAULT_QUERY_TASK",
     "ENV_SETTINGS",
@@ -64,6 +65,7 @@ __all__ = [
     "insecure_key_target",
     "is_loopback",
     "is_qwen3_embedding",
+    "is_removed_concurrency",
     "is_secret_field",
     "is_secret_header",
     "known_model_dims",
@@ -185,6 +187,20 @@ def _check_range(
         raise ConfigError(f"{owner}.{name} must be a number in [{low}, {high}], got {value!r}")
     if not low <= value <= high:
         raise ConfigError(f"{owner}.{name} must be in [{low}, {high}], got {value!r}")
+
+
+CONCURRENCY_AUTO_REMOVED: Final = (
+    'max_concurrency="auto" (or QWEN_EMBED_MAX_CONCURRENCY=auto) was removed: it did not '
+    'lower query latency under load (docs/benchmarks.md, "Adaptive concurrency: removed"); '
+    "give max_concurrency as an integer, requests in flight per call, 1..1024 (default 4)"
+)
+"""The error of the removed ``max_concurrency="auto"``, on every surface."""
+
+
+def is_removed_concurrency(value: object) -> bool:
+    """Whether ``value`` is the removed ``max_concurrency="auto"`` (any case, spaces
+    around), which ``EmbeddingConfig`` refuses with ``CONCURRENCY_AUTO_REMOVED``."""
+    return isinstance(value, str) and value.strip().lower() == "auto"
 
 
 def _check_int(owner: str, name: str, value: object, low: int, high: int) -> None:
@@ -575,9 +591,8 @@ class EmbeddingConfig(_Replaceable):
         max_batch_tokens: most (estimated) tokens per request (default ``None``: the
             server's known cap, else learned from its refusal). Tokens are estimated
             without a tokenizer (UTF-8 bytes / 4).
-        max_concurrency: requests in flight at once per call (default 4), or
-            ``"auto"``: an adaptive limit per endpoint, found from measured latency and
-            overload answers (429/503).
+        max_concurrency: requests in flight at once per call, 1..1024 (default 4).
+            ``"auto"`` was removed: it raises ``ConfigError``.
         encoding_format: ``"auto"`` (base64, falling back to float once per endpoint if
             refused or broken), ``"base64"`` or ``"float"``.
         normalize: L2-renormalise vectors whose norm is not 1 (e.g. after a server
@@ -642,7 +657,7 @@ class EmbeddingConfig(_Replaceable):
     query_instruction: str | None = "auto"
     batch_size: int | Literal["auto"] = NOT_GIVEN  # type: ignore[assignment]
     max_batch_tokens: int | None = NOT_GIVEN  # type: ignore[assignment]
-    max_concurrency: int | Literal["auto"] = NOT_GIVEN  # type: ignore[assignment]
+    max_concurrency: int = NOT_GIVEN  # type: ignore[assignment]
     encoding_format: EncodingFormat = "auto"
     normalize: bool = True
     max_text_chars: int | None = 262_144
@@ -716,8 +731,9 @@ class EmbeddingConfig(_Replaceable):
             _check_int("EmbeddingConfig", "batch_size", self.batch_size, 1, 2048)
         if self.max_batch_tokens is not None:
             _check_int("EmbeddingConfig", "max_batch_tokens", self.max_batch_tokens, 1, 1 << 30)
-        if self.max_concurrency != "auto":
-            _check_int("EmbeddingConfig", "max_concurrency", self.max_concurrency, 1, 1024)
+        if is_removed_concurrency(self.max_concurrency):
+            raise ConfigError(CONCURRENCY_AUTO_REMOVED)
+        _check_int("EmbeddingConfig", "max_concurrency", self.max_concurrency, 1, 1024)
         if self.encoding_format not in ("auto", "base64", "float"):
             raise ConfigError(
                 "EmbeddingConfig.encoding_format must be 'auto', 'base64' or 'float', "

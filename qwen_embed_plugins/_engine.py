@@ -40,7 +40,6 @@ from typing import Any
 
 from . import _pool as pool
 from . import _servers as servers
-from ._adaptive import gate_for
 from ._balance import RETEST_EVERY_MAX, Endpoint, Replica, ReplicaState, endpoint_for
 from ._bisect import Bisecting, _Bisection
 from ._config import (
@@ -186,15 +185,6 @@ class Engine(Learning, Bisecting):
         self._contexts: dict[str, ErrorContext] = {}
         self._insecure_warned = False
         self.append_eos = config.append_eos is True
-
-    def adaptive_gate(self, replica: Replica) -> Any:
-        """The adaptive concurrency gate of ``replica`` when ``max_concurrency="auto"``
-        (``adaptive.gate_for``), else ``None``. Looked up in the process state on every
-        call (one dict look-up), never kept here: after ``reset()`` or a fork, a client
-        made before gets the new gate, not the one whose learned limit was forgotten."""
-        if self.config.max_concurrency != "auto":
-            return None
-        return gate_for(replica.key, cap=self.config.limits.max_connections_per_process)
 
     @property
     def secret(self) -> str | None:

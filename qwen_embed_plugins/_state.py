@@ -2,15 +2,15 @@
 
 ``STATE`` holds the shared pools (per pool key, with their async transports per event
 loop), the replicas and endpoints with what was learned about them (health, batch and
-token limits, dialect), the adaptive concurrency gates, the per-endpoint metrics, the
-TLS contexts, and the threads that serve them (the pool reaper, the gate timer, the
-executor carrying concurrent sync batches). The modules that use a part keep its logic;
-the dicts live here, so that one fork hook, one close and one ``reset`` see all of it.
+token limits, dialect), the per-endpoint metrics, the TLS contexts, and the threads that
+serve them (the pool reaper, the executor carrying concurrent sync batches). The modules
+that use a part keep its logic; the dicts live here, so that one fork hook, one close
+and one ``reset`` see all of it.
 
 - **fork**: one ``os.register_at_fork`` hook. The child never touches its parent's
   sockets (each pool drops its transports, kept referenced so that no finaliser closes
-  them), gets fresh locks, no threads (rebuilt lazily), no adaptive gates, and no
-  request in flight; what was learned about the servers is kept.
+  them), gets fresh locks, no threads (rebuilt lazily), and no request in flight; what
+  was learned about the servers is kept.
 - **close**: ``STATE.close()`` closes every pool (``pool.close_all``); at interpreter
   exit too.
 - **reset**: ``reset()`` closes the pools and forgets everything learned (public, from
@@ -53,8 +53,6 @@ class ProcessState:
     # balance.py: servers and what was learned about them; endpoints of replica lists
     replicas: dict[Any, Any] = field(default_factory=dict)
     endpoints: dict[Any, Any] = field(default_factory=dict)
-    # adaptive.py: the adaptive concurrency gates, by (key, cap)
-    adaptive_gates: dict[tuple[Any, int | None], Any] = field(default_factory=dict)
     # metrics.py: counters per endpoint label; endpoints of several replicas
     metrics: dict[str, Any] = field(default_factory=dict)
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
@@ -66,7 +64,6 @@ class ProcessState:
     ssl_contexts: dict[tuple[bool | str, bool, bool], ssl.SSLContext] = field(default_factory=dict)
     # threads, started on first use
     reaper: threading.Thread | None = None
-    timer: Any = None
     executor: ThreadPoolExecutor | None = None
 
     def close(self, *, exiting: bool = False) -> None:
@@ -91,7 +88,6 @@ class ProcessState:
             self.slot_gates.clear()
             self.replicas.clear()
             self.endpoints.clear()
-            self.adaptive_gates.clear()
             self.metrics.clear()
             self.groups.clear()
         # A client made before still holds these objects: they forget too.
@@ -105,8 +101,7 @@ class ProcessState:
         # A lock held by another thread at fork time would stay locked in the child;
         # threads do not exist in the child (started again on first use).
         self.lock = threading.RLock()
-        self.reaper = self.timer = self.executor = None
-        self.adaptive_gates.clear()
+        self.reaper = self.executor = None
         self.slot_gates.clear()
         for m in self.metrics.values():
             m.after_fork_in_child()
@@ -126,18 +121,16 @@ def reset() -> None:
     Closes every shared pool (as ``close_all()``: sync pools now, async pools inside
     their own event loop, or directly if that loop is closed) and forgets the pools,
     the replicas and their health (ejections, failure streaks, open circuits), what was
-    learned about each server (batch and token limits, dialect, vector encoding), the
-    adaptive concurrency gates, and the metrics (``stats()`` and ``pool_stats()`` start
-    empty). SSL contexts are kept (they depend on settings only), and so are the secrets
-    scrubbed from the HTTP libraries' log records (clients made before still send them).
+    learned about each server (batch and token limits, dialect, vector encoding), and the
+    metrics (``stats()`` and ``pool_stats()`` start empty). SSL contexts are kept (they
+    depend on settings only), and so are the secrets scrubbed from the HTTP libraries' log
+    records (clients made before still send them).
 
     Call it in tests (before each test: a server started by a test can get the port, and
     so the URL, of an earlier test's server) and after redeploying a server behind the
     same URL (a new version may accept larger batches than the old one). Clients made
     before keep working (they reopen connections on their next request, the replica
-    state they hold is cleared too, and they look their adaptive gate up here on every
-    request, so they start again from a fresh one); a call in flight finishes on its
-    connection.
+    state they hold is cleared too); a call in flight finishes on its connection.
     Raises nothing.
     """
     STATE.reset()

@@ -19,10 +19,8 @@ SCRIPT = ROOT / "bench" / "throughput.py"
 pytestmark = pytest.mark.timeout(900)
 
 OURS = {"ours_langchain", "ours_langchain_async", "ours_llamaindex", "ours_llamaindex_async"}
-AUTO = {f"{name}+auto" for name in OURS}
 CLIENTS = {
     *OURS,
-    *AUTO,
     "langchain_openai",
     "langchain_openai_async",
     "llamaindex_openai_like",
@@ -51,9 +49,8 @@ def _quick(out: Path, *args: str) -> tuple[str, dict[str, Any]]:
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    printed, data = _quick(tmp_path_factory.mktemp("bench") / "throughput.json", "--auto")
+    printed, data = _quick(tmp_path_factory.mktemp("bench") / "throughput.json")
     assert "ours / capacity" in printed  # the markdown table was printed
-    assert '"auto" / defaults' in printed  # and the --auto one
     return data
 
 
@@ -76,14 +73,11 @@ def test_report_shape(report: dict[str, Any]) -> None:
 
 def test_ratios_for_every_one_of_ours(report: dict[str, Any]) -> None:
     ratios = report["results"][0]["ratios"]
-    assert set(ratios) == OURS | AUTO
+    assert set(ratios) == OURS
     for name, values in ratios.items():
-        if name in AUTO:
-            want = {"vs_default", "vs_capacity"}
-        else:
-            want = {"vs_best_stock", "vs_capacity", "vs_capacity_per_round"} | (
-                {"vs_own_sync"} if name.endswith("_async") else set()
-            )
+        want = {"vs_best_stock", "vs_capacity", "vs_capacity_per_round"} | (
+            {"vs_own_sync"} if name.endswith("_async") else set()
+        )
         assert set(values) == want, name
         assert all(_positive(v) for v in values.values()), name
 
@@ -106,7 +100,7 @@ def test_no_worker_collects_inside_its_timed_call(server: Any) -> None:
     collection of its own: with the automatic collector off, the only full passes are
     explicit ones. (The ideal client once ran ``_harness.run_sync``, whose collection
     before its own clock fell inside the call: its capacity was understated.)"""
-    workers = sorted(CLIENTS - AUTO)
+    workers = sorted(CLIENTS)
     code = (
         "import gc, json, sys\n"
         f"sys.path.insert(0, {str(ROOT / 'bench')!r})\n"

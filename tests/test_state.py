@@ -85,24 +85,6 @@ def test_a_server_on_a_reused_port_starts_clean_after_reset(path: str) -> None:
         assert [len(batch) for batch in new.received] == [10, 10]
 
 
-def test_reset_forgets_health_and_adaptive_gates(srv: EmbeddingServer) -> None:
-    client = q.EmbeddingClient(base_url=srv.base_url, max_concurrency="auto")
-    client.embed_documents(TEXTS)
-    client.embed_documents(TEXTS[::-1])
-    from qwen_embed_plugins._adaptive import gates
-
-    assert gates(), "no adaptive gate was made: the test proves nothing"
-    (before,) = gates().values()
-    assert before["samples"] >= 2
-    q.reset()
-    assert gates() == {}
-    assert len(client.embed_query("after")) == srv.dim
-    # the client made before reset() sends through the state's new gate, which learned
-    # from that one request only (it does not keep the gate reset() forgot)
-    (after,) = gates().values()
-    assert after["samples"] == 1
-
-
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
 def test_reset_in_a_forked_child_leaves_the_parents_connection(
     srv: EmbeddingServer, wait_until: Callable[..., None], noise: Callable[[], list[str]]

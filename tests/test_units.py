@@ -73,6 +73,57 @@ def test_config_errors_name_the_field(kwargs: dict[str, object], field: str | No
         assert field in str(info.value)
 
 
+def _removal_error(make: object, **settings: object) -> q.ConfigError:
+    """The ``ConfigError`` that building ``make(**settings)`` raised: directly, or (the
+    LangChain adapter, a pydantic model) inside pydantic's ``ValidationError``."""
+    from pydantic import ValidationError
+
+    with pytest.raises((q.ConfigError, ValidationError)) as info:
+        make(base_url="http://127.0.0.1:9/v1", **settings)  # type: ignore[operator]
+    if isinstance(info.value, q.ConfigError):
+        return info.value
+    (error,) = info.value.errors()
+    cause = error.get("ctx", {}).get("error")
+    assert isinstance(cause, q.ConfigError), info.value
+    return cause
+
+
+_SURFACES = {
+    "config": lambda: EmbeddingConfig,
+    "client": lambda: q.EmbeddingClient,
+    "async_client": lambda: q.AsyncEmbeddingClient,
+    "langchain": lambda: q.QwenPooledEmbeddings,
+    "llama_index": lambda: q.QwenPooledEmbedding,
+}
+
+
+@pytest.mark.parametrize("surface", list(_SURFACES))
+@pytest.mark.parametrize("given", ["argument", "env"])
+def test_max_concurrency_auto_was_removed_on_every_surface(
+    surface: str, given: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    make = _SURFACES[surface]()
+    monkeypatch.delenv("QWEN_EMBED_MAX_CONCURRENCY", raising=False)
+    if given == "env":
+        monkeypatch.setenv("QWEN_EMBED_MAX_CONCURRENCY", " Auto ")
+        error = _removal_error(make)
+    else:
+        error = _removal_error(make, max_concurrency="auto")
+    message = str(error)
+    assert 'max_concurrency="auto"' in message
+    assert "QWEN_EMBED_MAX_CONCURRENCY" in message
+    assert "removed" in message
+    assert "integer" in message  # what to give instead
+    assert "default 4" in message
+    # an integer still works, and the default is 4
+    monkeypatch.delenv("QWEN_EMBED_MAX_CONCURRENCY", raising=False)
+    for settings, want in (({"max_concurrency": 3}, 3), ({}, 4)):
+        built = make(base_url="http://127.0.0.1:9/v1", **settings)
+        config = built if isinstance(built, EmbeddingConfig) else getattr(built, "config", None)
+        value = built.max_concurrency if config is None else config.max_concurrency
+        assert value == want
+
+
 @pytest.mark.parametrize(
     "value",
     ["http://a:1/v1;http://b:2/v1", "http://a:1/v1; http://b:2/v1", "http://a:1/v1 http://b:2/v1"],

@@ -29,7 +29,9 @@ from pydantic import (
     PlainValidator,
     PrivateAttr,
     SecretStr,
+    ValidatorFunctionWrapHandler,
     WithJsonSchema,
+    WrapValidator,
     model_validator,
 )
 
@@ -48,6 +50,7 @@ from .._config import (
     RetryConfig,
     Timeouts,
     env_setting,
+    is_removed_concurrency,
     request_body,
     request_headers,
 )
@@ -175,6 +178,14 @@ _DEFAULTS: Final[dict[str, Any]] = {
     "headers": None,
     "extra_body": None,
 }
+
+
+def _to_core_if_removed(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+    """A field validator: the removed ``max_concurrency="auto"`` is passed on unchecked,
+    so that the core config refuses it with its own ``ConfigError`` (the message says
+    what to give instead), like any value out of range; anything else is validated
+    (``handler``)."""
+    return value if is_removed_concurrency(value) else handler(value)
 
 
 def env_default(name: str) -> Callable[[], Any]:
@@ -635,9 +646,9 @@ class FlatSettings(BaseModel):
     """Most estimated tokens per request (None: the server's known cap, else learned
     from its refusal)."""
 
-    max_concurrency: int | Literal["auto"] = setting("max_concurrency")
-    """Requests in flight at once per call (1..1024; default 4), or 'auto' for an
-    adaptive per-endpoint limit."""
+    max_concurrency: Annotated[int, WrapValidator(_to_core_if_removed)] = setting("max_concurrency")
+    """Requests in flight at once per call (1..1024; default 4). 'auto' was removed: it
+    raises ConfigError."""
 
     encoding_format: EncodingFormat = setting("encoding_format")
     """'auto' (base64, falling back to float once per endpoint if refused), 'base64'

@@ -438,7 +438,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         if isinstance(texts, list) and not texts:
             return []
         items = self._checked(texts)
-        window = self.max_concurrency if isinstance(self.max_concurrency, int) else 4
+        window = self.max_concurrency
         size = self._chunk(items)
         pipeline = None
         if self.embeddings_cache is None and len(items) > size and window > 1:
@@ -464,7 +464,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         if isinstance(texts, list) and not texts:
             return []
         items = self._checked(texts)
-        window = self.max_concurrency if isinstance(self.max_concurrency, int) else 4
+        window = self.max_concurrency
         call = _BatchCall(self._chunk(items), window=asyncio.Semaphore(window))
         token = _BATCH_CALL.set(call)
         try:
