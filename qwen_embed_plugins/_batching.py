@@ -1,7 +1,7 @@
 """Batch sizing, in one place: how many texts (and tokens) go in each request.
 
-- **The plan** (``plan_batches``): a call's texts deduplicated (identical texts sent
-  once, order kept) and, for a stated ``batch_size``, cut up front.
+- **The plan** (``plan_batches``, ``plan_call``): a call's texts deduplicated (identical
+  texts sent once, order kept) and, for a stated ``batch_size``, cut up front.
 - **Growth** (``BatchSizer``, ``batch_size="auto"``, the default): each replica's batch
   size found from the latency of the batches it answered.
 - **Waves** (``auto_batch_size``, ``Batches``): an ``"auto"`` call cut one batch at a
@@ -23,7 +23,7 @@ import threading
 from collections import deque
 from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -55,6 +55,7 @@ __all__ = [
     "limit_held",
     "observe_answer",
     "plan_batches",
+    "plan_call",
     "plan_limits",
     "retest_failed",
     "split_by_tokens",
@@ -83,11 +84,6 @@ class BatchPlan:
     first_index: list[int]
     positions: npt.NDArray[np.intp] | None
     batches: list[tuple[int, int]]
-
-    @property
-    def size(self) -> int:
-        """Number of inputs (texts)."""
-        return len(self.unique) if self.positions is None else len(self.positions)
 
 
 def split_by_tokens(
@@ -127,11 +123,8 @@ def plan_batches(
         positions.append(row)
     unique = list(seen)
     n = len(unique)
-    if max_tokens is None:
-        batches = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
-    else:
-        sizes = [estimate_tokens(t) for t in unique]
-        batches = split_by_tokens(sizes, 0, n, max_tokens, batch_size)
+    sizes = [] if max_tokens is None else [estimate_tokens(t) for t in unique]
+    batches = split_by_tokens(sizes, 0, n, max_tokens, batch_size)
     pos = None if n == len(texts) else np.asarray(positions, dtype=np.intp)
     return BatchPlan(unique=unique, first_index=first_index, positions=pos, batches=batches)
 
@@ -778,3 +771,21 @@ class Batches:
             self._cut()
         self._next = b + 1
         return b
+
+
+def plan_call(
+    texts: list[str], batch_size: int | Literal["auto"], window: int, sizing: Sizing, spread: int
+) -> tuple[BatchPlan, Batches]:
+    """The plan of a call's ``texts`` and its batches as a window of ``window`` batches
+    reads them: cut up front for a stated ``batch_size`` (texts; at most the limits
+    known now), else (``"auto"``) one at a time as they are sent, sized over ``spread``
+    requests in flight (``Batches``)."""
+    count, tokens = sizing.batch_limits()
+    if batch_size == "auto":
+        plan = plan_batches(texts, max(1, len(texts)))
+        plan.batches.clear()  # cut one at a time, as the window frees a slot
+        return plan, Batches(plan, window, tokens, sizing, spread)
+    if count is not None and count < batch_size:
+        batch_size = count
+    plan = plan_batches(texts, batch_size, max_tokens=tokens)
+    return plan, Batches(plan, window, tokens, None)

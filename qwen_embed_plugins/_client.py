@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from . import _pool as pool
-from ._batching import Batches, BatchPlan, plan_batches
+from ._batching import Batches, BatchPlan, plan_call
 from ._config import EmbeddingConfig, OnError, known_model_dims
 from ._engine import Engine
 from ._protocol import FloatArray, format_query, screen_texts, validate_text, validate_texts
@@ -238,21 +238,10 @@ class _ClientBase:
         return _Run(engine, call, plan, batches, Sink(plan, lists=lists), indices, progress, counts)
 
     def _plan(self, texts: list[str]) -> tuple[BatchPlan, Batches]:
-        """The plan of a call's ``texts`` and its batches as the window reads them: cut
-        up front for a stated ``batch_size`` (within the limits known now), else one at a
-        time as they are sent (``batching.Batches``)."""
-        window = self._window()
-        count, tokens = self._engine.batch_limits()
+        """The plan of a call's ``texts`` and its batches (``batching.plan_call``)."""
         size = self._config.batch_size
-        if size == "auto":
-            plan = plan_batches(texts, max(1, len(texts)))
-            plan.batches.clear()  # cut one at a time, as the window frees a slot
-            batches = Batches(plan, window, tokens, self._engine, self._spread())
-            return plan, batches
-        if count is not None and count < size:
-            size = count
-        plan = plan_batches(texts, size, max_tokens=tokens)
-        return plan, Batches(plan, window, tokens, None)
+        spread = self._spread() if size == "auto" else 0
+        return plan_call(texts, size, self._window(), self._engine, spread)
 
     def _window(self) -> int:
         concurrency = self._config.max_concurrency
