@@ -170,14 +170,9 @@ class Engine:
     # ---------------------------------------------------------------- per replica
 
     def profile(self, replica: Replica, state: ReplicaState) -> servers.ServerProfile:
-        if self.fixed is not None:
-            return self.fixed
-        if state.profile is None:
-            found = servers.identify_url(replica.url)
-            if found is not None:
-                state.profile, state.source = found.profile, found.source
-        profile = state.profile
-        return servers.GENERIC if profile is None else profile
+        """The server profile of ``replica``: the ``server=`` setting, else what was
+        learned about it (``learn.profile``)."""
+        return self.fixed if self.fixed is not None else learn.profile(state, replica.url)
 
     def detection(self) -> servers.Detection | None:
         """The profile of the first replica and how it was found (``None``: not yet)."""

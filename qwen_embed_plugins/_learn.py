@@ -1,11 +1,11 @@
 """What is learned about a replica's server, in one place: the facts (``ReplicaState``,
 one per replica and model) and the decisions that learn and apply them.
 
-The options a request is sent with (``wire``); base64 and ``dimensions`` refusals
-(``adapt``); a 5xx only for base64 (float tried: ``float_may_help``, ``no_base64``); a
-one-item ``input`` list refused (a bare string tried: ``try_bare``, ``learn_bare``);
-Infinity's routes at the root (``learn_root_path``); the server's dialect from its
-answers (``identify``); MRL slicing and normalisation, with ``dimensions`` ignored
+The server's profile (``profile``, ``identify``); the options a request is sent with
+(``wire``); base64 and ``dimensions`` refusals (``adapt``); a 5xx only for base64 (float
+tried: ``float_may_help``, ``no_base64``); a one-item ``input`` list refused (a bare
+string tried: ``try_bare``, ``learn_bare``); Infinity's routes at the root
+(``learn_root_path``); MRL slicing and normalisation, with ``dimensions`` ignored
 (``finish``); silent truncation (``usage``: ``check_usage``); the llama.cpp
 ``<|endoftext|>`` check (``eos_probe``, ``eos_answer``). What is learned about batch
 sizes is in ``_batching`` (``ReplicaState.batch``).
@@ -62,6 +62,7 @@ __all__ = [
     "learn_bare",
     "learn_root_path",
     "no_base64",
+    "profile",
     "try_bare",
     "wire",
 ]
@@ -108,6 +109,17 @@ class ReplicaState:
 
 
 # --------------------------------------------------------------------------- options
+
+
+def profile(state: ReplicaState, url: str) -> servers.ServerProfile:
+    """The server profile of the replica at base URL ``url``: the one identified so far
+    (from the URL itself at first: ``servers.identify_url``), else the generic one."""
+    if state.profile is None:
+        found = servers.identify_url(url)
+        if found is not None:
+            state.profile, state.source = found.profile, found.source
+    found_profile = state.profile
+    return servers.GENERIC if found_profile is None else found_profile
 
 
 def wire(
