@@ -219,10 +219,12 @@ def _library_steps(lib: dict[str, Any], texts: list[str], raw: bytes) -> dict[st
 
 
 def library_steps(t: p.Target, quick: bool) -> dict[str, Any]:
-    """Per-text microseconds of today's library steps (``qwen_embed_plugins._protocol``) on
-    real bodies, with ``timeit``. These are internals: when their names or signatures
-    change, this section records why it was skipped instead of failing."""
+    """Per-text microseconds of today's library steps (``qwen_embed_plugins._protocol``,
+    ``_batching.plan_batches``) on real bodies, with ``timeit``. These are internals:
+    when their names or signatures change, this section records why it was skipped
+    instead of failing."""
     try:
+        from qwen_embed_plugins import _batching as batching
         from qwen_embed_plugins import _protocol as protocol
     except ImportError as exc:
         return {"skipped": f"internals moved: {exc}"}
@@ -231,13 +233,15 @@ def library_steps(t: p.Target, quick: bool) -> dict[str, Any]:
         "encode_request",
         "normalize_rows",
         "parse_body",
-        "plan_batches",
         "validate_texts",
     )
     missing = [n for n in names if not hasattr(protocol, n)]
+    if not hasattr(batching, "plan_batches"):
+        missing.append("plan_batches")
     if missing:
         return {"skipped": f"internals moved: {', '.join(missing)}"}
     lib = {n: getattr(protocol, n) for n in names}
+    lib["plan_batches"] = batching.plan_batches
     call, close = p.stdlib_sync(t, p.decode_none)
     out: dict[str, Any] = {}
     try:

@@ -3,7 +3,8 @@
 A config's ``base_url`` may name several replicas (one per GPU, or a fleet behind no
 router). Each replica is a ``Replica``: its own pool (``pool``), requests in flight, a
 latency EWMA, a health record, and the facts learned about its server per model
-(``ReplicaState``: dialect, base64 and ``dimensions`` support, batch and token limits).
+(``learn.ReplicaState``: dialect, base64 and ``dimensions`` support, batch and token
+limits).
 Replicas are process-wide, shared by every client whose settings name them.
 
 Choice (``Endpoint.choose``): the available replica with the fewest requests in flight;
@@ -25,11 +26,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Collection, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from ._adaptive import BatchSizer
 from ._config import EmbeddingConfig, PoolKey
+from ._learn import ReplicaState
 from ._metrics import EndpointMetrics
 from ._retry import is_health_failure, retry_reason
 from ._state import STATE
@@ -42,70 +41,12 @@ from .errors import (
     TransportError,
 )
 
-__all__ = ["Endpoint", "HedgeBudget", "Replica", "ReplicaState", "endpoint_for", "replica_for"]
+__all__ = ["Endpoint", "HedgeBudget", "Replica", "endpoint_for", "replica_for"]
 
 _log = logging.getLogger("qwen_embed_plugins")
 
 _EWMA_ALPHA = 0.2
 _LATENCY_WINDOW = 512
-
-
-RETEST_EVERY = 50  # successful requests before an inferred batch limit is retested
-RETEST_EVERY_MAX = 3200
-
-
-@dataclass
-class ReplicaState:
-    """What the process has learned about one replica's server for one model.
-
-    Attributes:
-        base64_ok: ``False`` once the server refused (or broke on) base64; ``True``
-            once a base64 answer decoded.
-        dimensions_ok: ``False`` once the server refused or ignored ``dimensions``.
-        native_dim: the model's full vector size as the server returned it.
-        batch_limit: the most texts per request it accepts, once learned (texts).
-        token_limit: the most tokens per request it accepts, once learned (tokens).
-        profile: the server profile identified from its answers (``None``: not yet).
-        eos_checked: whether the ``<|endoftext|>`` check ran (llama.cpp only).
-        url_override: the embeddings URL to use instead of ``{base_url}/embeddings``.
-        bare_input: ``True`` once the server refused a one-item ``input`` list but took
-            the text as a bare string (one-text requests are then sent that way);
-            ``False`` once it took a one-item list.
-        limit_inferred: ``batch_limit`` was inferred from dropped batches (the server said
-            nothing; e.g. out of memory for a while) rather than stated by the server:
-            after ``retest_every`` successful requests one batch above it is let through;
-            its success lifts the limit, its failure doubles ``retest_every`` (up to
-            3,200 requests).
-        ok_since_limit: successful requests since the limit was inferred or retested.
-        retest_every: requests between retests of an inferred limit (starts at 50).
-        retesting: a retest batch is under way (only one at a time).
-        sizer: the batch size found from this replica's latencies
-            (``adaptive.BatchSizer``; used when ``batch_size="auto"``).
-    """
-
-    base64_ok: bool | None = None
-    dimensions_ok: bool | None = None
-    native_dim: int | None = None
-    batch_limit: int | None = None
-    token_limit: int | None = None
-    profile: Any = None
-    source: str = ""
-    eos_checked: bool = False
-    url_override: str | None = None
-    bare_input: bool | None = None
-    warned: set[str] = field(default_factory=set)
-    size_failures: list[int] = field(default_factory=list)
-    limit_inferred: bool = False
-    ok_since_limit: int = 0
-    retest_every: int = RETEST_EVERY
-    retesting: bool = False
-    sizer: BatchSizer = field(default_factory=BatchSizer)
-
-    def retest_due(self) -> bool:
-        """An inferred batch limit has held for ``retest_every`` requests: try above it."""
-        return (
-            self.limit_inferred and not self.retesting and self.ok_since_limit >= self.retest_every
-        )
 
 
 class Replica:

@@ -1,15 +1,16 @@
-"""Failures one input may cause: the bisecting half of ``_engine.Engine`` (a mixin, as
-``_learn.Learning`` is its learning half).
+"""Failures one input may cause: ``Bisector``, the flows that find the failing input(s)
+of a batch, built by ``_engine.Engine`` with the flows it recurses into.
 
 A batch that fails in a way one input can cause (500, a connection dropped after the
 request was sent, a 400 that names no input) is split and the halves resent until the
-failing input(s) are isolated (``_bisect``); a 400 naming its input fails that one and
-sends the others (``_without``). A single text is blamed only when it fails again after
-the server was seen working (``_once_more``: a control request shows it, ``_control``; a
+failing input(s) are isolated (``bisect``); a 400 naming its input fails that one and
+sends the others (``without``). A single text is blamed only when it fails again after
+the server was seen working (``once_more``: a control request shows it, ``control``; a
 control that fails too is an outage, waited out until the deadline). A batch whose every
-half succeeds failed for its size: the replica's batch limit is learned. What reaches the
-caller (``_input_failed``): ``on_error="raise"`` raises the first bad input's error (the
-lowest index), ``"skip"`` leaves ``None`` in its slot and reports the error.
+half succeeds failed for its size: the replica's batch limit is learned
+(``batching.learn_inferred_limit``). What reaches the caller (``input_failed``):
+``on_error="raise"`` raises the first bad input's error (the lowest index), ``"skip"``
+leaves ``None`` in its slot and reports the error.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from ._balance import Endpoint, Replica
-from ._config import EmbeddingConfig
+from ._batching import learn_inferred_limit
+from ._config import RetryConfig
 from ._retry import RetryState
 from ._run import Call, Flow, Part, Sleep
 from .errors import (
@@ -32,7 +35,7 @@ from .errors import (
     TransportError,
 )
 
-__all__ = ["Bisecting"]
+__all__ = ["Bisection", "Bisector", "input_failed"]
 
 _log = logging.getLogger("qwen_embed_plugins")
 
@@ -41,7 +44,9 @@ _CONTROL_WAIT_MAX = 1.0  # seconds: the longest wait between control requests in
 
 
 @dataclass
-class _Bisection:
+class Bisection:
+    """What the pieces of one bisected batch have shown so far."""
+
     since: float  # monotonic time the bisected batch failed
     ok: int = 0
     max_ok: int = 0
@@ -50,23 +55,22 @@ class _Bisection:
     input_failed: bool = False
 
 
-class Bisecting:
-    """The bisecting half of ``Engine`` (see the module docstring)."""
+class BatchFlow(Protocol):
+    """``Engine.batch_flow``: one batch to its ``Part``."""
 
-    config: EmbeddingConfig
-    model: str
-    endpoint: Endpoint
-
-    def batch_flow(  # provided by Engine
+    def __call__(
         self,
         call: Call,
         texts: Sequence[str],
         indices: Sequence[int],
-        bis: _Bisection | None = None,
-    ) -> Flow:
-        raise NotImplementedError
+        bis: Bisection | None = None,
+    ) -> Flow: ...
 
-    def request_flow(  # provided by Engine
+
+class RequestFlow(Protocol):
+    """``Engine.request_flow``: one batch sent until it is answered."""
+
+    def __call__(
         self,
         call: Call,
         texts: Sequence[str],
@@ -74,20 +78,41 @@ class Bisecting:
         *,
         bisectable: bool,
         bisecting: bool = False,
-    ) -> Flow:
-        raise NotImplementedError
+    ) -> Flow: ...
 
-    def _bisect(
+
+class Bisector:
+    """The flows that isolate the failing input(s) of a batch (see the module
+    docstring), for one engine: they send their pieces through ``batch_flow`` and
+    ``request_flow``, on ``endpoint``'s replicas, for ``model``, with ``retry``."""
+
+    def __init__(
+        self,
+        batch_flow: BatchFlow,
+        request_flow: RequestFlow,
+        endpoint: Endpoint,
+        model: str,
+        retry: RetryConfig,
+    ) -> None:
+        self.batch_flow = batch_flow
+        self.request_flow = request_flow
+        self.endpoint = endpoint
+        self.model = model
+        self.retry = retry
+
+    def bisect(
         self,
         call: Call,
         texts: Sequence[str],
         indices: Sequence[int],
         first: QwenEmbedError,
-        bis: _Bisection | None,
+        bis: Bisection | None,
     ) -> Flow:
+        """``texts`` failed with ``first``, which one input may cause: each half sent
+        again (``batch_flow``, which bisects further), their ``Part`` merged."""
         top = bis is None
         if bis is None:
-            bis = _Bisection(since=time.monotonic())
+            bis = Bisection(since=time.monotonic())
             replica = self.endpoint.replica_of(first)
             if replica is not None:
                 replica.metrics.fallback("bisections")
@@ -112,41 +137,25 @@ class Bisecting:
             replica = self.endpoint.replica_of(first)
             took = bis.ok_on.get(replica, 0) if replica is not None else 0
             if replica is not None and took:
-                state = replica.state(self.model)
-                state.size_failures.append(took)
-                if len(state.size_failures) < 2:
-                    return part  # once could be chance: wait for a second batch to say so
-                if state.batch_limit is None or took < state.batch_limit:
-                    state.batch_limit = took
-                    state.limit_inferred = True  # retested later: it may have been a spell
-                    state.ok_since_limit = 0
-                    replica.metrics.fallback("batch_limit")
-                    _log.warning(
-                        "%s failed a batch of %d texts (%s) but took batches of %d: "
-                        "sending at most %d texts per request from now on",
-                        replica.label,
-                        len(texts),
-                        type(first).__name__,
-                        took,
-                        took,
-                    )
+                batch = replica.state(self.model).batch
+                learn_inferred_limit(batch, replica, took, len(texts), first)
         return part
 
-    def _without(
+    def without(
         self,
         call: Call,
         texts: Sequence[str],
         indices: Sequence[int],
         named: int,
         exc: QwenEmbedError,
-        bis: _Bisection | None,
+        bis: Bisection | None,
     ) -> Flow:
         """The server named the bad input: fail it, send the others."""
         part = Part()
         if isinstance(exc, BadRequestError):
             index = indices[named]
             exc = exc.with_context(index=index, note=f" [input index {index} of this call]")
-        self._input_failed(call, part, named, indices[named], exc, bis)
+        input_failed(call, part, named, indices[named], exc, bis)
         if call.stop:
             return part
         for start, stop in ((0, named), (named + 1, len(texts))):
@@ -155,7 +164,7 @@ class Bisecting:
                 part.merge(sub, start)
         return part
 
-    def _once_more(
+    def once_more(
         self,
         call: Call,
         texts: Sequence[str],
@@ -166,11 +175,11 @@ class Bisecting:
         """A single text failed in a way the server may have caused whatever the input
         (``exc``: a 500, a 424, a dropped connection, a 400 naming no input). Unless the
         server has been seen to work since, a control request waits for it to work
-        (``_control``); then the text is sent once more. Returns ``request_flow``'s
+        (``control``); then the text is sent once more. Returns ``request_flow``'s
         result when it goes through; raises what it failed with the second time (the
         input's fault: the server worked just before)."""
         if call.last_ok < since:
-            yield from self._control(call, indices[0], exc)
+            yield from self.control(call, indices[0], exc)
         replica = self.endpoint.replica_of(exc)
         if replica is not None:
             replica.metrics.fallback("resent_alone")
@@ -178,7 +187,7 @@ class Bisecting:
             yield from self.request_flow(call, texts, indices, bisectable=False, bisecting=True)
         )
 
-    def _control(self, call: Call, index: int, exc: QwenEmbedError) -> Flow:
+    def control(self, call: Call, index: int, exc: QwenEmbedError) -> Flow:
         """Before blaming input ``index`` for ``exc`` (an answer that could be the
         server's as well as the input's) with no success since it was sent: send a
         known-good text with the same options. It succeeds -> returns (the input may be
@@ -189,7 +198,7 @@ class Bisecting:
         replica = self.endpoint.replica_of(exc)
         if replica is not None:
             replica.metrics.fallback("control_requests")
-        rs = RetryState(policy=self.config.retry, started=call.started, deadline=call.deadline)
+        rs = RetryState(policy=self.retry, started=call.started, deadline=call.deadline)
         while True:
             try:
                 yield from self.request_flow(
@@ -221,28 +230,28 @@ class Bisecting:
         call.server_errors.add(error)
         raise error
 
-    def _input_failed(
-        self,
-        call: Call,
-        part: Part,
-        offset: int,
-        index: int,
-        exc: QwenEmbedError,
-        bis: _Bisection | None,
-    ) -> Part:
-        """Input ``index`` cannot be embedded: raise (``"raise"``) or record it."""
-        if bis is not None:
-            bis.failed_leaves += 1
-            bis.input_failed = True
-        exc = _pinned(exc, index)
-        if call.on_error == "raise":
-            call.stop = True
-            call.lowest = index if call.lowest is None else min(call.lowest, index)
-            raise exc
-        call.failures[index] = exc
-        part.failed[offset] = exc
-        _log.warning("skipping input index %d: %s", index, exc)
-        return part
+
+def input_failed(
+    call: Call,
+    part: Part,
+    offset: int,
+    index: int,
+    exc: QwenEmbedError,
+    bis: Bisection | None,
+) -> Part:
+    """Input ``index`` cannot be embedded: raise (``"raise"``) or record it."""
+    if bis is not None:
+        bis.failed_leaves += 1
+        bis.input_failed = True
+    exc = _pinned(exc, index)
+    if call.on_error == "raise":
+        call.stop = True
+        call.lowest = index if call.lowest is None else min(call.lowest, index)
+        raise exc
+    call.failures[index] = exc
+    part.failed[offset] = exc
+    _log.warning("skipping input index %d: %s", index, exc)
+    return part
 
 
 def _pinned(exc: QwenEmbedError, index: int) -> QwenEmbedError:

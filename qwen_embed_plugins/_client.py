@@ -4,7 +4,10 @@ Both are thin. Every decision of a call — batching, replica choice, retries,
 bisection, fallbacks, checks — lives once in ``_engine.Engine`` as I/O-free flows; the
 two classes differ only in how they run a flow: ``EmbeddingClient`` with blocking I/O on
 the pool's ``SyncTransport`` (concurrent batches on a shared thread pool),
-``AsyncEmbeddingClient`` with awaits on the running loop's ``AsyncTransport``.
+``AsyncEmbeddingClient`` with awaits on the running loop's ``AsyncTransport``. What
+they share is written once in ``_ClientBase``: the checks of a call's arguments, its
+plan (``_batching``) and the call under way (``_Run``); the result is assembled by
+``_results``.
 
 The hot path posts JSON through the pooled HTTP client with this package's codec
 (orjson, base64 -> numpy): the openai SDK costs ~3 ms of CPU per request on top of
@@ -18,26 +21,27 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, overload
 
-import numpy as np
-
 from . import _pool as pool
+from ._batching import Batches, BatchPlan, plan_call
 from ._config import EmbeddingConfig, OnError, known_model_dims
 from ._engine import Engine
-from ._protocol import (
-    BatchPlan,
-    FloatArray,
-    estimate_tokens,
-    format_query,
-    plan_batches,
-    screen_texts,
-    split_by_tokens,
-    validate_text,
-    validate_texts,
+from ._protocol import FloatArray, format_query, screen_texts, validate_text, validate_texts
+from ._results import (
+    EmbeddingList,
+    EmbeddingResult,
+    Inputs,
+    Sink,
+    batch_counts,
+    caller_indices,
+    finish_array,
+    finish_list,
 )
 from ._run import (
+    Call,
+    Flow,
     Part,
     Send,
     ahedged,
@@ -51,8 +55,6 @@ from ._servers import Detection
 from ._transport import Reply, Retired, _sdk
 from .errors import (
     ConfigError,
-    InputError,
-    QwenEmbedError,
 )
 
 if TYPE_CHECKING:
@@ -71,205 +73,6 @@ __all__ = [
 Progress = Callable[[int], None]
 """A progress callback: called once per finished batch with the number of input texts
 that batch covered."""
-
-
-class EmbeddingList(list):  # type: ignore[type-arg]
-    """The vectors of an ``on_error="skip"`` call: ``n`` items, each ``dim`` floats or
-    ``None`` for an input that could not be embedded.
-
-    Attributes:
-        errors: the caller's input index -> the error that input met.
-    """
-
-    errors: dict[int, QwenEmbedError]
-
-    def __init__(self, rows: Iterable[Any] = (), errors: dict[int, QwenEmbedError] | None = None):
-        super().__init__(rows)
-        self.errors = dict(errors or {})
-
-
-@dataclass
-class EmbeddingResult:
-    """The result of an ``on_error="skip"`` array call.
-
-    Attributes:
-        vectors: float32, ``n x dim``; rows of failed inputs are NaN.
-        errors: the caller's input index -> the error that input met.
-    """
-
-    vectors: FloatArray
-    errors: dict[int, QwenEmbedError] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> np.ndarray[Any, np.dtype[np.bool_]]:
-        """Boolean mask, ``n``: ``True`` where the input was embedded."""
-        mask = np.ones(len(self.vectors), dtype=bool)
-        if self.errors:
-            mask[list(self.errors)] = False
-        return mask
-
-
-# --------------------------------------------------------------------------- sinks
-
-
-class _Sink:
-    """Where decoded batches go as they finish, so no second full copy is kept: an
-    array allocated at the first batch (``n_unique x dim``), or plain lists per batch."""
-
-    def __init__(self, plan: BatchPlan, *, lists: bool) -> None:
-        self.plan = plan
-        self.lists = lists
-        self.array: FloatArray | None = None
-        self.rows: list[Any] | None = [None] * len(plan.unique) if lists else None
-        self.failed: dict[int, QwenEmbedError] = {}  # unique row -> error
-        self._lock = threading.Lock()  # batches finish on several threads
-
-    def _allocate(self, dim: int) -> FloatArray:
-        with self._lock:
-            if self.array is None:
-                array = np.empty((len(self.plan.unique), dim), np.float32)
-                array.fill(np.nan)
-                self.array = array
-            return self.array
-
-    def put(self, b: int, part: Part) -> None:
-        start = self.plan.batches[b][0]
-        for offset, rows in part.pieces:
-            at = start + offset
-            if self.rows is not None:
-                self.rows[at : at + len(rows)] = rows.tolist()
-            else:
-                array = self.array if self.array is not None else self._allocate(rows.shape[1])
-                array[at : at + len(rows)] = rows
-        for offset, error in part.failed.items():
-            self.failed[start + offset] = error
-            if self.rows is not None:
-                self.rows[start + offset] = None
-
-    def _errors(self) -> dict[int, QwenEmbedError]:
-        plan = self.plan
-        if not self.failed:
-            return {}
-        if plan.positions is None:
-            return {plan.first_index[row]: e for row, e in self.failed.items()}
-        return {
-            i: self.failed[int(row)]
-            for i, row in enumerate(plan.positions)
-            if int(row) in self.failed
-        }
-
-    def array_result(self, dim: int) -> tuple[FloatArray, dict[int, QwenEmbedError]]:
-        """The rows (``n_inputs x d``) and errors; ``d`` is ``dim`` when every input
-        failed (no answer said the size)."""
-        plan = self.plan
-        arr = self.array
-        if arr is None:  # every input failed
-            arr = np.full((len(plan.unique), dim), np.nan, dtype=np.float32)
-        if plan.positions is not None:
-            arr = arr[plan.positions]
-        return arr, self._errors()
-
-    def list_result(self) -> tuple[list[Any], dict[int, QwenEmbedError]]:
-        plan = self.plan
-        rows = self.rows
-        if rows is None:  # cannot happen
-            raise RuntimeError("internal error: rows is None")
-        if plan.positions is not None:
-            seen: set[int] = set()
-            out: list[Any] = []
-            for row in plan.positions.tolist():
-                value = rows[row]
-                if row in seen and value is not None:
-                    value = list(value)  # duplicates get their own list
-                seen.add(row)
-                out.append(value)
-            rows = out
-        return rows, self._errors()
-
-
-class _Batches:
-    """The batches of one call, as indexes into ``plan.batches``, read one at a time by
-    the window (``run_windowed``) as a slot frees up.
-
-    For a stated ``batch_size`` the plan was cut up front. For ``batch_size="auto"``
-    each batch is cut when it is about to be sent, at the size the replicas' batch
-    sizers ask for now (``Engine.auto_batch_size``: they learn from the answers of the
-    batches before it), until the rest of the call fits in the window's batches: from
-    there every batch has that size (the last wave in equal batches). Always within the
-    known and learned limits (texts per request, read at each cut; ``tokens``,
-    estimated tokens per request).
-    """
-
-    def __init__(
-        self,
-        plan: BatchPlan,
-        window: int,
-        tokens: int | None,
-        engine: Engine | None,
-    ) -> None:
-        self.plan = plan
-        self.engine = engine
-        self.tokens = tokens
-        self.window = window
-        self._next = 0
-        self._at = 0
-        self._last = 0  # the size of the last wave's batches, once it is cut
-        self._sizes = (
-            [estimate_tokens(t) for t in plan.unique]
-            if engine is not None and tokens is not None
-            else None
-        )
-        self.single = len(plan.batches) == 1 if engine is None else self._first_is_all()
-
-    def _size(self) -> int:
-        if self.engine is None:  # cannot happen
-            raise RuntimeError("internal error: engine is None")
-        engine = self.engine
-        # The first ``window`` batches leave together (the window is empty): each is cut
-        # over the slots still free, so a call that fits one wave goes out in equal
-        # batches (400 texts, 4 slots: 4 x 100, not 100, 75, 57, 42 and a second wave).
-        # Later batches are cut one at a time as a slot frees, over the whole window.
-        # Once the rest fits in the batches the window has left, that size holds to the
-        # end: the last wave goes in equal batches too (952 texts left, 4 slots: 238, 238,
-        # 238, 238, not 238, 179, 134, ... 32, a tail of round trips at a fraction of the
-        # size). An overload answered meanwhile no longer shrinks these few batches; a
-        # known or learned text limit still caps them (below), a token budget splits them.
-        size = self._last
-        if not size:
-            cut, remaining = len(self.plan.batches), len(self.plan.unique) - self._at
-            slots = self.window - cut if cut < self.window else self.window
-            size = engine.auto_batch_size(remaining, slots)
-            if size * slots >= remaining:
-                self._last = size
-        count = engine.batch_limits()[0]  # learned during the call too
-        return size if count is None else max(1, min(size, count))
-
-    def _first_is_all(self) -> bool:
-        n = len(self.plan.unique)
-        return bool(n) and self._cut() == n
-
-    def _cut(self) -> int:
-        """Cut the next batch; its stop."""
-        plan, start = self.plan, self._at
-        n = len(plan.unique)
-        stop = min(n, start + self._size())
-        if self._sizes is not None and self.tokens is not None:
-            stop = split_by_tokens(self._sizes, start, stop, self.tokens, stop - start)[0][1]
-        plan.batches.append((start, stop))
-        self._at = stop
-        return stop
-
-    def __iter__(self) -> _Batches:
-        return self
-
-    def __next__(self) -> int:
-        b = self._next
-        if b >= len(self.plan.batches):
-            if self.engine is None or self._at >= len(self.plan.unique):
-                raise StopIteration
-            self._cut()
-        self._next = b + 1
-        return b
 
 
 # --------------------------------------------------------------------------- async library
@@ -291,8 +94,49 @@ def load_async_library() -> None:
 # --------------------------------------------------------------------------- base
 
 
+def _row(part: Part) -> FloatArray:
+    """The vector (``dim``) of a one-text call's ``Part``."""
+    row: FloatArray = part.pieces[0][1][0]
+    return row
+
+
+@dataclass
+class _Run:
+    """One call of many texts under way, I/O-free: the driver runs ``flow(b)`` for each
+    batch ``b`` that ``batches`` yields, at most ``limit`` at once, and hands each
+    ``Part`` to ``done`` (into the sink; progress reported)."""
+
+    engine: Engine
+    call: Call
+    plan: BatchPlan
+    batches: Batches
+    sink: Sink
+    indices: list[int]  # the caller's index of each unique text
+    progress: Progress | None
+    counts: Callable[[int], int] | None
+
+    @property
+    def limit(self) -> int:
+        """Batches of the call in flight at most (1: a call of one batch)."""
+        return 1 if self.batches.single else self.batches.window
+
+    def flow(self, b: int) -> Flow:
+        """Batch ``b``'s flow (``Engine.batch_flow``)."""
+        start, stop = self.plan.batches[b]
+        return self.engine.batch_flow(
+            self.call, self.plan.unique[start:stop], self.indices[start:stop]
+        )
+
+    def done(self, b: int, part: Part) -> None:
+        """Batch ``b`` finished with ``part``."""
+        self.sink.put(b, part)
+        if self.progress is not None and self.counts is not None:
+            self.progress(self.counts(b))
+
+
 class _ClientBase:
-    """What the sync and async clients share: settings, engine, pickling."""
+    """What the sync and async clients share: settings, engine, pickling, and the
+    I/O-free part of a call (arguments checked, planned, results assembled)."""
 
     def __init__(self, config: EmbeddingConfig | None = None, **settings: Any) -> None:
         if config is None:
@@ -333,34 +177,45 @@ class _ClientBase:
         ``None`` until the first answer when ``server="auto"``."""
         return self._engine.detection()
 
-    def _plan(self, texts: list[str]) -> tuple[BatchPlan, _Batches]:
-        window = self._config.max_concurrency
-        count, tokens = self._engine.batch_limits()
-        size = self._config.batch_size
-        if size == "auto":
-            plan = plan_batches(texts, max(1, len(texts)))
-            plan.batches.clear()  # cut one at a time, as the window frees a slot
-            batches = _Batches(plan, window, tokens, self._engine)
-            return plan, batches
-        if count is not None and count < size:
-            size = count
-        plan = plan_batches(texts, size, max_tokens=tokens)
-        return plan, _Batches(plan, window, tokens, None)
+    def _one(self, text: str, *, query: bool) -> tuple[Callable[[], Flow], float | None]:
+        """A call of one text: a new flow for it each time it runs (twice when hedged),
+        and how long to wait before hedging it (``None``: no hedge)."""
+        engine = self._engine
+        call = engine.new_call(query=query)
+        delay = engine.endpoint.p95() if query and self._config.hedge else None
+        return (lambda: engine.batch_flow(call, [text], [0])), delay
 
-    @staticmethod
-    def _batch_counts(plan: BatchPlan) -> Callable[[int], int]:
-        """Input texts covered by batch ``b`` (duplicates included), for progress."""
-        if plan.positions is None:
-            return lambda b: plan.batches[b][1] - plan.batches[b][0]
-        per_row = np.bincount(plan.positions, minlength=len(plan.unique))
-        return lambda b: int(per_row[plan.batches[b][0] : plan.batches[b][1]].sum())
+    def _start(
+        self,
+        inputs: Inputs,
+        progress: Progress | None,
+        on_error: OnError,
+        *,
+        lists: bool,
+        query: bool,
+    ) -> _Run | None:
+        """A call of ``inputs`` under way, planned, whose batches the driver runs
+        (``None``: no text to send, no request)."""
+        if not inputs.texts:
+            return None  # nothing to send: no request
+        engine = self._engine
+        call = engine.new_call(query=query, on_error=on_error)
+        plan, batches = self._plan(inputs.texts)
+        counts = batch_counts(plan) if progress is not None else None
+        indices = caller_indices(plan, inputs)
+        return _Run(engine, call, plan, batches, Sink(plan, lists=lists), indices, progress, counts)
+
+    def _plan(self, texts: list[str]) -> tuple[BatchPlan, Batches]:
+        """The plan of a call's ``texts`` and its batches (``batching.plan_call``)."""
+        config = self._config
+        return plan_call(texts, config.batch_size, config.max_concurrency, self._engine)
 
     def _query_texts(self, texts: Iterable[str]) -> list[str]:
         items = validate_texts(texts, max_chars=self._config.max_text_chars)
         task = self._query_task
         return [format_query(t, task) for t in items]
 
-    def _inputs(self, texts: object, on_error: OnError, first: int = 0) -> _Inputs:
+    def _inputs(self, texts: object, on_error: OnError, first: int = 0) -> Inputs:
         """Check a call's texts before anything is sent: ``"raise"`` raises the first
         rejected text's ``InputError``; ``"skip"`` sets the rejected ones aside.
         ``first``: the caller's index of the first text (``"raise"`` only)."""
@@ -368,7 +223,7 @@ class _ClientBase:
             raise ConfigError(f"on_error must be 'raise' or 'skip', got {on_error!r}")
         items, rejected = screen_texts(texts, max_chars=self._config.max_text_chars, first=first)
         if not rejected:
-            return _Inputs(items, len(items), None, {}, first)
+            return Inputs(items, len(items), None, {}, first)
         if on_error == "raise":
             raise next(iter(rejected.values()))
         first = next(iter(rejected))
@@ -379,84 +234,13 @@ class _ClientBase:
             rejected[first],
         )
         kept = [i for i in range(len(items)) if i not in rejected]
-        return _Inputs([items[i] for i in kept], len(items), kept, rejected)
+        return Inputs([items[i] for i in kept], len(items), kept, rejected)
 
     def _known_dim(self) -> int:
         """The size of this config's vectors when known without asking the server
         (``dimensions``, else a known Qwen3-Embedding model's size), else 0."""
         config = self._config
         return config.dimensions or known_model_dims(config.model or "") or 0
-
-
-@dataclass
-class _Inputs:
-    """A call's texts after the checks before sending.
-
-    Attributes:
-        texts: the texts to send (the rejected ones left out).
-        size: the number of inputs of the call (``n``), rejected ones included.
-        kept: the caller's index of each text in ``texts``; ``None``: all were kept.
-        rejected: the caller's index -> why that text cannot be sent.
-        first: the caller's index of ``texts[0]`` when they are a slice of the caller's
-            list (every error names the index in that list).
-    """
-
-    texts: list[str]
-    size: int
-    kept: list[int] | None
-    rejected: dict[int, InputError]
-    first: int = 0
-
-    def errors(self, found: dict[int, QwenEmbedError]) -> dict[int, QwenEmbedError]:
-        """Every input's error by the caller's index, in index order: ``found`` (keyed
-        by position in ``texts``) and the rejected inputs."""
-        if self.kept is None:
-            return found
-        kept = self.kept
-        merged: dict[int, QwenEmbedError] = {kept[j]: e for j, e in found.items()}
-        merged.update(self.rejected)
-        return dict(sorted(merged.items()))
-
-
-def _caller_indices(plan: BatchPlan, inputs: _Inputs) -> list[int]:
-    """For each unique text of ``plan``, the caller's index of its first occurrence
-    (errors name it), counting the inputs set aside before sending."""
-    if inputs.kept is None:
-        first = inputs.first
-        return [first + i for i in plan.first_index] if first else plan.first_index
-    kept = inputs.kept
-    return [kept[i] for i in plan.first_index]
-
-
-def _finish_list(
-    sink: _Sink | None, inputs: _Inputs, on_error: OnError
-) -> list[list[float]] | EmbeddingList:
-    rows, errors = sink.list_result() if sink is not None else ([], {})
-    if inputs.kept is not None:
-        full: list[Any] = [None] * inputs.size
-        for j, i in enumerate(inputs.kept):
-            full[i] = rows[j]
-        rows = full
-    if on_error == "skip":
-        return EmbeddingList(rows, inputs.errors(errors))
-    return rows
-
-
-def _finish_array(
-    sink: _Sink | None, inputs: _Inputs, on_error: OnError, dim: int
-) -> FloatArray | EmbeddingResult:
-    if sink is not None:
-        arr, errors = sink.array_result(dim)
-    else:
-        arr, errors = np.empty((0, dim), dtype=np.float32), {}
-    if inputs.kept is not None:
-        full = np.full((inputs.size, arr.shape[1] or dim), np.nan, dtype=np.float32)
-        if len(arr):
-            full[inputs.kept] = arr
-        arr = full
-    if on_error == "skip":
-        return EmbeddingResult(arr, inputs.errors(errors))
-    return arr
 
 
 # --------------------------------------------------------------------------- sync
@@ -526,7 +310,7 @@ class EmbeddingClient(_ClientBase):
         """
         inputs = self._inputs(texts, on_error)
         sink = self._embed(inputs, progress, on_error, lists=True, query=False)
-        return _finish_list(sink, inputs, on_error)
+        return finish_list(sink, inputs, on_error)
 
     def _embed_slice(self, texts: list[str], first: int) -> list[list[float]]:
         """``embed_documents(texts)`` for ``texts``, the slice of a caller's list that
@@ -534,7 +318,7 @@ class EmbeddingClient(_ClientBase):
         list (``.index`` and message)."""
         inputs = self._inputs(texts, "raise", first)
         sink = self._embed(inputs, None, "raise", lists=True, query=False)
-        return _finish_list(sink, inputs, "raise")
+        return finish_list(sink, inputs, "raise")
 
     @overload
     def embed_documents_array(
@@ -566,7 +350,7 @@ class EmbeddingClient(_ClientBase):
         ``(0, 0)``; no request. Raises only this library's errors."""
         inputs = self._inputs(texts, on_error)
         sink = self._embed(inputs, progress, on_error, lists=False, query=False)
-        return _finish_array(sink, inputs, on_error, self._known_dim())
+        return finish_array(sink, inputs, on_error, self._known_dim())
 
     def embed_query(self, text: str) -> list[float]:
         """Embed one search query; ``dim`` floats. It is sent as
@@ -586,9 +370,9 @@ class EmbeddingClient(_ClientBase):
 
     def embed_queries(self, texts: Sequence[str] | Iterable[str]) -> list[list[float]]:
         """Embed many queries (each with the instruction); ``n x dim`` floats."""
-        inputs = _Inputs(self._query_texts(texts), 0, None, {})
+        inputs = Inputs(self._query_texts(texts), 0, None, {})
         sink = self._embed(inputs, None, "raise", lists=True, query=True)
-        return _finish_list(sink, inputs, "raise")
+        return finish_list(sink, inputs, "raise")
 
     def openai_client(self) -> openai.OpenAI:
         """An ``openai.OpenAI`` on the shared pool (SDK retries off: ``max_retries=0``).
@@ -599,7 +383,7 @@ class EmbeddingClient(_ClientBase):
         h2c fallback, and closing it closes nothing shared.
         """
         if self._sdk is None:
-            self._sdk = _sdk.sync_openai(self._config, api_key=self._engine.secret)
+            self._sdk = _sdk.sync_openai(self._config, api_key=self._engine.requests.secret)
         sdk: openai.OpenAI = self._sdk
         return sdk
 
@@ -613,50 +397,35 @@ class EmbeddingClient(_ClientBase):
             return pool.sync_transport(key).send(op.request)
 
     def _embed_one(self, text: str, *, query: bool) -> FloatArray:
-        engine = self._engine
-        call = engine.new_call(query=query)
+        flow, delay = self._one(text, query=query)
 
         def one(abandon: threading.Event | None = None) -> FloatArray:
-            part: Part = run_sync(engine.batch_flow(call, [text], [0]), self._exchange, abandon)
-            row: FloatArray = part.pieces[0][1][0]
-            return row
+            return _row(run_sync(flow(), self._exchange, abandon))
 
-        delay = engine.endpoint.p95() if query and self._config.hedge else None
         if delay is None:
             return one()
-        row: FloatArray = hedged(one, delay, engine.endpoint.hedges)
+        row: FloatArray = hedged(one, delay, self._engine.endpoint.hedges)
         return row
 
     def _embed(
         self,
-        inputs: _Inputs,
+        inputs: Inputs,
         progress: Progress | None,
         on_error: OnError,
         *,
         lists: bool,
         query: bool,
-    ) -> _Sink | None:
-        if not inputs.texts:
-            return None  # nothing to send: no request
-        engine = self._engine
-        call = engine.new_call(query=query, on_error=on_error)
-        plan, batches = self._plan(inputs.texts)
-        sink = _Sink(plan, lists=lists)
-        counts = self._batch_counts(plan) if progress is not None else None
+    ) -> Sink | None:
+        run = self._start(inputs, progress, on_error, lists=lists, query=query)
+        if run is None:
+            return None
         send = self._exchange
-        indices = _caller_indices(plan, inputs)
 
         def job(b: int) -> None:
-            start, stop = plan.batches[b]
-            part = run_sync(
-                engine.batch_flow(call, plan.unique[start:stop], indices[start:stop]), send
-            )
-            sink.put(b, part)
-            if progress is not None and counts is not None:
-                progress(counts(b))
+            run.done(b, run_sync(run.flow(b), send))
 
-        run_windowed(batches, job, 1 if batches.single else batches.window, call)
-        return sink
+        run_windowed(run.batches, job, run.limit, run.call)
+        return run.sink
 
 
 # --------------------------------------------------------------------------- async
@@ -703,13 +472,13 @@ class AsyncEmbeddingClient(_ClientBase):
         ``EmbeddingClient.embed_documents``)."""
         inputs = self._inputs(texts, on_error)
         sink = await self._embed(inputs, progress, on_error, lists=True, query=False)
-        return _finish_list(sink, inputs, on_error)
+        return finish_list(sink, inputs, on_error)
 
     async def _embed_slice(self, texts: list[str], first: int) -> list[list[float]]:
         """Async ``EmbeddingClient._embed_slice``."""
         inputs = self._inputs(texts, "raise", first)
         sink = await self._embed(inputs, None, "raise", lists=True, query=False)
-        return _finish_list(sink, inputs, "raise")
+        return finish_list(sink, inputs, "raise")
 
     @overload
     async def embed_documents_array(
@@ -737,7 +506,7 @@ class AsyncEmbeddingClient(_ClientBase):
         """Embed documents into a float32 numpy array, ``n x dim``."""
         inputs = self._inputs(texts, on_error)
         sink = await self._embed(inputs, progress, on_error, lists=False, query=False)
-        return _finish_array(sink, inputs, on_error, self._known_dim())
+        return finish_array(sink, inputs, on_error, self._known_dim())
 
     async def embed_query(self, text: str) -> list[float]:
         """Embed one query with the Qwen3 instruction; ``dim`` floats."""
@@ -755,9 +524,9 @@ class AsyncEmbeddingClient(_ClientBase):
 
     async def embed_queries(self, texts: Sequence[str] | Iterable[str]) -> list[list[float]]:
         """Embed many queries (each with the instruction); ``n x dim`` floats."""
-        inputs = _Inputs(self._query_texts(texts), 0, None, {})
+        inputs = Inputs(self._query_texts(texts), 0, None, {})
         sink = await self._embed(inputs, None, "raise", lists=True, query=True)
-        return _finish_list(sink, inputs, "raise")
+        return finish_list(sink, inputs, "raise")
 
     def openai_client(self) -> openai.AsyncOpenAI:
         """An ``openai.AsyncOpenAI`` on the shared pools (``max_retries=0``).
@@ -768,7 +537,7 @@ class AsyncEmbeddingClient(_ClientBase):
         and the h2c fallback; closing it closes nothing shared.
         """
         if self._sdk is None:
-            self._sdk = _sdk.async_openai(self._config, api_key=self._engine.secret)
+            self._sdk = _sdk.async_openai(self._config, api_key=self._engine.requests.secret)
         async_sdk: openai.AsyncOpenAI = self._sdk
         return async_sdk
 
@@ -782,49 +551,32 @@ class AsyncEmbeddingClient(_ClientBase):
             return await pool.async_transport(key).send(op.request)
 
     async def _embed_one(self, text: str, *, query: bool) -> FloatArray:
-        engine = self._engine
-        call = engine.new_call(query=query)
-        delay = engine.endpoint.p95() if query and self._config.hedge else None
+        flow, delay = self._one(text, query=query)
         if delay is None:  # the common path: no extra coroutine per query
-            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._exchange)
-            first: FloatArray = part.pieces[0][1][0]
-            return first
+            return _row(await run_async(flow(), self._exchange))
 
         async def one() -> FloatArray:
-            part: Part = await run_async(engine.batch_flow(call, [text], [0]), self._exchange)
-            row: FloatArray = part.pieces[0][1][0]
-            return row
+            return _row(await run_async(flow(), self._exchange))
 
-        row: FloatArray = await ahedged(one, delay, engine.endpoint.hedges)
+        row: FloatArray = await ahedged(one, delay, self._engine.endpoint.hedges)
         return row
 
     async def _embed(
         self,
-        inputs: _Inputs,
+        inputs: Inputs,
         progress: Progress | None,
         on_error: OnError,
         *,
         lists: bool,
         query: bool,
-    ) -> _Sink | None:
-        if not inputs.texts:
-            return None  # nothing to send: no request
-        engine = self._engine
-        call = engine.new_call(query=query, on_error=on_error)
-        plan, batches = self._plan(inputs.texts)
-        sink = _Sink(plan, lists=lists)
-        counts = self._batch_counts(plan) if progress is not None else None
+    ) -> Sink | None:
+        run = self._start(inputs, progress, on_error, lists=lists, query=query)
+        if run is None:
+            return None
         send = self._exchange
-        indices = _caller_indices(plan, inputs)
 
         async def job(b: int) -> None:
-            start, stop = plan.batches[b]
-            part = await run_async(
-                engine.batch_flow(call, plan.unique[start:stop], indices[start:stop]), send
-            )
-            sink.put(b, part)
-            if progress is not None and counts is not None:
-                progress(counts(b))
+            run.done(b, await run_async(run.flow(b), send))
 
-        await arun_windowed(batches, job, 1 if batches.single else batches.window, call)
-        return sink
+        await arun_windowed(run.batches, job, run.limit, run.call)
+        return run.sink

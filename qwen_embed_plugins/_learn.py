@@ -1,22 +1,34 @@
-"""What the engine learns from a server's answers, and how it applies it: base64 and
-``dimensions`` refusals, a 5xx only for base64 (float tried), a one-item ``input`` list
-refused (a bare string tried), batch and token limits, MRL slicing and normalisation, silent
-truncation (``usage``), and the llama.cpp ``<|endoftext|>`` check. A mixin of
-``_engine.Engine`` (its state lives on the replicas: ``balance.ReplicaState``)."""
+"""What is learned about a replica's server, in one place: the facts (``ReplicaState``,
+one per replica and model) and the decisions that learn and apply them.
+
+The server's profile (``profile``, ``identify``); the options a request is sent with
+(``wire``); base64 and ``dimensions`` refusals (``adapt``); a 5xx only for base64 (float
+tried: ``float_may_help``, ``no_base64``); a one-item ``input`` list refused (a bare
+string tried: ``try_bare``, ``learn_bare``); Infinity's routes at the root
+(``learn_root_path``); MRL slicing and normalisation, with ``dimensions`` ignored
+(``finish``); silent truncation (``usage``: ``check_usage``); the llama.cpp
+``<|endoftext|>`` check (``eos_probe``, ``eos_answer``). What is learned about batch
+sizes is in ``_batching`` (``ReplicaState.batch``).
+
+Plain functions: the engine (``_engine.Engine``) calls them with what they need, the
+replica's state among it; no I/O here.
+"""
 
 from __future__ import annotations
 
 import logging
 import re
 import time
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import orjson
 
-from ._balance import RETEST_EVERY, Endpoint, Replica, ReplicaState
-from ._config import EmbeddingConfig, Timeouts
+from . import _servers as servers
+from ._batching import BatchState, ReplicaView
+from ._config import EmbeddingConfig, known_model_dims
 from ._protocol import (
     FloatArray,
     estimate_tokens,
@@ -25,8 +37,6 @@ from ._protocol import (
     usage_prompt_tokens,
 )
 from ._retry import BACKEND_STATUS, classify
-from ._run import Send
-from ._transport import Request
 from .errors import (
     AuthenticationError,
     BadRequestError,
@@ -34,18 +44,28 @@ from .errors import (
     ContextLengthError,
     HTTPStatusError,
     NotFoundError,
-    PoolTimeout,
     QwenEmbedError,
     RateLimitError,
     ResponseError,
     ServerError,
-    TimeoutException,
 )
 
-if TYPE_CHECKING:
-    from ._run import Call, Flow
-
-__all__ = ["Learning"]
+__all__ = [
+    "ReplicaState",
+    "adapt",
+    "check_usage",
+    "eos_answer",
+    "eos_probe",
+    "finish",
+    "float_may_help",
+    "identify",
+    "learn_bare",
+    "learn_root_path",
+    "no_base64",
+    "profile",
+    "try_bare",
+    "wire",
+]
 
 _log = logging.getLogger("qwen_embed_plugins")
 
@@ -53,322 +73,287 @@ _BASE64_REFUSED = re.compile(r"base64|encoding[_ ]format", re.I)
 _DIMENSIONS_REFUSED = re.compile(r"dimension|matryoshka|mrl", re.I)
 _EOS_ID = 151643  # Qwen2/Qwen3 <|endoftext|> (qwen.tiktoken / tokenizer_config.json)
 _MAX_WARNINGS = 5
-_ONE_WAVE = 8
-"""A ``batch_size="auto"`` call whose texts fill the window with batches of at most this
-many times the sizer's start (8 x 32 = 256 texts) is sent in one wave of them; a longer
-call starts the growth of a replica that has decided nothing yet at that size (see
-``auto_batch_size``)."""
 
 
-class Learning:
-    """The learning half of ``Engine`` (see the module docstring)."""
+@dataclass
+class ReplicaState:
+    """What the process has learned about one replica's server for one model.
 
-    config: EmbeddingConfig
-    model: str
-    timeouts: Timeouts
-    headers: Any
-    endpoint: Endpoint
+    Attributes:
+        base64_ok: ``False`` once the server refused (or broke on) base64; ``True``
+            once a base64 answer decoded.
+        dimensions_ok: ``False`` once the server refused or ignored ``dimensions``.
+        native_dim: the model's full vector size as the server returned it.
+        profile: the server profile identified from its answers (``None``: not yet).
+        source: how ``profile`` was found (for ``servers.Detection``).
+        eos_checked: whether the ``<|endoftext|>`` check ran (llama.cpp only).
+        url_override: the embeddings URL to use instead of ``{base_url}/embeddings``.
+        bare_input: ``True`` once the server refused a one-item ``input`` list but took
+            the text as a bare string (one-text requests are then sent that way);
+            ``False`` once it took a one-item list.
+        warned: the one-off warnings already logged for it.
+        batch: its batch and token limits, and the batch size found from its latencies
+            (``_batching.BatchState``).
+    """
 
-    def ctx(self, replica: Replica) -> Any:  # provided by Engine
-        raise NotImplementedError
+    base64_ok: bool | None = None
+    dimensions_ok: bool | None = None
+    native_dim: int | None = None
+    profile: Any = None
+    source: str = ""
+    eos_checked: bool = False
+    url_override: str | None = None
+    bare_input: bool | None = None
+    warned: set[str] = field(default_factory=set)
+    batch: BatchState = field(default_factory=BatchState)
 
-    def batch_limits(self) -> tuple[int | None, int | None]:  # provided by Engine
-        raise NotImplementedError
 
-    def _adapt(
-        self,
-        exc: BadRequestError,
-        fmt: str,
-        dims: int | None,
-        state: ReplicaState,
-        replica: Replica,
-    ) -> bool:
-        """Learn from a 400 that the server refuses base64 or ``dimensions``; ``True``
-        when the request should be resent with other options."""
-        message = exc.message
+# --------------------------------------------------------------------------- options
+
+
+def profile(state: ReplicaState, url: str) -> servers.ServerProfile:
+    """The server profile of the replica at base URL ``url``: the one identified so far
+    (from the URL itself at first: ``servers.identify_url``), else the generic one."""
+    if state.profile is None:
+        found = servers.identify_url(url)
+        if found is not None:
+            state.profile, state.source = found.profile, found.source
+    found_profile = state.profile
+    return servers.GENERIC if found_profile is None else found_profile
+
+
+def wire(
+    config: EmbeddingConfig, model: str, state: ReplicaState, profile: servers.ServerProfile
+) -> tuple[str, int | None]:
+    """(``encoding_format``, ``dimensions`` to send) for this replica now."""
+    fmt: str = config.encoding_format
+    if fmt == "auto":
+        fmt = "float" if state.base64_ok is False or not profile.base64 else "base64"
+    want = config.dimensions
+    if want is None or state.dimensions_ok is False:
+        return fmt, None
+    native = state.native_dim or known_model_dims(model)
+    if native is not None and want >= native:
+        return fmt, None  # the full size: nothing to ask for
+    return fmt, servers.wire_dimensions(profile, want, model)
+
+
+def adapt(
+    config: EmbeddingConfig,
+    exc: BadRequestError,
+    fmt: str,
+    dims: int | None,
+    state: ReplicaState,
+    replica: ReplicaView,
+) -> bool:
+    """Learn from a 400 that the server refuses base64 or ``dimensions``; ``True``
+    when the request should be resent with other options."""
+    message = exc.message
+    if fmt == "base64" and config.encoding_format == "auto" and _BASE64_REFUSED.search(message):
+        no_base64(state, replica, "refused encoding_format=base64")
+        return True
+    if dims is not None and _DIMENSIONS_REFUSED.search(message):
+        state.dimensions_ok = False
+        replica.metrics.fallback("client_side_dimensions")
+        _log.warning(
+            "%s rejected dimensions=%d; slicing and renormalising client-side",
+            replica.label,
+            dims,
+        )
+        return True
+    return False
+
+
+def float_may_help(
+    config: EmbeddingConfig, error: QwenEmbedError, fmt: str, state: ReplicaState, multi: bool
+) -> bool:
+    """Whether to try float on the same replica after ``error``: a 5xx (or TEI's 424)
+    to a base64 request, on a replica not yet seen to answer base64 (a gateway that
+    fails decoding base64 answers 502 ``upstream_decode_error``). An outage status
+    with other replicas: the batch goes to another one instead."""
+    if not isinstance(error, ServerError) or fmt != "base64":
+        return False
+    if config.encoding_format != "auto" or state.base64_ok is not None:
+        return False
+    return not (multi and classify(error) == "outage")
+
+
+def no_base64(state: ReplicaState, replica: ReplicaView, why: str) -> None:
+    """The replica fails base64 (``why``): float from now on (logged once)."""
+    if state.base64_ok is not False:
+        state.base64_ok = False
+        replica.metrics.fallback("float_encoding")
+        _log.warning("%s %s; using float from now on", replica.label, why)
+
+
+def try_bare(error: QwenEmbedError, texts: Sequence[str], state: ReplicaState, bare: bool) -> bool:
+    """Whether to resend a one-text request with ``input`` as a bare string: its
+    one-item list was refused (a 500 or a 4xx; SGLang 0.4.6 fails ``["text"]`` but
+    embeds ``"text"``) by a server not yet seen to take one-item lists."""
+    if len(texts) != 1 or bare or state.bare_input is not None:
+        return False
+    if isinstance(error, ServerError):
+        return error.status in BACKEND_STATUS
+    return isinstance(error, HTTPStatusError) and not isinstance(
+        error,
+        AuthenticationError
+        | NotFoundError
+        | RateLimitError
+        | BatchTooLargeError
+        | ContextLengthError,
+    )
+
+
+def learn_bare(state: ReplicaState, replica: ReplicaView, bare: bool, texts: int) -> None:
+    """A request succeeded: learn whether the replica needs a bare string."""
+    if texts != 1 or state.bare_input is not None:
+        return
+    state.bare_input = bare
+    if bare:
+        replica.metrics.fallback("bare_string_input")
+        _log.warning(
+            "%s refused a one-item input list but took the text as a bare string; "
+            "sending one-text requests that way from now on",
+            replica.label,
+        )
+
+
+def learn_root_path(error: QwenEmbedError, url: str, state: ReplicaState) -> bool:
+    """Whether ``error`` (to the replica at base URL ``url``) is Infinity started without
+    ``--url-prefix`` behind a ``/v1`` base URL: FastAPI's 404 ``{"detail": "Not Found"}``,
+    its routes at the root. Then its embeddings URL and profile are learned and the
+    request is resent there (``True``)."""
+    if not (
+        isinstance(error, NotFoundError)
+        and state.url_override is None
+        and url.endswith("/v1")
+        and error.message.strip() == "Not Found"
+    ):
+        return False
+    state.url_override = f"{url[: -len('/v1')]}/embeddings"
+    state.profile, state.source = (
+        servers.PROFILES["infinity"],
+        "404 under /v1 (Infinity without --url-prefix)",
+    )
+    return True
+
+
+# --------------------------------------------------------------------------- answers
+
+
+def identify(state: ReplicaState, headers: Mapping[str, str], payload: object) -> None:
+    """Identify the server from a good answer (its ``headers`` and decoded ``payload``),
+    when no fixed ``server=`` is set and no profile or only the generic one was found."""
+    found = servers.identify_response(headers, payload)
+    if found is not None:
+        state.profile, state.source = found.profile, found.source
+    elif state.profile is None:
+        state.profile, state.source = servers.GENERIC, "answers of a generic server"
+
+
+def finish(
+    config: EmbeddingConfig,
+    arr: FloatArray,
+    sq: FloatArray,
+    sent_dims: int | None,
+    bad: dict[int, str],
+    state: ReplicaState,
+    replica: ReplicaView,
+) -> FloatArray:
+    """Apply MRL ``dimensions`` and normalisation to a decoded batch (``n x dim``)."""
+    want = config.dimensions
+    if want is not None:
+        if arr.shape[1] < want:
+            raise ResponseError(
+                f"{replica.label} returned {arr.shape[1]}-dimensional vectors, fewer than "
+                f"dimensions={want}",
+                url=replica.label,
+            )
         if (
-            fmt == "base64"
-            and self.config.encoding_format == "auto"
-            and _BASE64_REFUSED.search(message)
+            arr.shape[1] > want
+            and sent_dims is not None
+            and arr.shape[1] != sent_dims
+            and state.dimensions_ok is not False
         ):
-            self._no_base64(state, replica, "refused encoding_format=base64")
-            return True
-        if dims is not None and _DIMENSIONS_REFUSED.search(message):
             state.dimensions_ok = False
+            state.native_dim = int(arr.shape[1])
             replica.metrics.fallback("client_side_dimensions")
             _log.warning(
-                "%s rejected dimensions=%d; slicing and renormalising client-side",
+                "%s ignored dimensions=%d (returned %d); slicing client-side",
                 replica.label,
-                dims,
+                want,
+                arr.shape[1],
             )
-            return True
-        return False
+    if bad:
+        arr = arr.copy() if not arr.flags.writeable else arr
+        for row in bad:
+            arr[row] = np.nan
+            sq[row] = 1.0
+    if want is not None or config.normalize:
+        arr, _ = normalize_rows(arr, want, squared_norms=sq)
+    return arr
 
-    def _float_may_help(
-        self, error: QwenEmbedError, fmt: str, state: ReplicaState, multi: bool
-    ) -> bool:
-        """Whether to try float on the same replica after ``error``: a 5xx (or TEI's 424)
-        to a base64 request, on a replica not yet seen to answer base64 (a gateway that
-        fails decoding base64 answers 502 ``upstream_decode_error``). An outage status
-        with other replicas: the batch goes to another one instead."""
-        if not isinstance(error, ServerError) or fmt != "base64":
-            return False
-        if self.config.encoding_format != "auto" or state.base64_ok is not None:
-            return False
-        return not (multi and classify(error) == "outage")
 
-    def _try_bare(
-        self, error: QwenEmbedError, texts: Sequence[str], state: ReplicaState, bare: bool
-    ) -> bool:
-        """Whether to resend a one-text request with ``input`` as a bare string: its
-        one-item list was refused (a 500 or a 4xx; SGLang 0.4.6 fails ``["text"]`` but
-        embeds ``"text"``) by a server not yet seen to take one-item lists."""
-        if len(texts) != 1 or bare or state.bare_input is not None:
-            return False
-        if isinstance(error, ServerError):
-            return error.status in BACKEND_STATUS
-        return isinstance(error, HTTPStatusError) and not isinstance(
-            error,
-            AuthenticationError
-            | NotFoundError
-            | RateLimitError
-            | BatchTooLargeError
-            | ContextLengthError,
-        )
-
-    def _learn_bare(self, state: ReplicaState, replica: Replica, bare: bool, texts: int) -> None:
-        """A request succeeded: learn whether the replica needs a bare string."""
-        if texts != 1 or state.bare_input is not None:
+def check_usage(
+    replica: ReplicaView,
+    state: ReplicaState,
+    texts: Sequence[str],
+    indices: Sequence[int],
+    payload: object,
+) -> None:
+    """Warn (at most ``_MAX_WARNINGS`` times per replica) about each input the server
+    probably truncated: its ``usage`` reports far fewer tokens than estimated."""
+    reported = usage_prompt_tokens(payload)
+    if reported is None:
+        return
+    # no text is suspect while the report is at least half of the estimates
+    # (``truncation_suspects``): for one text, its estimate; for a batch, first an
+    # upper bound of theirs (``estimate_tokens`` <= characters + 1 per text)
+    if len(texts) == 1:
+        if reported * 2 >= estimate_tokens(texts[0]):
             return
-        state.bare_input = bare
-        if bare:
-            replica.metrics.fallback("bare_string_input")
+    elif reported * 2 >= sum(map(len, texts)) + len(texts):
+        return
+    estimates = [estimate_tokens(t) for t in texts]
+    for pos, estimate, cap in truncation_suspects(estimates, reported):
+        replica.metrics.fallback("truncated_input")
+        warned = sum(1 for w in state.warned if w.startswith("trunc:"))
+        if warned < _MAX_WARNINGS:
+            state.warned.add(f"trunc:{indices[pos]}:{time.monotonic()}")
+            capped = f" (a cap of {cap} tokens)" if cap else ""
             _log.warning(
-                "%s refused a one-item input list but took the text as a bare string; "
-                "sending one-text requests that way from now on",
+                "%s probably truncated input index %d: about %d tokens estimated, the "
+                "server reported %d for its request%s; its vector covers only the start",
                 replica.label,
+                indices[pos],
+                estimate,
+                reported,
+                capped,
             )
 
-    def _no_base64(self, state: ReplicaState, replica: Replica, why: str) -> None:
-        if state.base64_ok is not False:
-            state.base64_ok = False
-            replica.metrics.fallback("float_encoding")
-            _log.warning("%s %s; using float from now on", replica.label, why)
 
-    def _learn_limit(
-        self, exc: BatchTooLargeError, texts: Sequence[str], replica: Replica | None
-    ) -> None:
-        targets = [replica] if replica is not None else list(self.endpoint.replicas)
-        for target in targets:
-            state = target.state(self.model)
-            if exc.tokens:
-                sent = sum(estimate_tokens(t) for t in texts)
-                cap = exc.token_limit if exc.token_limit and exc.token_limit < sent else sent // 2
-                cap = max(1, int(cap * 0.9))  # estimates are not exact: keep a margin
-                if state.token_limit is None or cap < state.token_limit:
-                    state.token_limit = cap
-                    target.metrics.fallback("token_limit")
-                    _log.warning(
-                        "%s accepts at most %s tokens per request; splitting batches at "
-                        "about %d estimated tokens",
-                        target.label,
-                        exc.token_limit or "fewer",
-                        cap,
-                    )
-            else:
-                limit = exc.limit if exc.limit is not None and exc.limit < len(texts) else None
-                limit = limit or max(1, len(texts) // 2)
-                if state.batch_limit is None or limit < state.batch_limit:
-                    state.batch_limit = limit
-                    state.limit_inferred = False  # stated (or refused): kept for good
-                    target.metrics.fallback("batch_limit")
-                    _log.warning(
-                        "%s accepts at most %d texts per request; splitting batches",
-                        target.label,
-                        limit,
-                    )
+def eos_probe(url: str) -> tuple[str, bytes]:
+    """llama.cpp's tokenizer request for the replica at base URL ``url``: (its URL, its
+    body), a probe tokenised with ``add_special`` (``eos_answer`` reads the reply)."""
+    root = url[: -len("/v1")] if url.endswith("/v1") else url
+    return f"{root}/tokenize", orjson.dumps({"content": "probe", "add_special": True})
 
-    def _limit_held(self, replica: Replica, state: ReplicaState, texts: int, retest: bool) -> None:
-        """A request succeeded on a replica with an inferred batch limit."""
-        if not retest:
-            state.ok_since_limit += 1
-            return
-        _log.info(
-            "%s took a batch of %d texts above its inferred limit of %s: limit lifted",
+
+def eos_answer(replica: ReplicaView, status: int, body: bytes) -> None:
+    """Warn once when llama.cpp's answer to ``eos_probe`` shows that the server does not
+    append ``<|endoftext|>`` (the token Qwen3-Embedding pools); any other answer says
+    nothing."""
+    if status != 200:
+        return
+    try:
+        tokens = orjson.loads(body).get("tokens")
+    except (orjson.JSONDecodeError, AttributeError):
+        return
+    if isinstance(tokens, list) and tokens and tokens[-1] != _EOS_ID:
+        replica.metrics.fallback("eos_missing")
+        _log.warning(
+            "%s does not append <|endoftext|> to inputs; Qwen3-Embedding pools that "
+            "last token, so its vectors are degraded. Set append_eos=True to add it "
+            "client-side (or start llama.cpp with the model's EOS setting)",
             replica.label,
-            texts,
-            state.batch_limit,
         )
-        state.batch_limit = None
-        state.limit_inferred = False
-        state.size_failures.clear()
-        state.retesting = False
-        state.ok_since_limit = 0
-        state.retest_every = RETEST_EVERY
-        replica.metrics.fallback("batch_limit_lifted")
-
-    def auto_batch_size(self, remaining: int, window: int) -> int:
-        """The texts to put in the next batch of a ``batch_size="auto"`` call that has
-        ``remaining`` texts left and up to ``window`` batches in flight.
-
-        The largest size a replica's ``BatchSizer`` asks for now; but when a window's
-        share of ``remaining`` is smaller, that share (not below the sizer's start), so
-        the last batches of a call still fill the window; and when the share is larger
-        but within ``_ONE_WAVE`` x the start (and below any size a replica refused), the
-        share: a call that fits in one wave of moderate batches goes in one wave. A longer
-        call starts the growth of a replica that has decided nothing yet at that one-wave
-        size (``BatchSizer.leap``; at most the known or learned limit on texts per
-        request), not at the start: its first round trips then carry ``_ONE_WAVE`` times
-        the texts. Not under a limit on tokens per request, nor under a text limit at or
-        below the start: batches cut below the level would leave the sizer blind. Known
-        and learned limits are applied by the caller."""
-        size = 0
-        start = 1
-        bound = 1 << 30
-        sizers = [replica.state(self.model).sizer for replica in self.endpoint.replicas]
-        for sizer in sizers:
-            size = max(size, sizer.size(sizer.wants(remaining, window)))
-            start = max(start, sizer.start)
-            bound = min(bound, sizer.bound)
-        share = -(-remaining // max(1, window))
-        if share <= size:
-            return max(1, min(size, max(start, share)))
-        wave = min(_ONE_WAVE * start, bound)
-        if share <= wave:
-            return share
-        count, tokens = self.batch_limits()
-        if tokens is not None or (count is not None and count <= start):
-            return size  # batches cut below the level would leave the sizer blind
-        wave = wave if count is None else min(wave, count)
-        return max([size, *(sizer.leap(wave) for sizer in sizers)])
-
-    def _sized(
-        self, state: ReplicaState, texts: int, seconds: float, error: QwenEmbedError | None
-    ) -> None:
-        """Feed an answered request to the replica's ``BatchSizer`` (``batch_size="auto"``
-        only): its latency, or the overload (429, 503, a timeout) or refused size (413,
-        422, a token cap) it met."""
-        if self.config.batch_size != "auto":
-            return
-        if error is None:
-            state.sizer.observe(texts, seconds)
-        elif isinstance(error, BatchTooLargeError):
-            state.sizer.observe(texts, seconds, too_large=True)
-        elif (isinstance(error, HTTPStatusError) and error.status in (429, 503)) or (
-            isinstance(error, TimeoutException) and not isinstance(error, PoolTimeout)
-        ):
-            state.sizer.observe(texts, seconds, overload=True)
-
-    def _finish(
-        self,
-        arr: FloatArray,
-        sq: FloatArray,
-        sent_dims: int | None,
-        bad: dict[int, str],
-        state: ReplicaState,
-        replica: Replica,
-    ) -> FloatArray:
-        """Apply MRL ``dimensions`` and normalisation to a decoded batch (``n x dim``)."""
-        want = self.config.dimensions
-        if want is not None:
-            if arr.shape[1] < want:
-                raise ResponseError(
-                    f"{replica.label} returned {arr.shape[1]}-dimensional vectors, fewer than "
-                    f"dimensions={want}",
-                    url=replica.label,
-                )
-            if (
-                arr.shape[1] > want
-                and sent_dims is not None
-                and arr.shape[1] != sent_dims
-                and state.dimensions_ok is not False
-            ):
-                state.dimensions_ok = False
-                state.native_dim = int(arr.shape[1])
-                replica.metrics.fallback("client_side_dimensions")
-                _log.warning(
-                    "%s ignored dimensions=%d (returned %d); slicing client-side",
-                    replica.label,
-                    want,
-                    arr.shape[1],
-                )
-        if bad:
-            arr = arr.copy() if not arr.flags.writeable else arr
-            for row in bad:
-                arr[row] = np.nan
-                sq[row] = 1.0
-        if want is not None or self.config.normalize:
-            arr, _ = normalize_rows(arr, want, squared_norms=sq)
-        return arr
-
-    def _check_usage(
-        self,
-        replica: Replica,
-        state: ReplicaState,
-        texts: Sequence[str],
-        indices: Sequence[int],
-        payload: object,
-    ) -> None:
-        reported = usage_prompt_tokens(payload)
-        if reported is None:
-            return
-        # no text is suspect while the report is at least half of the estimates
-        # (``truncation_suspects``): for one text, its estimate; for a batch, first an
-        # upper bound of theirs (``estimate_tokens`` <= characters + 1 per text)
-        if len(texts) == 1:
-            if reported * 2 >= estimate_tokens(texts[0]):
-                return
-        elif reported * 2 >= sum(map(len, texts)) + len(texts):
-            return
-        estimates = [estimate_tokens(t) for t in texts]
-        for pos, estimate, cap in truncation_suspects(estimates, reported):
-            replica.metrics.fallback("truncated_input")
-            warned = sum(1 for w in state.warned if w.startswith("trunc:"))
-            if warned < _MAX_WARNINGS:
-                state.warned.add(f"trunc:{indices[pos]}:{time.monotonic()}")
-                capped = f" (a cap of {cap} tokens)" if cap else ""
-                _log.warning(
-                    "%s probably truncated input index %d: about %d tokens estimated, the "
-                    "server reported %d for its request%s; its vector covers only the start",
-                    replica.label,
-                    indices[pos],
-                    estimate,
-                    reported,
-                    capped,
-                )
-
-    def _eos_check(self, call: Call, replica: Replica, state: ReplicaState) -> Flow:
-        """llama.cpp: check once whether the server appends ``<|endoftext|>`` (the token
-        Qwen3-Embedding pools) by tokenising a probe with ``add_special``."""
-        state.eos_checked = True
-        root = replica.url[: -len("/v1")] if replica.url.endswith("/v1") else replica.url
-        body = orjson.dumps({"content": "probe", "add_special": True})
-        t = self.timeouts
-        request = Request(
-            "POST",
-            f"{root}/tokenize",
-            body,
-            self.headers,
-            t,
-            min(t.total or 5.0, 5.0),
-            1 << 20,
-            self.ctx(replica),
-        )
-        try:
-            reply = yield Send(replica, request)
-        except QwenEmbedError:
-            return
-        if reply.status != 200:
-            return
-        try:
-            tokens = orjson.loads(reply.body).get("tokens")
-        except (orjson.JSONDecodeError, AttributeError):
-            return
-        if isinstance(tokens, list) and tokens and tokens[-1] != _EOS_ID:
-            replica.metrics.fallback("eos_missing")
-            _log.warning(
-                "%s does not append <|endoftext|> to inputs; Qwen3-Embedding pools that "
-                "last token, so its vectors are degraded. Set append_eos=True to add it "
-                "client-side (or start llama.cpp with the model's EOS setting)",
-                replica.label,
-            )

@@ -2,7 +2,7 @@
 
 - Qwen3-Embedding query formatting (``Instruct: {task}\\nQuery:{text}``);
 - input validation whose errors name the caller's index;
-- the batching plan (identical texts sent once, order kept);
+- the token estimate a batching plan uses (the plan itself: ``_batching``);
 - request bodies (``encoding_format`` always explicit);
 - response decoding (items put in ``index`` order, base64 little-endian float32 via
   numpy, float lists) and checks on every vector;
@@ -21,7 +21,6 @@ import re
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
-from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -35,7 +34,6 @@ _log = logging.getLogger("qwen_embed_plugins")
 __all__ = [
     "DEFAULT_QUERY_TASK",
     "QWEN3_EMBEDDING_DIMS",
-    "BatchPlan",
     "FloatArray",
     "bad_rows",
     "decode_checked",
@@ -49,11 +47,9 @@ __all__ = [
     "is_qwen3_embedding",
     "known_model_dims",
     "normalize_rows",
-    "plan_batches",
     "screen_texts",
     "size_errors",
     "size_problem",
-    "split_by_tokens",
     "truncation_suspects",
     "usage_prompt_tokens",
     "validate_texts",
@@ -253,30 +249,6 @@ def screen_texts(
     return items, rejected
 
 
-@dataclass(frozen=True, slots=True)
-class BatchPlan:
-    """How a call's texts are sent.
-
-    Attributes:
-        unique: the distinct texts in first-seen order (identical texts are sent once).
-        first_index: for each unique text, the caller's index of its first occurrence
-            (errors name it).
-        positions: for each input, its row in ``unique`` (``None`` when there are no
-            duplicates: rows are already in input order).
-        batches: ``(start, stop)`` slices of ``unique``, each at most ``batch_size``.
-    """
-
-    unique: list[str]
-    first_index: list[int]
-    positions: npt.NDArray[np.intp] | None
-    batches: list[tuple[int, int]]
-
-    @property
-    def size(self) -> int:
-        """Number of inputs (texts)."""
-        return len(self.unique) if self.positions is None else len(self.positions)
-
-
 def estimate_tokens(text: str) -> int:
     """A cheap, tokenizer-free estimate of ``text``'s token count: UTF-8 bytes / 4,
     rounded up, at least 1 (about 4 characters per token for English, and about one
@@ -284,52 +256,6 @@ def estimate_tokens(text: str) -> int:
     server's ``usage`` when it reports one."""
     size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
     return max(1, (size + 3) // 4)
-
-
-def split_by_tokens(
-    sizes: Sequence[int], start: int, stop: int, budget: int | None, count: int
-) -> list[tuple[int, int]]:
-    """``[start, stop)`` cut into runs of at most ``count`` items whose ``sizes`` sum to
-    at most ``budget`` (an item over the budget alone forms its own run)."""
-    if budget is None:
-        return [(i, min(i + count, stop)) for i in range(start, stop, count)]
-    runs: list[tuple[int, int]] = []
-    first, total = start, 0
-    for i in range(start, stop):
-        size = sizes[i]
-        if i > first and (total + size > budget or i - first >= count):
-            runs.append((first, i))
-            first, total = i, 0
-        total += size
-    if first < stop:
-        runs.append((first, stop))
-    return runs
-
-
-def plan_batches(
-    texts: Sequence[str], batch_size: int, *, max_tokens: int | None = None
-) -> BatchPlan:
-    """Deduplicate ``texts`` and cut them into batches of at most ``batch_size`` texts
-    and, when ``max_tokens`` is given, at most that many estimated tokens
-    (``estimate_tokens``) per batch."""
-    seen: dict[str, int] = {}
-    positions: list[int] = []
-    first_index: list[int] = []
-    for i, text in enumerate(texts):
-        row = seen.get(text)
-        if row is None:
-            row = seen[text] = len(first_index)
-            first_index.append(i)
-        positions.append(row)
-    unique = list(seen)
-    n = len(unique)
-    if max_tokens is None:
-        batches = [(start, min(start + batch_size, n)) for start in range(0, n, batch_size)]
-    else:
-        sizes = [estimate_tokens(t) for t in unique]
-        batches = split_by_tokens(sizes, 0, n, max_tokens, batch_size)
-    pos = None if n == len(texts) else np.asarray(positions, dtype=np.intp)
-    return BatchPlan(unique=unique, first_index=first_index, positions=pos, batches=batches)
 
 
 def encode_request(

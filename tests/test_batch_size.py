@@ -1,6 +1,6 @@
 """The adaptive batch size (``batch_size="auto"``, the default).
 
-Unit tests drive ``adaptive.BatchSizer`` (and ``Engine.auto_batch_size``) with scripted
+Unit tests drive ``batching.BatchSizer`` (and ``Engine.auto_batch_size``) with scripted
 latencies, no sockets; loopback tests check what reaches a real server.
 """
 
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import qwen_embed_plugins as q
-from qwen_embed_plugins._adaptive import BatchSizer
+from qwen_embed_plugins._batching import BatchSizer
 from qwen_embed_plugins._engine import Engine
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embeddings
 
@@ -166,7 +166,7 @@ def test_engine_spreads_a_small_call_over_the_window_in_one_wave() -> None:
     assert engine.auto_batch_size(600, 4) == 150  # one wave of moderate batches
     assert engine.auto_batch_size(10_000, 4) == 256  # a big call: its growth starts there
     assert engine.auto_batch_size(600, 4) == 150  # the leap does not change a wave's cut
-    assert engine.endpoint.replicas[0].state(engine.model).sizer.level == 256
+    assert engine.endpoint.replicas[0].state(engine.model).batch.sizer.level == 256
     engine.endpoint.replicas[0].states.clear()
 
 
@@ -185,7 +185,7 @@ def test_a_big_call_leaps_only_to_what_the_known_limits_let_the_sizer_measure(
     engine = Engine(config)  # nothing is sent: the limits are the servers' known ones
     engine.endpoint.replicas[0].states.clear()
     assert engine.auto_batch_size(10_000, 4) == want
-    assert engine.endpoint.replicas[0].state(engine.model).sizer.level == want
+    assert engine.endpoint.replicas[0].state(engine.model).batch.sizer.level == want
     engine.endpoint.replicas[0].states.clear()
 
 
@@ -253,7 +253,7 @@ def test_default_grows_past_32_texts_per_request_on_a_flat_server(
     # the answers reached the replica's sizer (how fast it grows from them is the unit
     # tests', which need no clock)
     engine = Engine(client.config)
-    assert 256 in engine.endpoint.replicas[0].state(engine.model).sizer.snapshot()["latency"]
+    assert 256 in engine.endpoint.replicas[0].state(engine.model).batch.sizer.snapshot()["latency"]
 
 
 async def test_async_default_grows_past_32_texts_per_request_on_a_flat_server(
@@ -272,7 +272,7 @@ async def test_async_default_grows_past_32_texts_per_request_on_a_flat_server(
     # the answers reached the replica's sizer (how fast it grows from them is the unit
     # tests', which need no clock)
     engine = Engine(client.config)
-    assert 256 in engine.endpoint.replicas[0].state(engine.model).sizer.snapshot()["latency"]
+    assert 256 in engine.endpoint.replicas[0].state(engine.model).batch.sizer.snapshot()["latency"]
 
 
 def test_adapters_default_grows_on_a_flat_server(flat_server: EmbeddingServer) -> None:

@@ -11,6 +11,8 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import _balance as balance
+from qwen_embed_plugins import _batching as batching
+from qwen_embed_plugins import _learn as learn
 from qwen_embed_tooling.testing import (
     EOS_TOKEN,
     NO_EOS_SUFFIX,
@@ -33,7 +35,7 @@ TEXTS = [f"passage {i}: a quiet text about item {i * 37 % 101}" for i in range(6
 FAST = q.RetryConfig(backoff_initial=0.01, backoff_max=0.05)
 
 
-def replica_state(client: q.EmbeddingClient | q.AsyncEmbeddingClient) -> balance.ReplicaState:
+def replica_state(client: q.EmbeddingClient | q.AsyncEmbeddingClient) -> learn.ReplicaState:
     return balance.endpoint_for(client.config).replicas[0].state(str(client.config.model))
 
 
@@ -95,7 +97,7 @@ def test_a_batch_too_big_for_the_server_is_split_and_its_size_learned(
     srv.drop_batches_over(8)
     client = q.EmbeddingClient(base_url=srv.base_url, batch_size=32, max_concurrency=1, retry=FAST)
     np.testing.assert_allclose(client.embed_documents(TEXTS), expected_embeddings(TEXTS), atol=1e-6)
-    assert replica_state(client).batch_limit == 8
+    assert replica_state(client).batch.limit == 8
     srv.reset_counters()
     client.embed_documents([f"again {i}" for i in range(32)])
     assert max(len(b) for b in srv.received) <= 8
@@ -126,7 +128,7 @@ def test_token_cap_per_request_splits_and_is_learned(srv: EmbeddingServer, state
     assert 650 < count_tokens(texts[0]) < 750
     client = q.EmbeddingClient(base_url=srv.base_url, batch_size=40, retry=FAST)
     np.testing.assert_allclose(client.embed_documents(texts), expected_embeddings(texts), atol=1e-6)
-    cap = replica_state(client).token_limit
+    cap = replica_state(client).batch.token_limit
     assert cap is not None
     assert cap <= 16_384
     srv.reset_counters()
@@ -205,24 +207,24 @@ def test_an_inferred_batch_limit_is_retested_and_lifted(srv: EmbeddingServer) ->
     client = q.EmbeddingClient(base_url=srv.base_url, batch_size=32, max_concurrency=1, retry=FAST)
     np.testing.assert_array_equal(client.embed_documents_array(TEXTS), expected_embeddings(TEXTS))
     state = replica_state(client)
-    assert state.batch_limit == 8
-    assert state.limit_inferred
+    assert state.batch.limit == 8
+    assert state.batch.limit_inferred
     calls = 0
-    while state.retest_every == balance.RETEST_EVERY:  # the server still drops them
+    while state.batch.retest_every == batching.RETEST_EVERY:  # the server still drops them
         batch = [f"held {calls} {i}" for i in range(32)]
         np.testing.assert_array_equal(
             client.embed_documents_array(batch), expected_embeddings(batch)
         )
         calls += 1
         assert calls < 100, "no retest after 50 requests"
-    assert state.batch_limit == 8
-    assert state.limit_inferred
-    assert state.retest_every == 2 * balance.RETEST_EVERY
+    assert state.batch.limit == 8
+    assert state.batch.limit_inferred
+    assert state.batch.retest_every == 2 * batching.RETEST_EVERY
 
     srv.clear_rules()  # the spell is over: the server takes big batches again
     srv.reset_counters()
     calls = 0
-    while state.batch_limit is not None:
+    while state.batch.limit is not None:
         batch = [f"lifted {calls} {i}" for i in range(32)]
         np.testing.assert_array_equal(
             client.embed_documents_array(batch), expected_embeddings(batch)
@@ -250,6 +252,6 @@ def test_a_stated_batch_limit_is_kept() -> None:
                 client.embed_documents_array(batch), expected_embeddings(batch)
             )
         state = replica_state(client)
-        assert state.batch_limit == 5
-        assert not state.limit_inferred
+        assert state.batch.limit == 5
+        assert not state.batch.limit_inferred
         assert limited.stats()["responses"].get("400") == 1  # said once, kept since

@@ -190,7 +190,7 @@ def test_a_413_teaches_the_batch_cap() -> None:
     assert first.sizes == [8, 4, 4]
     assert first.sleeps == []
     replica = eng.endpoint.replicas[0]
-    assert replica.state(eng.model).batch_limit == 4
+    assert replica.state(eng.model).batch.limit == 4
     again = Script(answer)
     again.run(batch(eng, eng.new_call(query=False), texts))
     assert again.sizes == [4, 4]

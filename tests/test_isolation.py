@@ -287,8 +287,10 @@ def test_the_key_is_held_in_a_secret(srv: EmbeddingServer) -> None:
     key = "sk-live-0123456789abcdef"
     client = q.EmbeddingClient(base_url=srv.base_url, api_key=key)
     client.embed_query("x")
-    seen = [repr(vars(client)), repr(vars(client._engine)), repr(client), str(client.config)]
-    seen += [repr(c) for c in client._engine._contexts.values()]
+    engine = client._engine
+    seen = [repr(vars(client)), repr(vars(engine)), repr(vars(engine.requests)), repr(client)]
+    seen.append(str(client.config))
+    seen += [repr(c) for c in engine.requests._contexts.values()]
     assert not any(key in text for text in seen)
 
 

@@ -25,6 +25,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins import _balance as balance
+from qwen_embed_plugins import _learn as learn
 from qwen_embed_plugins import _pool as pool
 from qwen_embed_plugins._metrics import prometheus_collector
 from qwen_embed_tooling import testing
@@ -41,7 +42,7 @@ def _label(url: str) -> str:
     return q.EmbeddingConfig(base_url=url).endpoint
 
 
-def _states(client: q.EmbeddingClient) -> dict[str, balance.ReplicaState]:
+def _states(client: q.EmbeddingClient) -> dict[str, learn.ReplicaState]:
     """What the process learned about each replica (by base URL) for the client's model."""
     model = client.config.model or ""
     return {r.url: r.state(model) for r in balance.endpoint_for(client.config).replicas}
@@ -346,7 +347,7 @@ def test_a_replica_failing_every_request_is_ejected_and_blames_no_input(
             r for r in balance.endpoint_for(client.config).replicas if r.url == bad.base_url
         )
         assert replica.ejections >= 1
-        assert replica.state(client.config.model or "").batch_limit is None
+        assert replica.state(client.config.model or "").batch.limit is None
 
 
 @pytest.mark.parametrize(
@@ -507,8 +508,8 @@ def test_batch_limit_is_learned_per_replica() -> None:
         )
         assert limited.stats()["responses"].get("400", 0) >= 1  # it said so, once or twice
         states = _states(client)
-        assert states[limited.base_url].batch_limit == 5
-        assert states[free.base_url].batch_limit is None
+        assert states[limited.base_url].batch.limit == 5
+        assert states[free.base_url].batch.limit is None
         limited.reset_counters()
         free.reset_counters()
         np.testing.assert_array_equal(
@@ -804,7 +805,7 @@ def test_no_batch_limit_is_learned_for_a_replica_from_pieces_another_took() -> N
             client.embed_documents_array(texts), expected_embeddings(texts)
         )
         states = _states(client)
-        assert states[broken.base_url].batch_limit is None
+        assert states[broken.base_url].batch.limit is None
         assert broken.texts == 0
-        limit = states[small.base_url].batch_limit
+        limit = states[small.base_url].batch.limit
         assert limit is None or limit <= 4

@@ -12,6 +12,7 @@ import orjson
 import pytest
 
 import qwen_embed_plugins as q
+from qwen_embed_plugins import _batching as batching
 from qwen_embed_plugins import _protocol as protocol
 from qwen_embed_plugins import _retry as retry
 from qwen_embed_plugins import errors
@@ -191,13 +192,13 @@ def test_format_query_has_no_space_after_query() -> None:
 
 
 def test_plan_batches_dedupes_and_keeps_order() -> None:
-    plan = protocol.plan_batches(["a", "b", "a", "c", "d", "b"], 3)
+    plan = batching.plan_batches(["a", "b", "a", "c", "d", "b"], 3)
     assert plan.unique == ["a", "b", "c", "d"]
     assert plan.first_index == [0, 1, 3, 4]
     assert plan.batches == [(0, 3), (3, 4)]
     assert plan.positions is not None
     assert plan.positions.tolist() == [0, 1, 0, 2, 3, 1]
-    assert protocol.plan_batches(["x", "y"], 8).positions is None
+    assert batching.plan_batches(["x", "y"], 8).positions is None
 
 
 def test_encode_request_is_explicit() -> None:
