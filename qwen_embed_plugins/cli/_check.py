@@ -42,10 +42,10 @@ from .. import (
     RetryConfig,
     close_all,
 )
+from .._corpus import corpus
 from .._servers import identify_models, identify_response
 from .._transport import Reply
 from .._transport._exceptions import certificate_failure
-from ._corpus import corpus
 from ._probe import (
     CHECK_TIMEOUT,
     Probes,

@@ -57,7 +57,7 @@ from qwen_embed_plugins import (
     format_query,
     pool_stats,
 )
-from qwen_embed_plugins.cli._corpus import corpus
+from qwen_embed_plugins._corpus import corpus
 from qwen_embed_plugins.cli._probe import discover_models, probe_http2
 
 from .results import MODE_LABELS, MODES, BenchResult, ModeResult
