@@ -45,7 +45,7 @@ Why not Gradient2, Envoy or AIMD as they are: Gradient2 and Envoy read latency o
 (DashScope, SiliconFlow) shows no latency signal at all; Gradient2 compares with a
 long average latency, which drifts up under a steady queue, and its headroom
 ("queueSize" 4) and Envoy's (``sqrt(limit)``) keep a queue of that many requests on the
-server (latency +50% on an 8-slot GPU server). Plain AIMD has no latency signal and,
+server (latency added, no throughput gained). Plain AIMD has no latency signal and,
 with limits of 1-3 requests, each multiplicative step loses a third of the throughput.
 Here the queue kept is about ``tolerance`` x the server's slots.
 

@@ -8,7 +8,7 @@ Replicas are process-wide, shared by every client whose settings name them.
 
 Choice (``Endpoint.choose``): the available replica with the fewest requests in flight;
 ties go to the lowest recent latency (EWMA), then in turn. A replica whose requests fail
-with health signals (``retry.is_health_failure``: connect errors, timeouts, 502/503/504)
+with health signals (``_retry.is_health_failure``: connect errors, timeouts, 502/503/504)
 ``eject_after`` times in a row is ejected for ``cooldown`` seconds, then probed by one
 request; a batch whose replica failed is resent on another at once. The endpoint fails
 fast (``CircuitOpenError``, naming each replica's last failure) only for a new call
@@ -80,7 +80,7 @@ class ReplicaState:
         retest_every: requests between retests of an inferred limit (starts at 50).
         retesting: a retest batch is under way (only one at a time).
         sizer: the batch size found from this replica's latencies
-            (``adaptive.BatchSizer``; used when ``batch_size="auto"``).
+            (``_adaptive.BatchSizer``; used when ``batch_size="auto"``).
     """
 
     base64_ok: bool | None = None

@@ -7,8 +7,8 @@ the pool's ``SyncTransport`` (concurrent batches on a shared thread pool),
 ``AsyncEmbeddingClient`` with awaits on the running loop's ``AsyncTransport``.
 
 The hot path posts JSON through the pooled HTTP client with this package's codec
-(orjson, base64 -> numpy): the openai SDK costs ~3 ms of CPU per request on top of
-~1 ms for the raw call (DESIGN.md section 5). ``openai_client()`` hands an
+(orjson, base64 -> numpy): the openai SDK costs more CPU per request than the raw call
+(docs/benchmarks.md has the figures). ``openai_client()`` hands an
 ``openai.OpenAI`` on the same pool (same caps and deadline; ``_sdk``) to users who want
 the SDK's surface.
 """
@@ -362,7 +362,7 @@ class _ClientBase:
 
     @property
     def server(self) -> Detection | None:
-        """The server profile in use and how it was found (``servers.Detection``);
+        """The server profile in use and how it was found (``_servers.Detection``);
         ``None`` until the first answer when ``server="auto"``."""
         return self._engine.detection()
 

@@ -1,6 +1,6 @@
 """The I/O-free call engine: every decision of an embedding call, written once.
 
-An embedding call is planned (``protocol.plan_batches``), then each batch runs as a
+An embedding call is planned (``_protocol.plan_batches``), then each batch runs as a
 *flow*: a generator that yields operations — ``Send`` (perform this HTTP exchange on
 this replica) and ``Sleep`` (wait this long) — and receives their results. The sync
 client runs flows with blocking I/O (``run_sync``), the async client with awaits
@@ -189,7 +189,7 @@ class Engine(Learning, Bisecting):
 
     def adaptive_gate(self, replica: Replica) -> Any:
         """The adaptive concurrency gate of ``replica`` when ``max_concurrency="auto"``
-        (``adaptive.gate_for``), else ``None``. Looked up in the process state on every
+        (``_adaptive.gate_for``), else ``None``. Looked up in the process state on every
         call (one dict look-up), never kept here: after ``reset()`` or a fork, a client
         made before gets the new gate, not the one whose learned limit was forgotten."""
         if self.config.max_concurrency != "auto":

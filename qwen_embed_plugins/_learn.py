@@ -2,7 +2,7 @@
 ``dimensions`` refusals, a 5xx only for base64 (float tried), a one-item ``input`` list
 refused (a bare string tried), batch and token limits, MRL slicing and normalisation, silent
 truncation (``usage``), and the llama.cpp ``<|endoftext|>`` check. A mixin of
-``_engine.Engine`` (its state lives on the replicas: ``balance.ReplicaState``)."""
+``_engine.Engine`` (its state lives on the replicas: ``_balance.ReplicaState``)."""
 
 from __future__ import annotations
 

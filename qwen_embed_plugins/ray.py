@@ -38,8 +38,8 @@ Importing this module sets ``RAY_USAGE_STATS_ENABLED=0`` unless the variable is 
 set, so a Ray instance started afterwards (by `embed_files`, or automatically by the
 first dataset) never reports usage statistics online.
 
-The API key and a proxy password are never pickled (see ``config.Secret``,
-``config.ProxyURL``; a proxy with a password must be in the workers' environment as
+The API key and a proxy password are never pickled (see ``_config.Secret``,
+``_server_text.ProxyURL``; a proxy with a password must be in the workers' environment as
 ``QWEN_EMBED_PROXY``). An explicit ``api_key=``, and the values of credential-like
 ``headers=`` (``X-Api-Key``, ...) and of credential-like ``extra_body`` fields (never
 pickled either), travel to
