@@ -193,40 +193,6 @@ async def run_async(
     return Sample(n, n * texts_per_item, wall, cpu, latencies)
 
 
-# ---------------------------------------------------------------------------- texts
-
-
-_WS = re.compile(r"\s+")
-_PARAGRAPH = re.compile(r"\n\s*\n")
-_SENTENCE = re.compile(r"(?<=[.!?:])\s+(?=[A-Z\"'(])")
-_corpus: list[str] | None = None
-
-
-def corpus(n: int) -> list[str]:
-    """``n`` distinct real English passages from ``pydoc_data.topics`` (ships with Python):
-    paragraphs of the language reference, then windows of 2..10 sentences (<= 2,000
-    characters each); past ~20,000 the list repeats."""
-    global _corpus
-    if _corpus is None:
-        from pydoc_data.topics import topics
-
-        seen: dict[str, None] = {}
-        for key in sorted(topics):
-            for para in _PARAGRAPH.split(topics[key]):
-                text = _WS.sub(" ", para).strip()
-                if 40 <= len(text) <= 2000:
-                    seen.setdefault(text, None)
-        flat = _WS.sub(" ", "\n\n".join(topics[k] for k in sorted(topics)))
-        sentences = [s.strip() for s in _SENTENCE.split(flat) if len(s.strip()) >= 20]
-        for width in range(2, 11):
-            for start in range(0, len(sentences) - width + 1):
-                text = " ".join(sentences[start : start + width])
-                if len(text) <= 2000:
-                    seen.setdefault(text, None)
-        _corpus = list(seen)
-    return [_corpus[i % len(_corpus)] for i in range(n)]
-
-
 # ---------------------------------------------------------------------------- environment
 
 

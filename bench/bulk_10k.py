@@ -117,7 +117,7 @@ def worker_main(worker: str, base_url: str, model: str, n: int) -> None:
     """Runs in the subprocess: embed, check, print one JSON line."""
     import numpy as np
 
-    from qwen_embed_plugins.cli._corpus import corpus
+    from qwen_embed_plugins._corpus import corpus
     from qwen_embed_tooling.testing import expected_embedding
 
     texts = corpus(n, unique=True)

@@ -62,6 +62,7 @@ import _harness as h  # noqa: E402
 import _peers as p  # noqa: E402
 
 from qwen_embed_plugins import DEFAULT_QUERY_TASK, format_query  # noqa: E402
+from qwen_embed_plugins._corpus import corpus  # noqa: E402
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding  # noqa: E402
 
 ROWS = ("single_sync", "single_async", "https_rtt", "batch_sync", "bulk")
@@ -114,7 +115,7 @@ def check(name: str, result: Any, text: str) -> None:
 
 def queries(n: int) -> list[tuple[str, str]]:
     """``(raw query, query as sent with the Qwen instruction)`` pairs."""
-    return [(t, format_query(t, DEFAULT_QUERY_TASK)) for t in h.corpus(n)]
+    return [(t, format_query(t, DEFAULT_QUERY_TASK)) for t in corpus(n)]
 
 
 def phase_result(
@@ -294,7 +295,7 @@ def row_batch_sync(t: p.Target, rounds: int, quick: bool) -> dict[str, Any]:
     phases: dict[str, Any] = {}
     for batch, key in ((32, "batch32"), (128, "batch128")):
         n = size(key, quick)
-        texts = h.corpus(batch * (n + 2))
+        texts = corpus(batch * (n + 2))
         batches = [texts[i * batch : (i + 1) * batch] for i in range(n + 2)]
         warm, batches = batches[:2], batches[2:]
         variants = {
@@ -362,7 +363,7 @@ def bulk_embed(variant: str, base_url: str, model: str) -> Callable[[list[str]],
 
 def bulk_worker(variant: str, base_url: str, model: str, n: int) -> None:
     """Runs in the subprocess: build, embed ``n`` texts once, check, print one JSON line."""
-    texts = h.corpus(n)
+    texts = corpus(n)
     embed = bulk_embed(variant, base_url, model)
     rss_before = h.peak_rss_mib()
     cpu0, wall0 = h.cpu_seconds(), time.perf_counter()

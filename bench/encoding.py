@@ -22,8 +22,8 @@ import orjson
 from _common import command_line, environment, markdown_table, median, save
 
 from qwen_embed_plugins import EmbeddingClient, close_all
+from qwen_embed_plugins._corpus import corpus
 from qwen_embed_plugins._transport._http import httpx
-from qwen_embed_plugins.cli._corpus import corpus
 from qwen_embed_tooling.testing import EmbeddingServer
 
 CLIENTS = ("ours_base64", "ours_float", "sdk_base64", "sdk_float")

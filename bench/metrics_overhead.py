@@ -35,9 +35,9 @@ from typing import Any
 from _common import command_line, environment, markdown_table, median, save
 
 from qwen_embed_plugins import AsyncEmbeddingClient, EmbeddingClient, close_all, stats
+from qwen_embed_plugins._corpus import corpus
 from qwen_embed_plugins._metrics import EndpointMetrics, metrics_for
 from qwen_embed_plugins._state import STATE
-from qwen_embed_plugins.cli._corpus import corpus
 from qwen_embed_tooling.testing import EmbeddingServer
 
 MODES = ("on", "off", "on_again")

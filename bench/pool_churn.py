@@ -38,8 +38,8 @@ from typing import Any
 from _common import command_line, environment, markdown_table, save
 
 import qwen_embed_plugins as q
+from qwen_embed_plugins._corpus import corpus
 from qwen_embed_plugins._transport._http import httpx
-from qwen_embed_plugins.cli._corpus import corpus
 
 
 def _burn(stop_at: float) -> None:  # pragma: no cover - a CPU load for the benchmark

@@ -49,6 +49,8 @@ import _harness as h  # noqa: E402
 import _peers as p  # noqa: E402
 from compare import check, queries, server  # noqa: E402
 
+from qwen_embed_plugins._corpus import corpus  # noqa: E402
+
 
 def group_of(filename: str, name: str) -> str:
     """A package-level bucket for a profiled function."""
@@ -168,7 +170,7 @@ def decode_costs(t: p.Target, quick: bool) -> dict[str, Any]:
         pyb64 = None
     out: dict[str, Any] = {}
     for batch in (1, 32, 128):
-        raw = call(h.corpus(batch))
+        raw = call(corpus(batch))
         pairs = {
             "ratio: tolist / b64decode (paired)": ("ndarray.tolist()", "b64decode every vector")
         }
@@ -246,7 +248,7 @@ def library_steps(t: p.Target, quick: bool) -> dict[str, Any]:
     out: dict[str, Any] = {}
     try:
         for batch in (1, 32, 128):
-            texts = h.corpus(batch)
+            texts = corpus(batch)
             steps = _library_steps(lib, texts, call(texts))
             out[f"batch{batch}"] = _time_per_text(
                 steps,
@@ -293,7 +295,7 @@ def sync_workloads(t: p.Target) -> dict[str, Workload]:
 def _items(batch: int, raw_query: bool, n: int) -> list[list[str]]:
     if batch == 1:
         return [[raw if raw_query else sent] for raw, sent in queries(n)]
-    texts = h.corpus(batch * n)
+    texts = corpus(batch * n)
     return [texts[i * batch : (i + 1) * batch] for i in range(n)]
 
 

@@ -267,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     n = args.texts or (4000 if args.quick else 20_000)
     rounds = args.rounds or (1 if args.quick else 5)
 
-    from qwen_embed_plugins.cli._corpus import corpus
+    from qwen_embed_plugins._corpus import corpus
     from qwen_embed_tooling.testing import EmbeddingServer
 
     texts = corpus(n, unique=True)

@@ -43,8 +43,8 @@ from qwen_embed_plugins import (
     close_all,
     format_query,
 )
+from qwen_embed_plugins._corpus import corpus
 from qwen_embed_plugins._transport._http import httpx
-from qwen_embed_plugins.cli._corpus import corpus
 from qwen_embed_tooling.testing import EmbeddingServer
 
 MODES = ("naive_sdk", "shared_sdk", "ours_sync", "ours_async", "raw_sync", "raw_async")

@@ -237,7 +237,7 @@ def embed_once(
     0.45x its sync twin at 500 texts). Collecting first gives every client the same
     start; the count shows a pass that still lands inside a call."""
     _offline_tiktoken()
-    from qwen_embed_plugins.cli._corpus import corpus
+    from qwen_embed_plugins._corpus import corpus
 
     texts = corpus(n, unique=True)
     embed = _client(worker, base_url, model, batch, conc)

@@ -49,6 +49,8 @@ import _harness as h  # noqa: E402
 import _peers as p  # noqa: E402
 from compare import check, queries, server  # noqa: E402
 
+from qwen_embed_plugins._corpus import corpus  # noqa: E402
+
 ASYNC_LEVELS = (1, 16, 128)
 SYNC_BATCHES = (1, 32, 128)
 
@@ -114,7 +116,7 @@ def part_sync(t: p.Target, rounds: int, n_by_batch: dict[int, int]) -> dict[str,
     out: dict[str, Any] = {}
     for batch in SYNC_BATCHES:
         n = n_by_batch[batch]
-        texts = h.corpus(batch * (n + 2))
+        texts = corpus(batch * (n + 2))
         batches = [texts[i * batch : (i + 1) * batch] for i in range(n + 2)]
         warm, batches = batches[:2], batches[2:]
         variants: dict[str, Any] = {

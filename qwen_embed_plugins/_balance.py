@@ -3,13 +3,13 @@
 A config's ``base_url`` may name several replicas (one per GPU, or a fleet behind no
 router). Each replica is a ``Replica``: its own pool (``pool``), requests in flight, a
 latency EWMA, a health record, and the facts learned about its server per model
-(``learn.ReplicaState``: dialect, base64 and ``dimensions`` support, batch and token
+(``_learn.ReplicaState``: dialect, base64 and ``dimensions`` support, batch and token
 limits).
 Replicas are process-wide, shared by every client whose settings name them.
 
 Choice (``Endpoint.choose``): the available replica with the fewest requests in flight;
 ties go to the lowest recent latency (EWMA), then in turn. A replica whose requests fail
-with health signals (``retry.is_health_failure``: connect errors, timeouts, 502/503/504)
+with health signals (``_retry.is_health_failure``: connect errors, timeouts, 502/503/504)
 ``eject_after`` times in a row is ejected for ``cooldown`` seconds, then probed by one
 request; a batch whose replica failed is resent on another at once. The endpoint fails
 fast (``CircuitOpenError``, naming each replica's last failure) only for a new call

@@ -385,7 +385,7 @@ RETEST_EVERY_MAX = 3200
 
 
 class ReplicaView(Protocol):
-    """What a lesson about a replica needs of it (``balance.Replica`` is one): its label,
+    """What a lesson about a replica needs of it (``_balance.Replica`` is one): its label,
     for the log, and its metrics, for the fallback counters."""
 
     @property
@@ -398,7 +398,7 @@ class ReplicaView(Protocol):
 @dataclass
 class BatchState:
     """What the process has learned about one replica's batch size for one model
-    (``learn.ReplicaState.batch``).
+    (``_learn.ReplicaState.batch``).
 
     Attributes:
         limit: the most texts per request it accepts, once learned (texts).
@@ -679,7 +679,7 @@ def auto_batch_size(
 
 
 class Sizing(Protocol):
-    """Where a call's batches learn their size (``engine.Engine`` is one)."""
+    """Where a call's batches learn their size (``_engine.Engine`` is one)."""
 
     def auto_batch_size(self, remaining: int, window: int) -> int: ...
 

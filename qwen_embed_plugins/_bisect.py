@@ -8,7 +8,7 @@ sends the others (``without``). A single text is blamed only when it fails again
 the server was seen working (``once_more``: a control request shows it, ``control``; a
 control that fails too is an outage, waited out until the deadline). A batch whose every
 half succeeds failed for its size: the replica's batch limit is learned
-(``batching.learn_inferred_limit``). What reaches the caller (``input_failed``):
+(``_batching.learn_inferred_limit``). What reaches the caller (``input_failed``):
 ``on_error="raise"`` raises the first bad input's error (the lowest index), ``"skip"``
 leaves ``None`` in its slot and reports the error.
 """

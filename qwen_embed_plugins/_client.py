@@ -10,8 +10,8 @@ plan (``_batching``) and the call under way (``_Run``); the result is assembled 
 ``_results``.
 
 The hot path posts JSON through the pooled HTTP client with this package's codec
-(orjson, base64 -> numpy): the openai SDK costs ~3 ms of CPU per request on top of
-~1 ms for the raw call (DESIGN.md section 5). ``openai_client()`` hands an
+(orjson, base64 -> numpy): the openai SDK costs more CPU per request than the raw call
+(docs/benchmarks.md has the figures). ``openai_client()`` hands an
 ``openai.OpenAI`` on the same pool (same caps and deadline; ``_sdk``) to users who want
 the SDK's surface.
 """
@@ -173,7 +173,7 @@ class _ClientBase:
 
     @property
     def server(self) -> Detection | None:
-        """The server profile in use and how it was found (``servers.Detection``);
+        """The server profile in use and how it was found (``_servers.Detection``);
         ``None`` until the first answer when ``server="auto"``."""
         return self._engine.detection()
 
@@ -206,7 +206,7 @@ class _ClientBase:
         return _Run(engine, call, plan, batches, Sink(plan, lists=lists), indices, progress, counts)
 
     def _plan(self, texts: list[str]) -> tuple[BatchPlan, Batches]:
-        """The plan of a call's ``texts`` and its batches (``batching.plan_call``)."""
+        """The plan of a call's ``texts`` and its batches (``_batching.plan_call``)."""
         config = self._config
         return plan_call(texts, config.batch_size, config.max_concurrency, self._engine)
 

@@ -586,7 +586,7 @@ class EmbeddingConfig(_Replaceable):
             replica not measured yet), each replica's batch size grows while a batch
             twice as large answers in about the same time (latency flat in batch size),
             and stops at the knee where latency grows with the batch
-            (``adaptive.BatchSizer``); 413/422/429/503 and token caps make it back off.
+            (``_adaptive.BatchSizer``); 413/422/429/503 and token caps make it back off.
             Either way lowered automatically to a server's stated limit.
         max_batch_tokens: most (estimated) tokens per request (default ``None``: the
             server's known cap, else learned from its refusal). Tokens are estimated

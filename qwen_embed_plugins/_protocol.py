@@ -128,7 +128,7 @@ def default_query_instruction(model: str) -> str | None:
     return task
 
 
-try:  # SIMD base64: ~20x faster than binascii on a 1,024-dim vector (bench/profile_paths)
+try:  # SIMD base64, faster than binascii (docs/benchmarks.md, bench/profile_paths.py)
     from pybase64 import b64decode as _pybase64_decode
 
     def _b64decode(text: str) -> bytes:

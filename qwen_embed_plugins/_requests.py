@@ -131,7 +131,7 @@ class Requests:
         )
 
     def tokenize(self, replica: Replica) -> Request:
-        """llama.cpp's tokenizer probe on ``replica`` (``learn.eos_probe``): at most
+        """llama.cpp's tokenizer probe on ``replica`` (``_learn.eos_probe``): at most
         5 s, 1 MiB."""
         url, body = eos_probe(replica.url)
         t = self.timeouts

@@ -11,7 +11,7 @@ and one ``reset`` see all of it.
   sockets (each pool drops its transports, kept referenced so that no finaliser closes
   them), gets fresh locks, no threads (rebuilt lazily), and no request in flight; what
   was learned about the servers is kept.
-- **close**: ``STATE.close()`` closes every pool (``pool.close_all``); at interpreter
+- **close**: ``STATE.close()`` closes every pool (``_pool.close_all``); at interpreter
   exit too.
 - **reset**: ``reset()`` closes the pools and forgets everything learned (public, from
   the front door: ``qwen_embed_plugins.reset``).
@@ -42,18 +42,18 @@ class ProcessState:
     without the lock (single dict look-ups) and filled under it."""
 
     lock: threading.RLock = field(default_factory=threading.RLock)
-    # pool.py: one entry per pool key (sync transport, async transports per loop)
+    # _pool.py: one entry per pool key (sync transport, async transports per loop)
     entries: dict[Any, Any] = field(default_factory=dict)
-    # pool.py: the fixed per-process connection gates, by (base URL, slots)
+    # _pool.py: the fixed per-process connection gates, by (base URL, slots)
     slot_gates: dict[tuple[str, int], Any] = field(default_factory=dict)
-    # pool.py: slots out of ``entries`` whose live loop still owns their transport
+    # _pool.py: slots out of ``entries`` whose live loop still owns their transport
     detached: dict[int, Any] = field(default_factory=dict)
     # transports of a parent process or given up: kept referenced, never finalised here
     abandoned: list[Any] = field(default_factory=list)
-    # balance.py: servers and what was learned about them; endpoints of replica lists
+    # _balance.py: servers and what was learned about them; endpoints of replica lists
     replicas: dict[Any, Any] = field(default_factory=dict)
     endpoints: dict[Any, Any] = field(default_factory=dict)
-    # metrics.py: counters per endpoint label; endpoints of several replicas
+    # _metrics.py: counters per endpoint label; endpoints of several replicas
     metrics: dict[str, Any] = field(default_factory=dict)
     groups: dict[str, tuple[str, ...]] = field(default_factory=dict)
     # _contract.py: every secret sent through an HTTP library that logs (httpx, httpcore),
@@ -67,7 +67,7 @@ class ProcessState:
     executor: ThreadPoolExecutor | None = None
 
     def close(self, *, exiting: bool = False) -> None:
-        """Close every pool (see ``pool.close_all``); ``exiting``: at interpreter exit,
+        """Close every pool (see ``_pool.close_all``); ``exiting``: at interpreter exit,
         the pools of loops that will not run again are abandoned (sockets closed
         directly, quietly)."""
         with self.lock:

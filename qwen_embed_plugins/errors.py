@@ -502,9 +502,9 @@ class ErrorContext:
         secret: the API key, scrubbed from every text.
         connect, read, write, pool, total: the timeouts in force, in seconds.
         max_connections: the pool's connection limit (connections).
-        headers: the configured request headers (``config.RequestHeaders``): the values
+        headers: the configured request headers (``_extras.RequestHeaders``): the values
             of the credential-like ones are scrubbed from every text too.
-        body: the configured ``extra_body`` (``config.RequestBody``): the values of its
+        body: the configured ``extra_body`` (``_extras.RequestBody``): the values of its
             credential-like fields are scrubbed from every text too.
     """
 
@@ -516,7 +516,7 @@ class ErrorContext:
     pool: float | None = None
     total: float | None = None
     max_connections: int | None = None
-    headers: Any = field(default=None, repr=False)  # a config.RequestHeaders (or None)
+    headers: Any = field(default=None, repr=False)  # an _extras.RequestHeaders (or None)
     body: Any = field(default=None, repr=False)  # a config.RequestBody (or None)
 
     def key(self) -> str | None:

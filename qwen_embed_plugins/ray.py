@@ -38,8 +38,8 @@ Importing this module sets ``RAY_USAGE_STATS_ENABLED=0`` unless the variable is 
 set, so a Ray instance started afterwards (by `embed_files`, or automatically by the
 first dataset) never reports usage statistics online.
 
-The API key and a proxy password are never pickled (see ``config.Secret``,
-``config.ProxyURL``; a proxy with a password must be in the workers' environment as
+The API key and a proxy password are never pickled (see ``_config.Secret``,
+``_server_text.ProxyURL``; a proxy with a password must be in the workers' environment as
 ``QWEN_EMBED_PROXY``). An explicit ``api_key=``, and the values of credential-like
 ``headers=`` (``X-Api-Key``, ...) and of credential-like ``extra_body`` fields (never
 pickled either), travel to
@@ -80,6 +80,8 @@ from ._config import (
     is_secret_header,
     known_model_dims,
 )
+from ._corpus import dataset_files
+from ._protocol import validate_text
 from .errors import BadRequestError, ConfigError, InputError
 
 # Nothing may phone home: Ray's usage statistics are off unless the user set the variable
@@ -108,8 +110,6 @@ embedding and a message in the error column."""
 DEFAULT_ERROR_COLUMN: Final = "embedding_error"
 """Name of the error column added with ``on_error="skip"`` (a string, null when the row
 was embedded)."""
-
-_FORMATS: Final = {".parquet": "parquet", ".pq": "parquet", ".jsonl": "jsonl", ".json": "jsonl"}
 
 
 # --------------------------------------------------------------------------- Ray set-up
@@ -229,20 +229,12 @@ def _compute(concurrency: int | tuple[int, int]) -> Any:
 
 
 def _text_problem(text: object, max_chars: int | None) -> str | None:
-    """Why ``text`` cannot be embedded (as ``InputError`` would say), or ``None``."""
-    if text is None:
-        return "InputError: the text is null"
-    if not isinstance(text, str):
-        return f"InputError: the text is a {type(text).__name__}; expected str"
-    if not text or text.isspace():
-        return "InputError: the text is empty or whitespace-only"
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            return f"InputError: the text has an unpaired surrogate at character {exc.start}"
-    if max_chars is not None and len(text) > max_chars:
-        return f"InputError: the text is {len(text):,} characters, above max_text_chars"
+    """Why ``text`` cannot be sent (the client's own check, ``validate_text``), as the
+    error column says it, or ``None``."""
+    try:
+        validate_text(text, None, max_chars=max_chars)
+    except InputError as exc:
+        return _row_error(exc)
     return None
 
 
@@ -484,24 +476,6 @@ class EmbedFilesResult:
     failed_rows: int | None
 
 
-def _input_format(paths: Sequence[str], input_format: str | None) -> str:
-    if input_format is not None:
-        if input_format not in ("parquet", "jsonl"):
-            raise ConfigError(f"input_format must be 'parquet' or 'jsonl', got {input_format!r}")
-        return input_format
-    found: set[str] = set()
-    for path in paths:
-        p = Path(path)
-        names = [c for c in p.iterdir() if c.is_file()] if p.is_dir() else [p]
-        found.update(_FORMATS[c.suffix.lower()] for c in names if c.suffix.lower() in _FORMATS)
-    if len(found) != 1:
-        raise ConfigError(
-            f"cannot tell the input format of {list(paths)} from the file names "
-            "(.parquet, .jsonl, .json); pass input_format='parquet' or 'jsonl'"
-        )
-    return found.pop()
-
-
 def embed_files(
     input: str | os.PathLike[str] | Sequence[str | os.PathLike[str]],
     output_dir: str | os.PathLike[str],
@@ -545,24 +519,13 @@ def embed_files(
 
     Raises:
         FileExistsError: ``output_dir`` exists and ``overwrite`` is false.
+        FileNotFoundError: a local input path does not exist.
         ConfigError, InputError: as for `embed_dataset`; the input format is unknown.
         ray.exceptions.RayTaskError: a batch failed (see `embed_dataset`).
     """
-    raw = [input] if isinstance(input, str | os.PathLike) else list(input)
-    # Absolute: Ray's workers do not share the driver's current directory.
-    names = [os.fspath(p) for p in raw]
-    paths = [p if "://" in p else os.path.abspath(p) for p in names]
-    if not paths:
-        raise ConfigError("embed_files: no input paths given")
+    paths, fmt = dataset_files(input, input_format)
     out = os.fspath(output_dir)
     is_uri = "://" in out
-    local = [p for p in paths if "://" not in p]
-    missing = [p for p in local if not os.path.exists(p)]
-    if missing:
-        raise FileNotFoundError(f"input not found: {', '.join(missing)}")
-    if input_format is None and len(local) != len(paths):
-        raise ConfigError("embed_files: pass input_format= for URI inputs")
-    fmt = _input_format(paths, input_format)
     if not is_uri and os.path.exists(out) and not overwrite:
         raise FileExistsError(f"output directory exists: {out} (pass overwrite=True)")
     _ensure_ray(address)

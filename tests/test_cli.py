@@ -22,10 +22,9 @@ import pytest
 from click.testing import CliRunner, Result
 
 from qwen_embed_plugins import DEFAULT_QUERY_TASK, _install_command, format_query, reset_metrics
+from qwen_embed_plugins._corpus import corpus, iter_texts
 from qwen_embed_plugins.cli import get_command, main
 from qwen_embed_plugins.cli._app import TOOLING_HINT
-from qwen_embed_plugins.cli._corpus import corpus
-from qwen_embed_plugins.cli._inputs import iter_texts
 from qwen_embed_tooling.bench.relay import Relay
 from qwen_embed_tooling.bench.results import MODES
 from qwen_embed_tooling.testing import EmbeddingServer, expected_embedding

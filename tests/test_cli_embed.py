@@ -420,7 +420,7 @@ def test_peak_rss_is_flat_from_10k_to_100k_texts(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from qwen_embed_plugins.cli._corpus import corpus
+    from qwen_embed_plugins._corpus import corpus
 
     peak: dict[int, int] = {}
     with EmbeddingServer(process=True) as srv:

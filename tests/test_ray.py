@@ -176,7 +176,7 @@ def test_on_error_skip_marks_bad_rows_and_keeps_the_rest() -> None:
     assert table.num_rows == len(texts)
     errors = table.column(qray.DEFAULT_ERROR_COLUMN).to_pylist()
     column = table.column("embedding").combine_chunks()
-    bad = {10: "null", 11: "empty", 12: "whitespace", 33: "HTTP 400"}
+    bad = {10: "is None; expected str", 11: "empty", 12: "whitespace", 33: "HTTP 400"}
     for i, message in enumerate(errors):
         if i in bad:
             assert message is not None, i

@@ -11,7 +11,7 @@ transport (``_probe.Probes``), with its caps, deadline and scrubbing; the latenc
 truncation samples run through the client, with the time left as its deadline.
 
 Advice names the server's own settings only for the server that answers: the library's
-own reading of the ``GET /models`` answer (``servers.identify_models``, then the
+own reading of the ``GET /models`` answer (``_servers.identify_models``, then the
 embedding answer's headers) says which one it is, and a server it does not recognise
 gets advice that names each candidate. A base URL without the API's path
 (``/v1``) is diagnosed by asking the same server under ``/v1``.
@@ -42,10 +42,10 @@ from .. import (
     RetryConfig,
     close_all,
 )
+from .._corpus import corpus
 from .._servers import identify_models, identify_response
 from .._transport import Reply
 from .._transport._exceptions import certificate_failure
-from ._corpus import corpus
 from ._probe import (
     CHECK_TIMEOUT,
     Probes,
@@ -208,7 +208,7 @@ def dimensions_advice(server: str | None) -> str:
 
 
 def _identify(detection: Any) -> tuple[ServerIdentity | None, str | None]:
-    """The server a ``servers.Detection`` names (``None`` when generic), and the
+    """The server a ``_servers.Detection`` names (``None`` when generic), and the
     embeddings URL it found instead of ``{base_url}/embeddings`` (Infinity without
     ``--url-prefix /v1``), if any."""
     if detection is None:
@@ -349,7 +349,7 @@ def check_server(
         )
 
         # ---- models (the answer also says which server this is: the client's own
-        # reading of it, servers.identify_models, so advice can name its settings)
+        # reading of it, _servers.identify_models, so advice can name its settings)
         say("models")
         models: list[str] = []
         models_status: int | None = None
@@ -666,8 +666,8 @@ def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
     warm-up), then ``bound``: two requests when the server takes both or states its
     limit. Only after a refusal that states no limit are the sizes in between tried,
     largest first. The texts are a few words each: the probe counts texts, and a real
-    model embeds long ones slowly (MiniLM on a CPU: ~20 s for the former ascending
-    series of 1,000 passages of 200 characters). Each request waits for its answer as
+    model embeds long ones slowly (on a CPU, the former ascending series of 1,000
+    passages of 200 characters was most of the check's time). Each request waits for its answer as
     long as the check's time left (a large batch on a CPU server is slow, and slowness
     is not a limit).
     """

@@ -44,7 +44,9 @@ from typing import Any, Final
 import numpy as np
 import orjson
 
-from ._inputs import Fingerprint, Record, iter_records, new_digest
+from .._corpus import Fingerprint, Record, iter_records, new_digest
+from .._protocol import validate_text
+from ..errors import InputError
 
 __all__ = [
     "JOURNAL_SCHEMA",
@@ -180,7 +182,8 @@ def scan_input(
     """Check, count and hash every record of INPUT before anything is sent.
 
     Raises:
-        JobError: a record cannot be sent (too long), or INPUT changed while read.
+        JobError: a record cannot be sent (too long: the client's ``InputError``,
+            named by file and line), or INPUT changed while read.
         ValueError: INPUT is not UTF-8 / not valid JSONL (names the line).
         OSError: INPUT cannot be read.
     """
@@ -197,12 +200,10 @@ def scan_input(
     digest = new_digest()
     total = 0
     for rec in iter_records(input_path, on_blank=skipped, digest=digest):
-        sent = prepare(rec.text)
-        if max_chars is not None and len(sent) > max_chars:
-            raise JobError(
-                f"{input_path}:{rec.line}: the text is {len(sent):,} characters, above "
-                f"max_text_chars={max_chars:,}; split it into chunks first"
-            )
+        try:  # the client's own check, before anything is sent
+            validate_text(prepare(rec.text), None, max_chars=max_chars)
+        except InputError as exc:
+            raise JobError(f"{input_path}:{rec.line}: {exc}") from None
         total += 1
     change = before.change(Fingerprint.of(os.stat(input_path)))
     if change is not None:
@@ -532,8 +533,6 @@ def _embed_missing(
     window: int,
     progress: Callable[[int], None],
 ) -> None:
-    from .. import InputError
-
     digest = new_digest()
     batches = _batches(iter_records(input_path, digest=digest), state.batch_size, prepare)
     pending: dict[Future[Any], _Batch] = {}

@@ -5,7 +5,7 @@ LangChain and LlamaIndex users set plain fields (``max_connections=8``,
 mixin ``FlatSettings`` (each field documented there, once), with the one client
 cache, rebuild and pickling logic; they build the core ``EmbeddingConfig`` with
 ``build_config``. A field not given takes its ``QWEN_EMBED_*`` environment variable
-(the one resolver, ``config.env_setting``) or its default, or the value of a
+(the one resolver, ``_config.env_setting``) or its default, or the value of a
 ``config=EmbeddingConfig(...)`` given with it.
 """
 

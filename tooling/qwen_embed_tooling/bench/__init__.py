@@ -11,6 +11,6 @@ renders them. Modules:
 - ``relay``: the TCP relay that emulates a network round trip on loopback.
 
 The probes (models, HTTP/2) and the input corpus are the library's own (those of
-``qwen-embed check``: ``qwen_embed_plugins.cli._probe``, ``_corpus``).
+``qwen-embed check``: ``qwen_embed_plugins.cli._probe``, ``qwen_embed_plugins._corpus``).
 This ``__init__`` imports nothing, so importing one submodule loads only what it needs.
 """

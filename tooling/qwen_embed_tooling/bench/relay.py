@@ -2,7 +2,7 @@
 
 ``tc netem`` is not available on the machines this project runs on, so to reproduce a
 remote server's round trip on loopback the benchmark puts this relay between client and
-server (DESIGN.md section 4). Every chunk of bytes is held for ``rtt / 2`` in each
+server. Every chunk of bytes is held for ``rtt / 2`` in each
 direction before it is passed on, so TLS handshakes and requests pay the round trips
 they would pay to a remote host. Chunks are released in arrival order and independently
 of each other (a pipelined stream is delayed, not serialised).

@@ -153,8 +153,8 @@ class BenchResult:
 
     def conclusion(self) -> str:
         """One line: the pooled client's requests/s against the naive client's, as
-        measured in this run, and the connections each opened; e.g. ``pooled async:
-        3.4x the naive client's req/s (119 vs 35), 8 vs 40 connections``."""
+        measured in this run, and the connections each opened; in the form ``pooled async:
+        <ratio>x the naive client's req/s (<pooled> vs <naive>), <n> vs <m> connections``."""
         naive = self._ran("naive")
         pooled = next((m for m in map(self._ran, _CONCLUSION_ORDER) if m is not None), None)
         if pooled is None:

@@ -5,8 +5,9 @@ requests/s, texts/s, TCP connections actually opened, client CPU, errors, and th
 ratio to the naive client. Modes (``results.MODES``):
 
 ``naive``
-    a new ``openai.OpenAI`` per request (the seed measurement: 482 ms, 2.1 req/s,
-    one TCP + TLS connection per request), from ``concurrency`` threads;
+    a new ``openai.OpenAI`` per request (the measurement that started the project,
+    docs/benchmarks.md: one TCP + TLS connection per request), from ``concurrency``
+    threads;
 ``pooled_threads``
     one shared ``EmbeddingClient`` (pooled, keep-alive) called from ``concurrency``
     threads, one text per request (``embed_query``);
@@ -57,7 +58,7 @@ from qwen_embed_plugins import (
     format_query,
     pool_stats,
 )
-from qwen_embed_plugins.cli._corpus import corpus
+from qwen_embed_plugins._corpus import corpus
 from qwen_embed_plugins.cli._probe import discover_models, probe_http2
 
 from .results import MODE_LABELS, MODES, BenchResult, ModeResult
@@ -415,7 +416,7 @@ def run_bench(
         naive_trust: with a private CA (``target.verify`` a path), what the naive
             client's per-request SSL context trusts: ``"ca"`` that CA only (cheap to
             build), ``"bundle"`` certifi's public roots plus the CA (what
-            ``openai.OpenAI()`` builds by default, ~15-60 ms of CPU each).
+            ``openai.OpenAI()`` builds by default, costly in CPU: docs/benchmarks.md).
 
     Returns:
         a ``BenchResult``; modes that could not run carry ``skipped``.

@@ -99,7 +99,7 @@ def bench(
     import dataclasses
 
     from qwen_embed_plugins import QwenEmbedError
-    from qwen_embed_plugins.cli._inputs import load_texts
+    from qwen_embed_plugins._corpus import load_texts
     from qwen_embed_plugins.cli._options import verify_setting
     from qwen_embed_plugins.cli._output import console, fail, print_json, progress_bar, report
 

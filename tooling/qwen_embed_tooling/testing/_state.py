@@ -311,7 +311,8 @@ class _ListenSocket(socket.socket):
 def _listen(port: int, state: _State) -> _ListenSocket:
     # proto=IPPROTO_TCP, not 0: accepted sockets inherit it, and asyncio sets TCP_NODELAY
     # only on sockets whose proto is IPPROTO_TCP. Without it every response whose
-    # headers and body are written separately stalls ~40 ms (Nagle + delayed ACK).
+    # headers and body are written separately stalls for the peer's delayed-ACK timer
+    # (Nagle + delayed ACK).
     sock = _ListenSocket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         if os.name == "posix":  # rebind a port whose old connections are in TIME_WAIT
