@@ -27,6 +27,7 @@ import numpy as np
 from . import _pool as pool
 from ._config import EmbeddingConfig, OnError, known_model_dims
 from ._engine import Engine
+from ._flat import config_from
 from ._protocol import (
     BatchPlan,
     FloatArray,
@@ -324,10 +325,9 @@ class _ClientBase:
     """What the sync and async clients share: settings, engine, pickling."""
 
     def __init__(self, config: EmbeddingConfig | None = None, **settings: Any) -> None:
-        if config is None:
-            config = EmbeddingConfig(**settings)
-        elif settings:
-            config = config.replace(**settings)
+        if config is None or settings:
+            # EmbeddingConfig's fields and the adapters' flat names (read_timeout=...)
+            config = config_from(settings, base=config, owner=type(self).__name__)
         self._init(config)
 
     def _init(self, config: EmbeddingConfig) -> None:
@@ -512,7 +512,10 @@ def _finish_array(
 class EmbeddingClient(_ClientBase):
     """Embed texts through an endpoint's process-wide shared pool (blocking API).
 
-    Build it from an ``EmbeddingConfig`` or the same keyword arguments:
+    Build it from an ``EmbeddingConfig``, or from keyword arguments: its fields and the
+    flat names the adapters take (``read_timeout=30``, ``max_retries=2``,
+    ``max_connections=8``: ``_settings.SETTINGS``), applied to the ``config`` given
+    with them. An unknown name raises ``ConfigError`` naming the closest one:
 
     ```python
     client = EmbeddingClient(base_url="http://gpu-box:30000/v1")

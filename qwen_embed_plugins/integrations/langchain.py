@@ -23,7 +23,7 @@ from pydantic import ConfigDict, Field, SecretStr, model_validator
 
 from .._config import ENV_API_KEY
 from .._protocol import validate_texts
-from ._common import DESCRIPTIONS, FlatSettings, Stock, mask_inputs, resolve_names, setting
+from ._common import FlatSettings, Stock, describe, mask_inputs, resolve_names, setting
 
 __all__ = ["QwenPooledEmbeddings"]
 
@@ -207,7 +207,7 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
 
     api_key: SecretStr | None = Field(
         default_factory=secret_from_env(ENV_API_KEY, default=None),
-        description=DESCRIPTIONS["api_key"],
+        description=describe("api_key"),
     )
 
     model: str = setting("model")
