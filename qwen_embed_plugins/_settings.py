@@ -84,50 +84,47 @@ class Setting:
         return self.into.partition(".")[2] or self.name
 
 
-_S = Setting
-_Q = "QWEN_EMBED_"
-
 SETTINGS: Final[tuple[Setting, ...]] = (
     # ------------------------------------------------------------------ endpoint
-    _S(
+    Setting(
         "base_url",
         str | list[str] | None,
         None,
         "The OpenAI-compatible API root, e.g. 'http://gpu-box:30000/v1' (requests go to "
         "'{base_url}/embeddings'), or a list of replica URLs (comma-separated in the "
         "environment). Required: there is no default endpoint.",
-        env=f"{_Q}BASE_URL",
+        env="QWEN_EMBED_BASE_URL",
         cli="--base-url",
     ),
-    _S(
+    Setting(
         "api_key",
         str | None,
         None,
         "Bearer token; None for servers without auth. Never shown, logged, serialised or pickled.",
-        env=f"{_Q}API_KEY",
+        env="QWEN_EMBED_API_KEY",
         cli="--api-key",
     ),
-    _S(
+    Setting(
         "model",
         str,
         DEFAULT_MODEL,
         "Model name sent in every request.",
-        env=f"{_Q}MODEL",
+        env="QWEN_EMBED_MODEL",
         cli="--model",
     ),
     # ------------------------------------------------------------------ embedding
-    _S(
+    Setting(
         "dimensions",
         int | None,
         None,
         "MRL output size in dimensions (None = the model's full size; Qwen3-Embedding: "
         "32..1024 for 0.6B, ..2560 for 4B, ..4096 for 8B). Sent when the server supports "
         "it, else sliced and L2-renormalised client-side.",
-        env=f"{_Q}DIMENSIONS",
+        env="QWEN_EMBED_DIMENSIONS",
         parse=int,
         cli="--dimensions",
     ),
-    _S(
+    Setting(
         "query_instruction",
         str | None,
         "auto",
@@ -137,50 +134,50 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "identifies Qwen3-Embedding (hub names, server paths, Ollama tags such as "
         "'qwen3-embedding:8b'), raw queries for any other model.",
     ),
-    _S(
+    Setting(
         "batch_size",
         int | Literal["auto"],
         "auto",
         "Texts per request (1..2048), or 'auto' (default): from 32, grown while a batch "
         "twice as large answers in about the same time, stopped where latency grows with "
         "the batch. Lowered automatically to a server's stated limit.",
-        env=f"{_Q}BATCH_SIZE",
+        env="QWEN_EMBED_BATCH_SIZE",
         parse=_env_int_or_auto,
         cli="--batch-size",
     ),
-    _S(
+    Setting(
         "max_batch_tokens",
         int | None,
         None,
         "Most estimated tokens per request (None: the server's known cap, else learned "
         "from its refusal).",
-        env=f"{_Q}MAX_BATCH_TOKENS",
+        env="QWEN_EMBED_MAX_BATCH_TOKENS",
         parse=int,
     ),
-    _S(
+    Setting(
         "max_concurrency",
         int | Literal["auto"],
         4,
         "Requests in flight at once per call (1..1024; default 4), or 'auto' for an "
         "adaptive per-endpoint limit.",
-        env=f"{_Q}MAX_CONCURRENCY",
+        env="QWEN_EMBED_MAX_CONCURRENCY",
         parse=_env_int_or_auto,
     ),
-    _S(
+    Setting(
         "encoding_format",
         Literal["auto", "base64", "float"],
         "auto",
         "'auto' (base64, falling back to float once per endpoint if refused), 'base64' or 'float'.",
     ),
-    _S("normalize", bool, True, "L2-renormalise vectors whose norm is not 1 (default True)."),
-    _S(
+    Setting("normalize", bool, True, "L2-renormalise vectors whose norm is not 1 (default True)."),
+    Setting(
         "max_text_chars",
         int | None,
         262_144,
         "Longest accepted text in characters (default 262,144; None = no limit); longer "
         "texts raise InputError before anything is sent.",
     ),
-    _S(
+    Setting(
         "append_eos",
         bool | None,
         None,
@@ -188,35 +185,35 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "endpoints and warn).",
     ),
     # ------------------------------------------------------------------ timeouts and retries
-    _S(
+    Setting(
         "connect_timeout",
         float | None,
         5.0,
         "Seconds to open a TCP (+TLS) connection (default 5.0; None = no limit).",
         into="timeout.connect",
     ),
-    _S(
+    Setting(
         "read_timeout",
         float | None,
         60.0,
         "Seconds to wait for response bytes (default 60.0; None = no limit).",
         into="timeout.read",
     ),
-    _S(
+    Setting(
         "write_timeout",
         float | None,
         30.0,
         "Seconds to send a request body (default 30.0; None = no limit).",
         into="timeout.write",
     ),
-    _S(
+    Setting(
         "pool_timeout",
         float | None,
         60.0,
         "Seconds to wait for a free pooled connection (default 60.0; None = no limit).",
         into="timeout.pool",
     ),
-    _S(
+    Setting(
         "total_timeout",
         float | None,
         120.0,
@@ -224,7 +221,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "trickles in).",
         into="timeout.total",
     ),
-    _S(
+    Setting(
         "max_retries",
         int,
         3,
@@ -233,7 +230,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "turns retries off entirely.",
         into="retry.max_attempts",
     ),
-    _S(
+    Setting(
         "deadline",
         float | None,
         300.0,
@@ -242,7 +239,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         cli="--deadline",
         into="retry.deadline",
     ),
-    _S(
+    Setting(
         "query_deadline",
         float | None,
         15.0,
@@ -250,7 +247,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         into="retry.query_deadline",
     ),
     # ------------------------------------------------------------------ pool
-    _S(
+    Setting(
         "max_connections",
         int,
         20,
@@ -258,14 +255,14 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "event loop has its own async pool.",
         into="limits.max_connections",
     ),
-    _S(
+    Setting(
         "max_keepalive_connections",
         int | None,
         None,
         "Most idle connections kept for reuse (default None = max_connections).",
         into="limits.max_keepalive_connections",
     ),
-    _S(
+    Setting(
         "keepalive_expiry",
         float,
         4.0,
@@ -273,7 +270,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "timeout (5 s for uvicorn-based servers and llama.cpp).",
         into="limits.keepalive_expiry",
     ),
-    _S(
+    Setting(
         "max_connections_per_process",
         int | None,
         None,
@@ -282,22 +279,22 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         into="limits.max_connections_per_process",
     ),
     # ------------------------------------------------------------------ transport
-    _S(
+    Setting(
         "http2",
         bool,
         False,
         "Negotiate HTTP/2 (ALPN over TLS; h2c over http://, falling back to HTTP/1.1).",
-        env=f"{_Q}HTTP2",
+        env="QWEN_EMBED_HTTP2",
         parse=_env_bool,
         cli="--http2",
     ),
-    _S(
+    Setting(
         "verify",
         bool | str,
         True,
         "TLS verification: True (CAs from certifi), False, or a CA bundle path.",
     ),
-    _S(
+    Setting(
         "proxy",
         str | None,
         None,
@@ -306,35 +303,35 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "unpickled copy reads QWEN_EMBED_PROXY or HTTP(S)_PROXY). None (default): from "
         "QWEN_EMBED_PROXY, else HTTP(S)_PROXY / ALL_PROXY / NO_PROXY when trust_env. "
         "Loopback hosts are never proxied.",
-        env=f"{_Q}PROXY",
+        env="QWEN_EMBED_PROXY",
     ),
-    _S("trust_env", bool, True, "Read proxies from the environment (default True)."),
-    _S(
+    Setting("trust_env", bool, True, "Read proxies from the environment (default True)."),
+    Setting(
         "insecure_key",
         Literal["warn", "error", "allow"],
         "warn",
         "An API key over plain http:// to a non-loopback host: 'warn' (default), 'error' "
         "or 'allow'.",
     ),
-    _S(
+    Setting(
         "hedge",
         bool,
         False,
         "Hedge single queries: a second copy after the endpoint's p95 latency, first answer "
         "wins, at most 5% extra requests (default False).",
     ),
-    _S(
+    Setting(
         "server",
         str,
         "auto",
         "The server behind base_url: 'auto' (identified from its answers) or 'sglang', "
         "'vllm', 'tei', 'infinity', 'ollama', 'llamacpp', 'dashscope', 'siliconflow', "
         "'openai'.",
-        env=f"{_Q}SERVER",
+        env="QWEN_EMBED_SERVER",
         parse=_env_lower,
     ),
     # ------------------------------------------------------------------ per request
-    _S(
+    Setting(
         "headers",
         Mapping[str, str] | None,
         None,
@@ -344,7 +341,7 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "Values of credential-like headers (Authorization, Cookie, *auth*, *api-key*, "
         "*token*, *secret*) are masked in repr and dumps and never pickled.",
     ),
-    _S(
+    Setting(
         "extra_body",
         Mapping[str, Any] | None,
         None,

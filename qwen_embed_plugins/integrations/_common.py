@@ -14,7 +14,6 @@ resolver, ``config.env_setting``) or its default, or the value of a
 from __future__ import annotations
 
 import copy
-import difflib
 import logging
 import os
 import pickle
@@ -52,7 +51,7 @@ from .._config import (
 )
 from .._flat import config_from, flat_value
 from .._server_text import has_credentials, redact_url
-from .._settings import SETTING
+from .._settings import SETTING, closest
 from ..errors import ConfigError
 
 __all__ = [
@@ -403,11 +402,9 @@ def resolve_names(
 
 
 def _unknown(owner: str, name: str, known: set[str], stock: Stock) -> str:
-    names = sorted(known | set(stock.aliases) | {"config"})
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    if not close:
+    match = closest(name, known | set(stock.aliases) | {"config"})
+    if match is None:
         return f"{owner}: unknown parameter {name!r} (docs/migration.md lists the accepted ones)"
-    match = close[0]
     field = stock.aliases.get(match)
     also = f" (an alias of {field!r})" if field else ""
     return f"{owner}: unknown parameter {name!r}; did you mean {match!r}{also}?"

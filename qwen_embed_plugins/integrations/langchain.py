@@ -203,7 +203,7 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
     """
 
     # The flat settings (base_url, dimensions, timeouts, pool limits, ...) are
-    # FlatSettings' fields, documented there; these three are declared here.
+    # FlatSettings' fields (declared in _settings.SETTINGS); these three are declared here.
 
     api_key: SecretStr | None = Field(
         default_factory=secret_from_env(ENV_API_KEY, default=None),

@@ -232,8 +232,8 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     """
 
     # The flat settings (base_url, dimensions, timeouts, pool limits, ...) are
-    # FlatSettings' fields, documented there, with its model_config (extra="forbid",
-    # inputs hidden in errors); these three are declared here.
+    # FlatSettings' fields (declared in _settings.SETTINGS), with its model_config
+    # (extra="forbid", inputs hidden in errors); these three are declared here.
 
     api_key: SecretStr | str | None = Field(
         default=None, exclude=True, description=describe("api_key")
