@@ -612,7 +612,7 @@ class EmbeddingConfig(_Replaceable):
         set_(self, "api_key", api_key)
         set_(self, "headers", request_headers(self.headers, api_key=api_key is not None))
         set_(self, "extra_body", request_body(self.extra_body))
-        model = self.model or env_setting("model") or DEFAULT_MODEL
+        model = self.model or env_setting("model")  # else the declared default
         if not isinstance(model, str):
             raise ConfigError(f"model must be a str, got {type(model).__name__}")
         set_(self, "model", model)

@@ -11,6 +11,7 @@ here); ``python -m qwen_embed_tooling.settings_docs`` then rewrites the docs' ta
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -278,3 +279,13 @@ def test_the_docs_tables_are_the_declaration(page: str) -> None:
         rows = [line.split("|")[1].strip().strip("`") for line in table.splitlines()[2:]]
         names = {LLAMA_INDEX_NAMES.get(s, s) if surface == "llamaindex" else s for s in SETTING}
         assert set(rows) == names
+
+
+@pytest.mark.unit
+def test_the_readme_summary_names_declared_settings() -> None:
+    readme = (DOCS.parent / "README.md").read_text()
+    start = readme.index("| setting | default | meaning |")
+    rows = readme[start:].split("\n\n")[0].splitlines()[2:]
+    named = {name for row in rows for name in re.findall(r"`(\w+)`", row.split("|")[1])}
+    assert len(named) >= 15
+    assert named <= set(SETTING)

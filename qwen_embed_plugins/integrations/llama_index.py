@@ -47,7 +47,7 @@ from llama_index.core.bridge.pydantic import Field, SecretStr, model_validator
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 
 from .._client import AsyncEmbeddingClient, EmbeddingClient
-from .._config import DEFAULT_MODEL, env_setting
+from .._config import env_setting
 from .._protocol import format_query, validate_text, validate_texts
 from ._common import FlatSettings, Stock, describe, env_default, mask_inputs, resolve_names
 
@@ -289,7 +289,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         if isinstance(data["api_key"], str):  # kept as a SecretStr: masked in repr
             data["api_key"] = SecretStr(data["api_key"]) if data["api_key"] else None
         if not data.get("model_name"):
-            data["model_name"] = env_setting("model") or DEFAULT_MODEL
+            data["model_name"] = env_setting("model")  # else the declared default
         return data
 
     @classmethod
