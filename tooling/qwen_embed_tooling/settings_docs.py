@@ -46,6 +46,21 @@ def _type_text(kind: Any) -> str:
     return f"`{text}`"
 
 
+# A word that Markdown would read as markup (a URL, *auth*): a code span.
+_CODE_LIKE = re.compile(r"[^\s(),;]*(?:\*|://)[^\s(),;]*")
+
+
+def _markdown(text: str) -> str:
+    """A doc line as a table cell: URL-like and starred words as code; ``|``, ``<`` and
+    ``>`` escaped in the rest (a pipe in a code span splits a GitHub table cell)."""
+    parts = _CODE_LIKE.sub(lambda match: f"`{match.group(0)}`", text).split("`")
+    escaped = (
+        part.replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;") for part in parts[::2]
+    )
+    parts[::2] = escaped
+    return "`".join(parts)
+
+
 def _value_text(value: Any) -> str:
     return f'`"{value}"`' if isinstance(value, str) else f"`{value!r}`"
 
@@ -81,7 +96,7 @@ def _renamed(surface: str) -> Mapping[str, str]:
 def _row(setting: Setting, surface: str, aliases: Mapping[str, str]) -> str:
     name = _renamed(surface).get(setting.name, setting.name)
     env = f"`{setting.env}`" if setting.env else ""
-    meaning = setting.doc.replace("|", "\\|")
+    meaning = _markdown(setting.doc)
     if setting.name in aliases:
         meaning += f" Alias: {aliases[setting.name]}."
     cells = [f"`{name}`", _type_text(setting.type), _value_text(setting.default), env]
