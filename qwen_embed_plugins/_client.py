@@ -28,6 +28,7 @@ from . import _pool as pool
 from ._batching import Batches, BatchPlan, plan_call
 from ._config import EmbeddingConfig, OnError, known_model_dims
 from ._engine import Engine
+from ._flat import config_from
 from ._protocol import FloatArray, format_query, screen_texts, validate_text, validate_texts
 from ._results import (
     EmbeddingList,
@@ -139,10 +140,9 @@ class _ClientBase:
     I/O-free part of a call (arguments checked, planned, results assembled)."""
 
     def __init__(self, config: EmbeddingConfig | None = None, **settings: Any) -> None:
-        if config is None:
-            config = EmbeddingConfig(**settings)
-        elif settings:
-            config = config.replace(**settings)
+        if config is None or settings:
+            # EmbeddingConfig's fields and the adapters' flat names (read_timeout=...)
+            config = config_from(settings, base=config, owner=type(self).__name__)
         self._init(config)
 
     def _init(self, config: EmbeddingConfig) -> None:
@@ -249,7 +249,10 @@ class _ClientBase:
 class EmbeddingClient(_ClientBase):
     """Embed texts through an endpoint's process-wide shared pool (blocking API).
 
-    Build it from an ``EmbeddingConfig`` or the same keyword arguments:
+    Build it from an ``EmbeddingConfig``, or from keyword arguments: its fields and the
+    flat names the adapters take (``read_timeout=30``, ``max_retries=2``,
+    ``max_connections=8``: ``_settings.SETTINGS``), applied to the ``config`` given
+    with them. An unknown name raises ``ConfigError`` naming the closest one:
 
     ```python
     client = EmbeddingClient(base_url="http://gpu-box:30000/v1")

@@ -11,14 +11,13 @@ Units: every duration is in seconds, every size in texts or connections, as name
 from __future__ import annotations
 
 import dataclasses
-import ipaddress
 import os
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypeVar
 from urllib.parse import urlsplit
 
+from ._endpoint import environment_proxy, insecure_key_target, is_loopback, normalise_base_url
 from ._extras import (
     RESERVED_BODY_KEYS,
     RequestBody,
@@ -36,6 +35,7 @@ from ._protocol import (
     known_model_dims,
 )
 from ._server_text import ProxyURL, endpoint_label, has_credentials, redact_url
+from ._settings import DEFAULT, DEFAULT_MODEL, SETTING, SETTINGS
 from .errors import ConfigError
 
 __all__ = [
@@ -74,8 +74,6 @@ __all__ = [
     "request_headers",
 ]
 
-DEFAULT_MODEL: Final = "Qwen/Qwen3-Embedding-0.6B"
-
 QWEN3_MIN_DIMENSIONS: Final = 32
 
 EncodingFormat = Literal["auto", "base64", "float"]
@@ -97,9 +95,7 @@ SERVER_NAMES: Final[tuple[str, ...]] = (
 OpenAI-compatible fallback. ``EmbeddingConfig(server=...)`` takes one of these or
 ``"auto"``."""
 
-ENV_BASE_URL: Final = "QWEN_EMBED_BASE_URL"
-ENV_API_KEY: Final = "QWEN_EMBED_API_KEY"
-ENV_MODEL: Final = "QWEN_EMBED_MODEL"
+ENV_API_KEY: Final = str(SETTING["api_key"].env)
 
 
 class NotGiven:
@@ -235,11 +231,11 @@ class Timeouts(_Replaceable):
             (``RetryConfig``) bounds it further.
     """
 
-    connect: float | None = 5.0
-    read: float | None = 60.0
-    write: float | None = 30.0
-    pool: float | None = 60.0
-    total: float | None = 120.0
+    connect: float | None = DEFAULT["connect_timeout"]
+    read: float | None = DEFAULT["read_timeout"]
+    write: float | None = DEFAULT["write_timeout"]
+    pool: float | None = DEFAULT["pool_timeout"]
+    total: float | None = DEFAULT["total_timeout"]
 
     def __post_init__(self) -> None:
         for name in ("connect", "read", "write", "pool", "total"):
@@ -272,10 +268,10 @@ class Limits(_Replaceable):
             sending a response".
     """
 
-    max_connections: int = 20
-    max_keepalive_connections: int | None = None
-    keepalive_expiry: float = 4.0
-    max_connections_per_process: int | None = None
+    max_connections: int = DEFAULT["max_connections"]
+    max_keepalive_connections: int | None = DEFAULT["max_keepalive_connections"]
+    keepalive_expiry: float = DEFAULT["keepalive_expiry"]
+    max_connections_per_process: int | None = DEFAULT["max_connections_per_process"]
 
     def __post_init__(self) -> None:
         _check_int("Limits", "max_connections", self.max_connections, 1, 10_000)
@@ -345,12 +341,12 @@ class RetryConfig(_Replaceable):
             bounds it. Once a replica has answered, an outage gets the whole deadline.
     """
 
-    max_attempts: int = 4
+    max_attempts: int = DEFAULT["max_retries"] + 1  # the first attempt and the retries
     backoff_initial: float = 0.25
     backoff_max: float = 8.0
     retry_after_max: float = 30.0
-    deadline: float | None = 300.0
-    query_deadline: float | None = 15.0
+    deadline: float | None = DEFAULT["deadline"]
+    query_deadline: float | None = DEFAULT["query_deadline"]
     circuit_failure_threshold: int = 8
     circuit_cooldown: float = 10.0
     circuit_open_after: float = 10.0
@@ -358,34 +354,26 @@ class RetryConfig(_Replaceable):
 
     def __post_init__(self) -> None:
         _check_int("RetryConfig", "max_attempts", self.max_attempts, 1, 100)
-        _check_range(
-            "RetryConfig", "wait_for_server", self.wait_for_server, 0.0, 86400.0, allow_none=False
-        )
-        _check_range(
-            "RetryConfig", "backoff_initial", self.backoff_initial, 0.0, 600.0, allow_none=False
-        )
-        _check_range("RetryConfig", "backoff_max", self.backoff_max, 0.0, 3600.0, allow_none=False)
-        _check_range(
-            "RetryConfig", "retry_after_max", self.retry_after_max, 0.0, 3600.0, allow_none=False
-        )
-        _check_range("RetryConfig", "deadline", self.deadline, 0.001, 86400.0, allow_none=True)
-        _check_range(
-            "RetryConfig", "query_deadline", self.query_deadline, 0.001, 86400.0, allow_none=True
-        )
         _check_int(
             "RetryConfig", "circuit_failure_threshold", self.circuit_failure_threshold, 0, 1_000_000
         )
-        _check_range(
-            "RetryConfig", "circuit_cooldown", self.circuit_cooldown, 0.0, 3600.0, allow_none=False
-        )
-        _check_range(
-            "RetryConfig",
-            "circuit_open_after",
-            self.circuit_open_after,
-            0.0,
-            86400.0,
-            allow_none=False,
-        )
+        for name, low, high in _RETRY_SECONDS:
+            value = getattr(self, name)
+            allow_none = name in ("deadline", "query_deadline")
+            _check_range("RetryConfig", name, value, low, high, allow_none=allow_none)
+
+
+_RETRY_SECONDS: Final = (
+    ("wait_for_server", 0.0, 86400.0),
+    ("backoff_initial", 0.0, 600.0),
+    ("backoff_max", 0.0, 3600.0),
+    ("retry_after_max", 0.0, 3600.0),
+    ("deadline", 0.001, 86400.0),
+    ("query_deadline", 0.001, 86400.0),
+    ("circuit_cooldown", 0.0, 3600.0),
+    ("circuit_open_after", 0.0, 86400.0),
+)
+"""``RetryConfig``'s durations and their ranges, in seconds (``ConfigError`` outside)."""
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -418,39 +406,6 @@ class PoolKey:
         return endpoint_label(self.base_url)
 
 
-def _normalise_one_url(value: object) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise ConfigError(
-            "base_url is required: pass base_url='http://host:port/v1' (or a list of "
-            f"replica URLs) or set {ENV_BASE_URL}; there is deliberately no default endpoint"
-        )
-    url = value.strip().rstrip("/")
-    if ";" in url or any(c.isspace() for c in url):
-        # "http://a:1/v1;http://b:2/v1" parses as one URL whose path holds the other
-        raise ConfigError(
-            f"base_url (or {ENV_BASE_URL}) holds ';' or whitespace, which a base URL may not "
-            "contain here; separate replica URLs with a comma "
-            "('http://a:8000/v1,http://b:8000/v1') or pass a list"
-        )
-    try:
-        parts = urlsplit(url)
-    except ValueError as exc:
-        raise ConfigError(f"base_url is not a valid URL: {endpoint_label(url)}") from exc
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ConfigError(
-            f"base_url must be an http:// or https:// URL with a host, got {endpoint_label(url)!r}"
-        )
-    if parts.username or parts.password:
-        raise ConfigError(
-            "base_url must not contain credentials (user:password@); pass api_key instead"
-        )
-    if parts.query or parts.fragment:
-        raise ConfigError("base_url must not contain a query string or fragment")
-    if url.endswith("/embeddings"):
-        url = url[: -len("/embeddings")]
-    return url
-
-
 def _resolved_api_key(api_key: Any) -> Secret | None:
     """The API key as given (``str``, ``Secret``, ``None``) or from the environment
     (``NOT_GIVEN``), checked (``_checked_api_key``)."""
@@ -463,18 +418,6 @@ def _resolved_api_key(api_key: Any) -> Secret | None:
     if api_key is not None:
         raise ConfigError("api_key must be a str, a Secret or None")
     return None
-
-
-def _normalise_base_url(value: object) -> str | tuple[str, ...]:
-    """One URL, or the sorted, de-duplicated tuple of several replica URLs."""
-    if isinstance(value, str) and "," in value:
-        value = [part for part in value.split(",") if part.strip()]
-    if isinstance(value, list | tuple):
-        urls = sorted({_normalise_one_url(v) for v in value})
-        if not urls:
-            raise ConfigError("base_url: the list of replica URLs is empty")
-        return urls[0] if len(urls) == 1 else tuple(urls)
-    return _normalise_one_url(value)
 
 
 def _checked_api_key(value: str) -> Secret | None:
@@ -494,36 +437,21 @@ def _checked_api_key(value: str) -> Secret | None:
 # --------------------------------------------------------------------------- environment
 
 
-def _env_bool(raw: str) -> bool:
-    return raw.strip().lower() in ("1", "true", "yes", "on")
-
-
-def _env_concurrency(raw: str) -> int | str:
-    raw = raw.strip().lower()
-    return raw if raw == "auto" else int(raw)
-
-
-_env_batch_size = _env_concurrency  # an int, or "auto"
-
-
 ENV_SETTINGS: Final[dict[str, tuple[str, Any]]] = {
-    "base_url": (ENV_BASE_URL, str),
-    "api_key": (ENV_API_KEY, str),
-    "model": (ENV_MODEL, str),
-    "dimensions": ("QWEN_EMBED_DIMENSIONS", int),
-    "batch_size": ("QWEN_EMBED_BATCH_SIZE", _env_batch_size),
-    "max_batch_tokens": ("QWEN_EMBED_MAX_BATCH_TOKENS", int),
-    "max_concurrency": ("QWEN_EMBED_MAX_CONCURRENCY", _env_concurrency),
-    "http2": ("QWEN_EMBED_HTTP2", _env_bool),
-    "server": ("QWEN_EMBED_SERVER", lambda raw: raw.strip().lower()),
-    "proxy": ("QWEN_EMBED_PROXY", str),
+    setting.name: (setting.env, setting.parse or str) for setting in SETTINGS if setting.env
 }
 """The settings read from the environment, with their variable and parser. The one
 resolver (``env_setting``) serves ``EmbeddingConfig`` and both framework adapters."""
 
 
-def env_setting(name: str, default: Any = None, environ: Mapping[str, str] | None = None) -> Any:
-    """The value of setting ``name`` from its ``QWEN_EMBED_*`` variable, else ``default``.
+_DECLARED: Final = object()
+
+
+def env_setting(
+    name: str, default: Any = _DECLARED, environ: Mapping[str, str] | None = None
+) -> Any:
+    """The value of setting ``name`` from its ``QWEN_EMBED_*`` variable, else ``default``
+    (its declared default when not given).
 
     ``QWEN_EMBED_BASE_URL`` may hold a comma-separated list of replica URLs.
 
@@ -535,7 +463,7 @@ def env_setting(name: str, default: Any = None, environ: Mapping[str, str] | Non
     variable, parse = ENV_SETTINGS[name]
     raw = env.get(variable)
     if raw is None or not raw.strip():
-        return default
+        return SETTING[name].default if default is _DECLARED else default
     try:
         return parse(raw)
     except ValueError as exc:
@@ -544,6 +472,14 @@ def env_setting(name: str, default: Any = None, environ: Mapping[str, str] | Non
 
 
 # --------------------------------------------------------------------------- the config
+
+_FROM_ENV: Final = tuple(
+    s.name
+    for s in SETTINGS
+    if s.env and not s.into and s.name not in ("base_url", "api_key", "model", "proxy")
+)
+"""The settings ``EmbeddingConfig`` takes from the environment, else their declared
+default, when not given (``NOT_GIVEN``); the four left out have rules of their own."""
 
 OnError = Literal["raise", "skip"]
 """What a call does with an input the server cannot embed: ``"raise"`` its error, or
@@ -555,11 +491,8 @@ class EmbeddingConfig(_Replaceable):
     """Everything a client needs to embed through one endpoint.
 
     Keyword-only; frozen and hashable. A setting that is not given is read from its
-    ``QWEN_EMBED_*`` environment variable (``ENV_SETTINGS``: ``QWEN_EMBED_BASE_URL``,
-    ``QWEN_EMBED_API_KEY``, ``QWEN_EMBED_MODEL``, ``QWEN_EMBED_DIMENSIONS``,
-    ``QWEN_EMBED_BATCH_SIZE``, ``QWEN_EMBED_MAX_BATCH_TOKENS``,
-    ``QWEN_EMBED_MAX_CONCURRENCY``, ``QWEN_EMBED_HTTP2``, ``QWEN_EMBED_SERVER``,
-    ``QWEN_EMBED_PROXY``), then takes its default.
+    ``QWEN_EMBED_*`` environment variable (``ENV_SETTINGS``: each setting's variable is
+    declared in ``_settings.SETTINGS``, with its default), then takes its default.
 
     Attributes:
         base_url: the OpenAI-compatible API root, e.g. ``http://gpu-box:30000/v1``
@@ -654,27 +587,27 @@ class EmbeddingConfig(_Replaceable):
     # Not given (NOT_GIVEN): read from the environment in __post_init__; the declared
     # types are what the fields hold after it.
     dimensions: int | None = NOT_GIVEN  # type: ignore[assignment]
-    query_instruction: str | None = "auto"
+    query_instruction: str | None = DEFAULT["query_instruction"]
     batch_size: int | Literal["auto"] = NOT_GIVEN  # type: ignore[assignment]
     max_batch_tokens: int | None = NOT_GIVEN  # type: ignore[assignment]
     max_concurrency: int = NOT_GIVEN  # type: ignore[assignment]
-    encoding_format: EncodingFormat = "auto"
-    normalize: bool = True
-    max_text_chars: int | None = 262_144
-    append_eos: bool | None = None
+    encoding_format: EncodingFormat = DEFAULT["encoding_format"]
+    normalize: bool = DEFAULT["normalize"]
+    max_text_chars: int | None = DEFAULT["max_text_chars"]
+    append_eos: bool | None = DEFAULT["append_eos"]
     max_response_bytes: int | None = None
     timeout: Timeouts | float | None = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
     http2: bool = NOT_GIVEN  # type: ignore[assignment]
-    verify: bool | str = True
+    verify: bool | str = DEFAULT["verify"]
     proxy: str | ProxyURL | NotGiven | None = NOT_GIVEN
-    trust_env: bool = True
-    insecure_key: Literal["warn", "error", "allow"] = "warn"
+    trust_env: bool = DEFAULT["trust_env"]
+    insecure_key: Literal["warn", "error", "allow"] = DEFAULT["insecure_key"]
     retry: RetryConfig = field(default_factory=RetryConfig)
-    hedge: bool = False
+    hedge: bool = DEFAULT["hedge"]
     server: str = NOT_GIVEN  # type: ignore[assignment]
-    headers: Mapping[str, str] | None = None
-    extra_body: Mapping[str, Any] | None = None
+    headers: Mapping[str, str] | None = DEFAULT["headers"]
+    extra_body: Mapping[str, Any] | None = DEFAULT["extra_body"]
 
     def __post_init__(self) -> None:
         self._resolve()
@@ -689,25 +622,18 @@ class EmbeddingConfig(_Replaceable):
         credentials as ``ProxyURL``, a number of seconds as ``Timeouts``)."""
         set_ = object.__setattr__
         base_url = self.base_url if self.base_url is not None else env_setting("base_url")
-        set_(self, "base_url", _normalise_base_url(base_url))
+        set_(self, "base_url", normalise_base_url(base_url))
         api_key = _resolved_api_key(self.api_key)
         set_(self, "api_key", api_key)
         set_(self, "headers", request_headers(self.headers, api_key=api_key is not None))
         set_(self, "extra_body", request_body(self.extra_body))
-        model = self.model or env_setting("model") or DEFAULT_MODEL
+        model = self.model or env_setting("model")  # else the declared default
         if not isinstance(model, str):
             raise ConfigError(f"model must be a str, got {type(model).__name__}")
         set_(self, "model", model)
-        for name, default in (
-            ("dimensions", None),
-            ("batch_size", "auto"),
-            ("max_batch_tokens", None),
-            ("max_concurrency", 4),
-            ("http2", False),
-            ("server", "auto"),
-        ):
+        for name in _FROM_ENV:
             value = getattr(self, name)
-            set_(self, name, env_setting(name, default) if isinstance(value, NotGiven) else value)
+            set_(self, name, env_setting(name) if isinstance(value, NotGiven) else value)
         proxy = self.proxy
         if isinstance(proxy, NotGiven):
             proxy = env_setting("proxy", NOT_GIVEN)
@@ -882,52 +808,3 @@ class EmbeddingConfig(_Replaceable):
             ConfigError: a variable holds a value out of range.
         """
         return cls(**overrides)
-
-
-# --------------------------------------------------------------------------- network facts
-
-
-def _host(url: str) -> str:
-    try:
-        return (urlsplit(url).hostname or "").lower()
-    except ValueError:
-        return ""
-
-
-def is_loopback(url: str) -> bool:
-    """Whether ``url``'s host is a loopback address (``localhost``, 127.0.0.0/8, ::1)."""
-    host = _host(url)
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def insecure_key_target(url: str) -> bool:
-    """Whether a key sent to ``url`` would cross a network in clear text (``http://`` to
-    a host that is not loopback)."""
-    return url.startswith("http://") and not is_loopback(url)
-
-
-def environment_proxy(url: str) -> str | None:
-    """The proxy the environment gives for ``url`` (``HTTP_PROXY``, ``HTTPS_PROXY``,
-    ``ALL_PROXY``, lower-case too; ``NO_PROXY`` honoured), as httpx and requests read
-    them; ``None`` for none. Loopback hosts are never proxied."""
-    if is_loopback(url):
-        return None
-    proxies = urllib.request.getproxies_environment()
-    scheme = urlsplit(url).scheme
-    proxy = proxies.get(scheme) or proxies.get("all")
-    if not proxy:
-        return None
-    parts = urlsplit(url)
-    netloc = parts.hostname or ""
-    if parts.port is not None:
-        netloc = f"{netloc}:{parts.port}"
-    if urllib.request.proxy_bypass_environment(netloc, proxies):  # type: ignore[attr-defined]
-        return None
-    if "://" not in proxy:
-        proxy = f"http://{proxy}"
-    return proxy

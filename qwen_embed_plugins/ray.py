@@ -81,6 +81,7 @@ from ._config import (
     known_model_dims,
 )
 from ._corpus import dataset_files
+from ._flat import config_from
 from ._protocol import validate_text
 from .errors import BadRequestError, ConfigError, InputError
 
@@ -191,9 +192,13 @@ def _client_config(
         )
     if request_batch_size is not None:
         settings = {**settings, "batch_size": request_batch_size}
-    if "limits" not in settings and max_in_flight > Limits().max_connections:
-        settings = {**settings, "limits": Limits(max_connections=max_in_flight)}
-    config = EmbeddingConfig(base_url=base_url, max_concurrency=max_in_flight, **settings)
+    pool_given = "limits" in settings or "max_connections" in settings
+    if not pool_given and max_in_flight > Limits().max_connections:
+        settings = {**settings, "max_connections": max_in_flight}
+    config = config_from(
+        {"base_url": base_url, "max_concurrency": max_in_flight, **settings},
+        owner="embed_dataset",
+    )
     proxy = config.proxy
     if isinstance(proxy, ProxyURL) and not proxy.in_environment():
         raise ConfigError(
@@ -406,7 +411,9 @@ def embed_dataset(
         error_column: the error column's name (``on_error="skip"`` only).
         runtime_env: Ray ``runtime_env`` for the actors (e.g. ``env_vars``).
         **settings: any other ``EmbeddingConfig`` field (``model``, ``dimensions``,
-            ``timeout``, ``retry``, ``http2``, ``api_key``, ...). An explicit ``api_key``
+            ``timeout``, ``retry``, ``http2``, ``api_key``, ...) or flat setting, as the
+            core clients take them (``read_timeout``, ``max_retries``, ...; an unknown
+            name raises ``ConfigError`` naming the closest one). An explicit ``api_key``
             reaches the actors through Ray's object store, never in a pickle or a log
             (see the module doc).
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from ._options import ENV_MODEL, server_options, sized
+from ._options import DEFAULT, DEFAULT_MODEL, server_options, setting_option, sized
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -17,21 +17,25 @@ if TYPE_CHECKING:
 __all__ = ["embed"]
 
 _OUTPUT_SUFFIXES = (".npy", ".jsonl", ".ndjson")
-_DEADLINE = 300.0  # seconds: RetryConfig's default deadline of a bulk call
 _WAIT_FOR_SERVER = 2.0  # seconds: RetryConfig's default wait_for_server
 
 
 @click.command()
 @server_options(
-    required_url=True,
-    model_help=f"Model name [env {ENV_MODEL}; default Qwen/Qwen3-Embedding-0.6B].",
-    model_envvar=ENV_MODEL,
+    required_url=True, model_help=f"Model name; default {DEFAULT_MODEL}.", model_env=True
 )
 @click.option(
     "--query", is_flag=True, help="The texts are search queries: add the Qwen3 instruction."
 )
-@click.option("--dimensions", type=click.IntRange(1), help="MRL output size.")
-@sized("--batch-size", upper=2048, default=32, help="Texts per request.")
+@setting_option("dimensions", type=click.IntRange(1), help="MRL output size.")
+@setting_option(
+    "batch_size",
+    env=False,  # the variable may say "auto"; the job sends fixed-size batches
+    type=click.IntRange(1, 2048),
+    default=32,
+    show_default=True,
+    help="Texts per request.",
+)
 @sized("--concurrency", upper=1024, default=4, help="Requests in flight.")
 @sized(
     "--chunk-size",
@@ -39,11 +43,12 @@ _WAIT_FOR_SERVER = 2.0  # seconds: RetryConfig's default wait_for_server
     default=2048,
     help="Most texts held in memory at once (in flight); bounds memory with --concurrency.",
 )
-@click.option("--http2", is_flag=True, help="Use HTTP/2 (falls back to HTTP/1.1).")
-@click.option(
-    "--deadline",
+@setting_option("http2", is_flag=True, help="Use HTTP/2 (falls back to HTTP/1.1).")
+@setting_option(
+    "deadline",
+    env=False,
     type=click.FloatRange(0.001, 86400.0),
-    default=_DEADLINE,
+    default=DEFAULT["deadline"],
     show_default=True,
     metavar="SECONDS",
     help="Longest time one batch may take, retries and waits included, in seconds.",

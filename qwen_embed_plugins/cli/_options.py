@@ -7,22 +7,27 @@ from typing import Any, Final
 
 import click
 
+from .._settings import DEFAULT, DEFAULT_MODEL, SETTING
+
 __all__ = [
+    "DEFAULT",
+    "DEFAULT_MODEL",
     "ENV_API_KEY",
     "ENV_BASE_URL",
     "ENV_MODEL",
     "MODELS_DEFAULT",
     "output_options",
     "server_options",
+    "setting_option",
     "shown",
     "sized",
 ]
 
-# The library's environment variables (qwen_embed_plugins._config reads the same ones);
-# spelled out here so that --help does not import the library.
-ENV_BASE_URL: Final = "QWEN_EMBED_BASE_URL"
-ENV_API_KEY: Final = "QWEN_EMBED_API_KEY"
-ENV_MODEL: Final = "QWEN_EMBED_MODEL"
+# The library's environment variables, from the settings' declaration (standard library
+# only: --help does not import the library).
+ENV_BASE_URL: Final = str(SETTING["base_url"].env)
+ENV_API_KEY: Final = str(SETTING["api_key"].env)
+ENV_MODEL: Final = str(SETTING["model"].env)
 
 BASE_URL_HELP: Final = "API root, e.g. http://gpu-box:30000/v1"
 MODELS_DEFAULT: Final = "default: the first one /models lists"
@@ -41,35 +46,44 @@ def compose(*decorators: Decorator) -> Decorator:
     return apply
 
 
-def server_options(
-    *, required_url: bool, model_help: str, model_envvar: str | None = None
-) -> Decorator:
+def setting_option(name: str, *, help: str, env: bool = True, **attrs: Any) -> Decorator:
+    """The option of declared setting ``name`` (``_settings.SETTINGS``): its flag, and
+    its environment variable when ``env`` (named at the end of ``help``, the command's
+    wording); ``attrs`` go to ``click.option`` (type, default, ...).
+
+    Raises:
+        ValueError: the setting has no flag.
+    """
+    declared = SETTING[name]
+    if declared.cli is None:
+        raise ValueError(f"setting {name!r} has no CLI flag (_settings.SETTINGS)")
+    envvar = declared.env if env else None
+    shown_env = f" [env {envvar}]" if envvar else ""
+    text = f"{help.removesuffix('.')}{shown_env}."
+    return click.option(declared.cli, name, envvar=envvar, help=text, **attrs)
+
+
+def server_options(*, required_url: bool, model_help: str, model_env: bool = False) -> Decorator:
     """``--base-url``, ``--api-key``, ``--model``, ``--ca``, ``--insecure``.
 
     ``required_url``: ``--base-url`` is required (default from ``QWEN_EMBED_BASE_URL``);
     otherwise it is optional and leaving it out means the built-in local server.
+    ``model_env``: ``--model`` defaults to ``QWEN_EMBED_MODEL``.
     """
     if required_url:
-        base_url = click.option(
-            "--base-url",
-            envvar=ENV_BASE_URL,
-            required=True,
-            metavar="URL",
-            help=f"{BASE_URL_HELP} [env {ENV_BASE_URL}].",
-        )
+        base_url = setting_option("base_url", required=True, metavar="URL", help=BASE_URL_HELP)
     else:
-        base_url = click.option(
-            "--base-url",
+        base_url = setting_option(
+            "base_url",
+            env=False,
             metavar="URL",
             help=f"{BASE_URL_HELP}. Default: start a local server on loopback with HTTPS "
             "and an emulated round trip.",
         )
     return compose(
         base_url,
-        click.option(
-            "--api-key", envvar=ENV_API_KEY, metavar="KEY", help=f"Bearer key [env {ENV_API_KEY}]."
-        ),
-        click.option("--model", envvar=model_envvar, help=model_help),
+        setting_option("api_key", metavar="KEY", help="Bearer key."),
+        setting_option("model", env=model_env, help=model_help),
         click.option(
             "--ca",
             type=click.Path(exists=True, dir_okay=False),

@@ -2,17 +2,18 @@
 
 LangChain and LlamaIndex users set plain fields (``max_connections=8``,
 ``read_timeout=30``), not nested objects. Both adapters inherit them from the pydantic
-mixin ``FlatSettings`` (each field documented there, once), with the one client
-cache, rebuild and pickling logic; they build the core ``EmbeddingConfig`` with
-``build_config``. A field not given takes its ``QWEN_EMBED_*`` environment variable
-(the one resolver, ``_config.env_setting``) or its default, or the value of a
+mixin ``FlatSettings``, with the one client cache, rebuild and pickling logic; each
+field's default, environment variable and description come from its declaration in
+``_settings.SETTINGS``, and ``build_config`` turns the fields into the core
+``EmbeddingConfig`` (``_flat.config_from``, as the core clients do with the same
+names). A field not given takes its ``QWEN_EMBED_*`` environment variable (the one
+resolver, ``_config.env_setting``) or its default, or the value of a
 ``config=EmbeddingConfig(...)`` given with it.
 """
 
 from __future__ import annotations
 
 import copy
-import difflib
 import logging
 import os
 import pickle
@@ -37,28 +38,26 @@ from pydantic import (
 
 from .._client import AsyncEmbeddingClient, EmbeddingClient, load_async_library
 from .._config import (
-    DEFAULT_MODEL,
     ENV_API_KEY,
     NOT_GIVEN,
     EmbeddingConfig,
     EncodingFormat,
-    Limits,
     NotGiven,
     ProxyURL,
     RequestBody,
     RequestHeaders,
     RetryConfig,
-    Timeouts,
     env_setting,
     is_removed_concurrency,
     request_body,
     request_headers,
 )
+from .._flat import config_from, flat_value
 from .._server_text import has_credentials, redact_url
+from .._settings import SETTING, closest
 from ..errors import ConfigError
 
 __all__ = [
-    "DESCRIPTIONS",
     "NO_EXTRAS",
     "ClientCache",
     "Clients",
@@ -70,6 +69,7 @@ __all__ = [
     "Stock",
     "build_config",
     "coerce",
+    "describe",
     "env_default",
     "extras_of",
     "mask_inputs",
@@ -119,65 +119,13 @@ ProxySetting = Annotated[
 """The type of both adapters' ``proxy`` field: a URL, held as a ``ProxyURL`` when it
 has credentials; dumped redacted (``http://user:***@host:port``)."""
 
-_T, _L, _R = Timeouts(), Limits(), RetryConfig()  # the core defaults
 
-DESCRIPTIONS: Final[dict[str, str]] = {
-    "api_key": "Bearer token; None for servers without auth. Default: env QWEN_EMBED_API_KEY. "
-    "Never shown, logged, serialised or pickled.",
-    "model": f"Model name sent in every request. Default: env QWEN_EMBED_MODEL, then "
-    f"{DEFAULT_MODEL!r}.",
-    "batch_size": "Texts per request (1..2048), or 'auto' (default, env "
-    "QWEN_EMBED_BATCH_SIZE): from 32, grown while a batch twice as large answers in about "
-    "the same time, stopped where latency grows with the batch. Lowered automatically to a "
-    "server's stated limit.",
-}
-"""The descriptions of the three settings the adapters declare each in their own way
-(``api_key``; LlamaIndex's ``model_name`` and ``embed_batch_size``); the other flat
-settings are documented once, on ``FlatSettings``."""
-
-_ENV_BACKED = {
-    "base_url",
-    "model",
-    "dimensions",
-    "batch_size",
-    "max_batch_tokens",
-    "max_concurrency",
-    "http2",
-    "server",
-}
-_DEFAULTS: Final[dict[str, Any]] = {
-    "base_url": None,
-    "model": DEFAULT_MODEL,
-    "dimensions": None,
-    "query_instruction": "auto",
-    "batch_size": "auto",
-    "max_batch_tokens": None,
-    "max_concurrency": 4,
-    "encoding_format": "auto",
-    "normalize": True,
-    "max_text_chars": 262_144,
-    "append_eos": None,
-    "connect_timeout": _T.connect,
-    "read_timeout": _T.read,
-    "write_timeout": _T.write,
-    "pool_timeout": _T.pool,
-    "total_timeout": _T.total,
-    "max_connections": _L.max_connections,
-    "max_keepalive_connections": _L.max_keepalive_connections,
-    "keepalive_expiry": _L.keepalive_expiry,
-    "max_connections_per_process": _L.max_connections_per_process,
-    "max_retries": _R.max_attempts - 1,
-    "deadline": _R.deadline,
-    "query_deadline": _R.query_deadline,
-    "http2": False,
-    "verify": True,
-    "trust_env": True,
-    "insecure_key": "warn",
-    "hedge": False,
-    "server": "auto",
-    "headers": None,
-    "extra_body": None,
-}
+def describe(name: str, also: str = "") -> str:
+    """The description of setting ``name``'s field: its declared doc line and
+    environment variable (``_settings.SETTINGS``), then ``also``."""
+    declared = SETTING[name]
+    env = f" Env: {declared.env}." if declared.env else ""
+    return f"{declared.doc}{env}{also}"
 
 
 def _to_core_if_removed(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
@@ -190,9 +138,9 @@ def _to_core_if_removed(value: Any, handler: ValidatorFunctionWrapHandler) -> An
 
 def env_default(name: str) -> Callable[[], Any]:
     """A default factory for field ``name``: its environment variable, else its default."""
-    default = _DEFAULTS[name]
-    if name not in _ENV_BACKED:
-        return lambda: default
+    declared = SETTING[name]
+    if declared.env is None:
+        return lambda: declared.default
     if name == "base_url":
 
         def base_url() -> Any:
@@ -202,18 +150,17 @@ def env_default(name: str) -> Callable[[], Any]:
             return value
 
         return base_url
-    return lambda: env_setting(name, default)
+    return lambda: env_setting(name)
 
 
 def setting(name: str) -> Any:
-    """The pydantic ``Field`` of flat setting ``name``: its default (environment first),
-    the same in both adapters (and its description, for the three in ``DESCRIPTIONS``;
-    the others have a docstring on ``FlatSettings``)."""
+    """The pydantic ``Field`` of flat setting ``name``, the same in both adapters: its
+    default (environment first) and description, as declared in ``_settings``."""
     from pydantic import Field
 
-    if name == "proxy":
-        return Field(default=None)
-    return Field(default_factory=env_default(name), description=DESCRIPTIONS.get(name))
+    if name == "proxy":  # None: "from the environment", read by the core config
+        return Field(default=None, description=describe(name))
+    return Field(default_factory=env_default(name), description=describe(name))
 
 
 class Extras(NamedTuple):
@@ -227,7 +174,7 @@ class Extras(NamedTuple):
             means "from the environment").
     """
 
-    retry: RetryConfig = _R
+    retry: RetryConfig = RetryConfig()
     max_response_bytes: int | None = None
     no_proxy: bool = False
 
@@ -238,91 +185,28 @@ NO_EXTRAS: Final = Extras()
 def build_config(
     values: Mapping[str, Any], *, api_key: str | None, extras: Extras = NO_EXTRAS
 ) -> EmbeddingConfig:
-    """The core ``EmbeddingConfig`` of an adapter's flat field ``values`` (and the
-    ``extras`` of the ``config=`` it was given).
+    """The core ``EmbeddingConfig`` of an adapter's flat field ``values`` (by the
+    settings' names) and the ``extras`` of the ``config=`` it was given.
 
     Raises:
         ConfigError: a value is out of range (the message names the field).
     """
-    retries = values["max_retries"]  # the core's max_attempts - 1: named as given
-    if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 99:
-        raise ConfigError(f"max_retries must be an integer in [0, 99], got {retries!r}")
+    flat = {name: values[name] for name in SETTING if name in values}
+    flat["api_key"] = api_key
     # None: from the environment (trust_env), unless the config= said "no proxy"
-    proxy = values.get("proxy") or (None if extras.no_proxy else NOT_GIVEN)
-    base_url = values.get("base_url")
-    if isinstance(base_url, list):
-        base_url = tuple(base_url)
-    return EmbeddingConfig(
-        base_url=base_url,
-        api_key=api_key,
-        model=values["model"],
-        dimensions=values["dimensions"],
-        query_instruction=values["query_instruction"],
-        batch_size=values["batch_size"],
-        max_batch_tokens=values["max_batch_tokens"],
-        max_concurrency=values["max_concurrency"],
-        encoding_format=values["encoding_format"],
-        normalize=values["normalize"],
-        max_text_chars=values["max_text_chars"],
-        append_eos=values["append_eos"],
-        max_response_bytes=extras.max_response_bytes,
-        timeout=Timeouts(
-            connect=values["connect_timeout"],
-            read=values["read_timeout"],
-            write=values["write_timeout"],
-            pool=values["pool_timeout"],
-            total=values["total_timeout"],
-        ),
-        limits=Limits(
-            max_connections=values["max_connections"],
-            max_keepalive_connections=values["max_keepalive_connections"],
-            keepalive_expiry=values["keepalive_expiry"],
-            max_connections_per_process=values["max_connections_per_process"],
-        ),
-        retry=extras.retry.replace(
-            max_attempts=values["max_retries"] + 1,
-            deadline=values["deadline"],
-            query_deadline=values["query_deadline"],
-        ),
-        http2=values["http2"],
-        verify=values["verify"],
-        proxy=proxy,
-        trust_env=values["trust_env"],
-        insecure_key=values["insecure_key"],
-        hedge=values["hedge"],
-        server=values["server"],
-        headers=values.get("headers"),
-        extra_body=values.get("extra_body"),
-    )
-
-
-# Flat settings that are an attribute of a part of EmbeddingConfig, not of the config.
-_NESTED: Final[dict[str, tuple[str, str]]] = {
-    "connect_timeout": ("timeout", "connect"),
-    "read_timeout": ("timeout", "read"),
-    "write_timeout": ("timeout", "write"),
-    "pool_timeout": ("timeout", "pool"),
-    "total_timeout": ("timeout", "total"),
-    "max_connections": ("limits", "max_connections"),
-    "max_keepalive_connections": ("limits", "max_keepalive_connections"),
-    "keepalive_expiry": ("limits", "keepalive_expiry"),
-    "max_connections_per_process": ("limits", "max_connections_per_process"),
-    "deadline": ("retry", "deadline"),
-    "query_deadline": ("retry", "query_deadline"),
-}
+    flat["proxy"] = values.get("proxy") or (None if extras.no_proxy else NOT_GIVEN)
+    if isinstance(flat.get("base_url"), list):
+        flat["base_url"] = tuple(flat["base_url"])
+    core = {"retry": extras.retry, "max_response_bytes": extras.max_response_bytes}
+    return config_from({**core, **flat})  # the flat retry settings apply to extras.retry
 
 
 def _flat_value(config: EmbeddingConfig, name: str) -> Any:
     """Flat setting ``name`` of ``config``, as the adapters' field holds it."""
-    if name in _NESTED:
-        part, attribute = _NESTED[name]
-        return getattr(getattr(config, part), attribute)
-    if name == "max_retries":
-        return config.retry.max_attempts - 1
     if name == "api_key":
         key = config.api_key_value()
         return None if key is None else SecretStr(key)
-    value = getattr(config, name)
+    value = flat_value(config, name)
     if name == "base_url" and isinstance(value, tuple):
         return list(value)
     if name == "proxy" and isinstance(value, NotGiven):
@@ -521,7 +405,7 @@ def resolve_names(
             raise ConfigError(
                 f"{owner}: config must be an EmbeddingConfig, got {type(config).__name__}"
             )
-        for name in (*_SHARED_FIELDS, "api_key", "model", "batch_size"):
+        for name in SETTING:
             target = name if name in known else stock.aliases[name]
             if target not in out:  # a flat field given overrides the config's value
                 out[target] = _flat_value(config, name)
@@ -529,11 +413,9 @@ def resolve_names(
 
 
 def _unknown(owner: str, name: str, known: set[str], stock: Stock) -> str:
-    names = sorted(known | set(stock.aliases) | {"config"})
-    close = difflib.get_close_matches(name, names, n=1, cutoff=0.6)
-    if not close:
+    match = closest(name, known | set(stock.aliases) | {"config"})
+    if match is None:
         return f"{owner}: unknown parameter {name!r} (docs/migration.md lists the accepted ones)"
-    match = close[0]
     field = stock.aliases.get(match)
     also = f" (an alias of {field!r})" if field else ""
     return f"{owner}: unknown parameter {name!r}; did you mean {match!r}{also}?"
@@ -621,143 +503,59 @@ class FlatSettings(BaseModel):
     """An unpickled instance reads ``QWEN_EMBED_API_KEY``: always, or only if the
     pickled one had a key."""
 
+    # The declared settings (``_settings.SETTINGS``: default, environment variable and
+    # description come from there through ``setting``), all but the three each adapter
+    # declares its own way (``api_key``, ``model``, ``batch_size``). Written out so that
+    # type checkers see them (pydantic's ``dataclass_transform`` signature);
+    # tests/test_settings.py checks they are exactly the declared ones, with their types.
+
     # ------------------------------------------------------------------ endpoint
 
     base_url: str | list[str] | None = setting("base_url")
-    """The OpenAI-compatible API root, e.g. 'http://gpu-box:30000/v1' (requests go to
-    '{base_url}/embeddings'), or a list of replica URLs. Default: env
-    QWEN_EMBED_BASE_URL (comma-separated for replicas). Required."""
 
     # ------------------------------------------------------------------ embedding
 
     dimensions: int | None = setting("dimensions")
-    """MRL output size in dimensions (None = the model's full size; Qwen3-Embedding:
-    32..1024 for 0.6B, ..2560 for 4B, ..4096 for 8B). Sent when the server supports
-    it, else sliced and L2-renormalised client-side."""
-
     query_instruction: str | None = setting("query_instruction")
-    """Task put before queries as 'Instruct: {task}\\nQuery:{text}'; documents are
-    sent raw. None: queries are sent raw too. 'auto' (default): 'Given a web search
-    query, retrieve relevant passages that answer the query' for a model whose name
-    identifies Qwen3-Embedding (hub names, server paths, Ollama tags such as
-    'qwen3-embedding:8b'), raw queries for any other model."""
-
     max_batch_tokens: int | None = setting("max_batch_tokens")
-    """Most estimated tokens per request (None: the server's known cap, else learned
-    from its refusal)."""
-
     max_concurrency: Annotated[int, WrapValidator(_to_core_if_removed)] = setting("max_concurrency")
-    """Requests in flight at once per call (1..1024; default 4). 'auto' was removed: it
-    raises ConfigError."""
-
     encoding_format: EncodingFormat = setting("encoding_format")
-    """'auto' (base64, falling back to float once per endpoint if refused), 'base64'
-    or 'float'."""
-
     normalize: bool = setting("normalize")
-    """L2-renormalise vectors whose norm is not 1 (default True)."""
-
     max_text_chars: int | None = setting("max_text_chars")
-    """Longest accepted text in characters (default 262,144; None = no limit); longer
-    texts raise InputError before anything is sent."""
-
     append_eos: bool | None = setting("append_eos")
-    """Append <|endoftext|> to every text client-side (None: check once on llama.cpp
-    endpoints and warn)."""
 
     # ------------------------------------------------------------------ timeouts and retries
 
     connect_timeout: float | None = setting("connect_timeout")
-    """Seconds to open a TCP (+TLS) connection (default 5.0; None = no limit)."""
-
     read_timeout: float | None = setting("read_timeout")
-    """Seconds to wait for response bytes (default 60.0; None = no limit)."""
-
     write_timeout: float | None = setting("write_timeout")
-    """Seconds to send a request body (default 30.0; None = no limit)."""
-
     pool_timeout: float | None = setting("pool_timeout")
-    """Seconds to wait for a free pooled connection (default 60.0; None = no limit)."""
-
     total_timeout: float | None = setting("total_timeout")
-    """Seconds one HTTP exchange may take in all (default 120.0; bounds a body that
-    trickles in)."""
-
     max_retries: int = setting("max_retries")
-    """Retries after the first attempt for failures that are not outages (default 3);
-    outages (refused connections, 429, 502-504) are retried until the deadline; 0 turns
-    retries off entirely."""
-
     deadline: float | None = setting("deadline")
-    """Seconds one bulk call may take in all, retries included (default 300.0; None =
-    no deadline)."""
-
     query_deadline: float | None = setting("query_deadline")
-    """The same for a single query (default 15.0)."""
 
     # ------------------------------------------------------------------ pool
 
     max_connections: int = setting("max_connections")
-    """Most TCP connections per pool (default 20): the sync pool is process-wide, each
-    event loop has its own async pool."""
-
     max_keepalive_connections: int | None = setting("max_keepalive_connections")
-    """Most idle connections kept for reuse (default None = max_connections)."""
-
     keepalive_expiry: float = setting("keepalive_expiry")
-    """Seconds an idle connection is kept (default 4.0); keep it below the server's
-    idle timeout (5 s for uvicorn-based servers and llama.cpp)."""
-
     max_connections_per_process: int | None = setting("max_connections_per_process")
-    """Most requests in flight to the endpoint from the whole process, over every pool
-    and event loop (default None: no process-wide cap)."""
 
     # ------------------------------------------------------------------ transport
 
     http2: bool = setting("http2")
-    """Negotiate HTTP/2 (ALPN over TLS; h2c over http://, falling back to HTTP/1.1)."""
-
     verify: bool | str = setting("verify")
-    """TLS verification: True (CAs from certifi), False, or a CA bundle path."""
-
     proxy: ProxySetting = setting("proxy")
-    """HTTP proxy URL for the endpoint; credentials in it (http://user:password@host:port)
-    are never shown, dumped or pickled (the URL shows as http://user:***@host:port; an
-    unpickled copy reads QWEN_EMBED_PROXY or HTTP(S)_PROXY). None (default): from
-    QWEN_EMBED_PROXY, else HTTP(S)_PROXY / ALL_PROXY / NO_PROXY when trust_env. Loopback
-    hosts are never proxied."""
-
     trust_env: bool = setting("trust_env")
-    """Read proxies from the environment (default True)."""
-
     insecure_key: Literal["warn", "error", "allow"] = setting("insecure_key")
-    """An API key over plain http:// to a non-loopback host: 'warn' (default), 'error'
-    or 'allow'."""
-
     hedge: bool = setting("hedge")
-    """Hedge single queries: a second copy after the endpoint's p95 latency, first
-    answer wins, at most 5% extra requests (default False)."""
-
     server: str = setting("server")
-    """The server behind base_url: 'auto' (identified from its answers) or 'sglang',
-    'vllm', 'tei', 'infinity', 'ollama', 'llamacpp', 'dashscope', 'siliconflow',
-    'openai'."""
 
     # ------------------------------------------------------------------ per request
 
-    headers: HeadersField = None
-    """Extra HTTP headers sent with every request (a gateway credential, a tenant
-    header); per request, they never split the pool. Content-Type, Accept, Host and the
-    other headers the client sets are refused, and Authorization with api_key. Values
-    of credential-like headers (Authorization, Cookie, *auth*, *api-key*, *token*,
-    *secret*) are masked in repr and dumps and never pickled."""
-
-    extra_body: ExtraBodyField = None
-    """Extra JSON fields merged into every request body (vLLM truncate_prompt_tokens,
-    TEI truncate, Ollama options/keep_alive); input, model, encoding_format and
-    dimensions are the client's own and refused. Values of credential-like fields
-    (api_key, access_token, password, *secret*, ... at any depth) are masked in repr
-    and dumps and never pickled."""
+    headers: HeadersField = setting("headers")
+    extra_body: ExtraBodyField = setting("extra_body")
 
     _cache: ClientCache = PrivateAttr(default_factory=ClientCache)
 

@@ -23,7 +23,7 @@ from pydantic import ConfigDict, Field, SecretStr, model_validator
 
 from .._config import ENV_API_KEY
 from .._protocol import validate_texts
-from ._common import DESCRIPTIONS, FlatSettings, Stock, mask_inputs, resolve_names, setting
+from ._common import FlatSettings, Stock, describe, mask_inputs, resolve_names, setting
 
 __all__ = ["QwenPooledEmbeddings"]
 
@@ -203,11 +203,11 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
     """
 
     # The flat settings (base_url, dimensions, timeouts, pool limits, ...) are
-    # FlatSettings' fields, documented there; these three are declared here.
+    # FlatSettings' fields (declared in _settings.SETTINGS); these three are declared here.
 
     api_key: SecretStr | None = Field(
         default_factory=secret_from_env(ENV_API_KEY, default=None),
-        description=DESCRIPTIONS["api_key"],
+        description=describe("api_key"),
     )
 
     model: str = setting("model")

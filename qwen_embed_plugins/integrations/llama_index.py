@@ -47,9 +47,9 @@ from llama_index.core.bridge.pydantic import Field, SecretStr, model_validator
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 
 from .._client import AsyncEmbeddingClient, EmbeddingClient
-from .._config import DEFAULT_MODEL, env_setting
+from .._config import env_setting
 from .._protocol import format_query, validate_text, validate_texts
-from ._common import DESCRIPTIONS, FlatSettings, Stock, env_default, mask_inputs, resolve_names
+from ._common import FlatSettings, Stock, describe, env_default, mask_inputs, resolve_names
 
 __all__ = ["QwenPooledEmbedding"]
 
@@ -232,21 +232,23 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     """
 
     # The flat settings (base_url, dimensions, timeouts, pool limits, ...) are
-    # FlatSettings' fields, documented there, with its model_config (extra="forbid",
-    # inputs hidden in errors); these three are declared here.
+    # FlatSettings' fields (declared in _settings.SETTINGS), with its model_config
+    # (extra="forbid", inputs hidden in errors); these three are declared here.
 
     api_key: SecretStr | str | None = Field(
-        default=None, exclude=True, description=DESCRIPTIONS["api_key"]
+        default=None, exclude=True, description=describe("api_key")
     )
     model_name: str = Field(
         default_factory=env_default("model"),
-        description=DESCRIPTIONS["model"] + " Also accepted as model=.",
+        description=describe("model", " Also accepted as model=."),
     )
     embed_batch_size: Annotated[int, Field(gt=0, le=2048)] | Literal["auto"] = Field(  # type: ignore[assignment]
         default_factory=env_default("batch_size"),
-        description=DESCRIPTIONS["batch_size"]
-        + " Also accepted as batch_size=. With 'auto', a batch call is one LlamaIndex batch "
-        "(one embedding event) whose requests the client sizes.",
+        description=describe(
+            "batch_size",
+            " Also accepted as batch_size=. With 'auto', a batch call is one LlamaIndex batch "
+            "(one embedding event) whose requests the client sizes.",
+        ),
     )
 
     _stock: ClassVar[Stock] = _STOCK
@@ -287,7 +289,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         if isinstance(data["api_key"], str):  # kept as a SecretStr: masked in repr
             data["api_key"] = SecretStr(data["api_key"]) if data["api_key"] else None
         if not data.get("model_name"):
-            data["model_name"] = env_setting("model") or DEFAULT_MODEL
+            data["model_name"] = env_setting("model")  # else the declared default
         return data
 
     @classmethod
