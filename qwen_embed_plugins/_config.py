@@ -1,6 +1,8 @@
 """Frozen, hashable settings: endpoint, limits, timeouts, retry, batching.
 
-Every settings object here is an immutable, keyword-only dataclass. Equal settings hash
+``EmbeddingConfig`` holds them all; its transport policies (``Timeouts``, ``Limits``,
+``RetryConfig``) are defined in ``_policy`` and exported from here. Every settings
+object is an immutable, keyword-only dataclass. Equal settings hash
 equally, so the transport part of an ``EmbeddingConfig`` (its ``pool_key``) is the key
 of the process-wide connection pool: every client and adapter built with equal transport
 settings shares one pool, whatever its batching or model settings.
@@ -10,11 +12,10 @@ Units: every duration is in seconds, every size in texts or connections, as name
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeVar
+from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
 from ._endpoint import environment_proxy, insecure_key_target, is_loopback, normalise_base_url
@@ -27,6 +28,7 @@ from ._extras import (
     request_body,
     request_headers,
 )
+from ._policy import Limits, Replaceable, RetryConfig, Timeouts, check_int
 from ._protocol import (
     DEFAULT_QUERY_TASK,
     QWEN3_EMBEDDING_DIMS,
@@ -172,19 +174,6 @@ def _secret_from_env() -> Secret | None:
     return Secret(value) if value else None
 
 
-def _check_range(
-    owner: str, name: str, value: float | None, low: float, high: float, *, allow_none: bool
-) -> None:
-    if value is None:
-        if not allow_none:
-            raise ConfigError(f"{owner}.{name} must be a number in [{low}, {high}], got None")
-        return
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ConfigError(f"{owner}.{name} must be a number in [{low}, {high}], got {value!r}")
-    if not low <= value <= high:
-        raise ConfigError(f"{owner}.{name} must be in [{low}, {high}], got {value!r}")
-
-
 CONCURRENCY_AUTO_REMOVED: Final = (
     'max_concurrency="auto" (or QWEN_EMBED_MAX_CONCURRENCY=auto) was removed: it did not '
     'lower query latency under load (docs/benchmarks.md, "Adaptive concurrency: removed"); '
@@ -197,183 +186,6 @@ def is_removed_concurrency(value: object) -> bool:
     """Whether ``value`` is the removed ``max_concurrency="auto"`` (any case, spaces
     around), which ``EmbeddingConfig`` refuses with ``CONCURRENCY_AUTO_REMOVED``."""
     return isinstance(value, str) and value.strip().lower() == "auto"
-
-
-def _check_int(owner: str, name: str, value: object, low: int, high: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{owner}.{name} must be an integer in [{low}, {high}], got {value!r}")
-    if not low <= value <= high:
-        raise ConfigError(f"{owner}.{name} must be in [{low}, {high}], got {value!r}")
-
-
-_T = TypeVar("_T")
-
-
-class _Replaceable:
-    def replace(self: _T, **changes: Any) -> _T:
-        """A copy with ``changes`` applied (validated again)."""
-        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Timeouts(_Replaceable):
-    """Timeouts in seconds; ``None`` disables one.
-
-    Attributes:
-        connect: TCP + TLS connection set-up (default 5.0 s).
-        read: the longest wait for response bytes (default 60.0 s: a large batch on a
-            busy GPU can take tens of seconds).
-        write: sending the request body (default 30.0 s).
-        pool: waiting for a free pooled connection (default 60.0 s).
-        total: one HTTP exchange in all, from the first connection attempt to the last
-            response byte (default 120.0 s). Bounds a response that trickles in just
-            fast enough to beat ``read`` (a slow-drip body); the call's own deadline
-            (``RetryConfig``) bounds it further.
-    """
-
-    connect: float | None = DEFAULT["connect_timeout"]
-    read: float | None = DEFAULT["read_timeout"]
-    write: float | None = DEFAULT["write_timeout"]
-    pool: float | None = DEFAULT["pool_timeout"]
-    total: float | None = DEFAULT["total_timeout"]
-
-    def __post_init__(self) -> None:
-        for name in ("connect", "read", "write", "pool", "total"):
-            _check_range("Timeouts", name, getattr(self, name), 0.001, 86400.0, allow_none=True)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Limits(_Replaceable):
-    """Connection pool limits of one endpoint (of each replica, with several).
-
-    A pool is shared by every client and adapter with equal transport settings. The
-    sync pool is one per process (all threads); an async connection belongs to one
-    event loop, so each running loop has its own async pool.
-
-    Attributes:
-        max_connections: most TCP connections open at once per pool (default 20
-            connections): process-wide for the sync pool, per event loop for async ones.
-        max_connections_per_process: most requests in flight to the endpoint from the
-            whole process at once, over every pool (the sync one and every event
-            loop's), or ``None`` for no process-wide cap (default). Over HTTP/1.1 one
-            request holds one connection, so this also caps connections in use at once;
-            a request beyond it waits (at most ``Timeouts.pool`` s, then
-            ``PoolTimeout``).
-        max_keepalive_connections: most idle connections kept for reuse (default
-            ``None`` = ``max_connections``).
-        keepalive_expiry: seconds an idle connection is kept (default 4.0 s). Keep it
-            BELOW the server's idle timeout: uvicorn-based servers (SGLang, vLLM,
-            Infinity) and llama.cpp close idle connections after 5 s, and a client that
-            reuses a socket the server just closed gets "Server disconnected without
-            sending a response".
-    """
-
-    max_connections: int = DEFAULT["max_connections"]
-    max_keepalive_connections: int | None = DEFAULT["max_keepalive_connections"]
-    keepalive_expiry: float = DEFAULT["keepalive_expiry"]
-    max_connections_per_process: int | None = DEFAULT["max_connections_per_process"]
-
-    def __post_init__(self) -> None:
-        _check_int("Limits", "max_connections", self.max_connections, 1, 10_000)
-        if self.max_connections_per_process is not None:
-            _check_int(
-                "Limits",
-                "max_connections_per_process",
-                self.max_connections_per_process,
-                1,
-                100_000,
-            )
-        if self.max_keepalive_connections is not None:
-            _check_int(
-                "Limits",
-                "max_keepalive_connections",
-                self.max_keepalive_connections,
-                0,
-                self.max_connections,
-            )
-        _check_range(
-            "Limits", "keepalive_expiry", self.keepalive_expiry, 0.0, 3600.0, allow_none=False
-        )
-
-    @property
-    def keepalive_connections(self) -> int:
-        """``max_keepalive_connections`` with its default applied (connections)."""
-        if self.max_keepalive_connections is None:
-            return self.max_connections
-        return self.max_keepalive_connections
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RetryConfig(_Replaceable):
-    """The one retry layer's policy (the openai SDK's own retries are always off).
-
-    Two budgets. An *outage* (connection refused or timed out, 502/503/504, 429) is
-    retried with capped exponential backoff until the call's deadline, so a server
-    restart or a rate-limit window shorter than the deadline costs time, not the run.
-    Other retryable failures (500, a connection dropped after the request was sent, a
-    read timeout) get at most ``max_attempts`` attempts.
-
-    Attributes:
-        max_attempts: attempts per request for failures that are not outages, the
-            first included (default 4; 1 = never retry them).
-        backoff_initial: the first backoff cap in seconds (default 0.25 s); the cap
-            doubles each attempt and the wait is drawn uniformly in [0, cap] (full jitter).
-        backoff_max: the largest backoff cap in seconds (default 8.0 s).
-        retry_after_max: the longest ``Retry-After`` honoured, in seconds (default 30 s);
-            a longer one is cut to this.
-        deadline: seconds one bulk call (``embed_documents``, a batch) may take in all,
-            retries and waits included (default 300 s; ``None`` = no deadline).
-        query_deadline: the same for ``embed_query`` and other single-query calls,
-            which are interactive (default 15 s; ``None`` = no deadline).
-        circuit_failure_threshold: consecutive health failures (connect errors,
-            timeouts, 502/503/504) that open the endpoint's (or replica's) circuit
-            breaker (default 8; 0 disables the breaker).
-        circuit_cooldown: seconds the breaker stays open before a probe (default 10 s);
-            with several replicas, how long a failing replica is ejected.
-        circuit_open_after: the breaker opens (new calls fail fast) only when the
-            failures have also lasted this long (default 10 s): a restart shorter than
-            this never fails a call that the deadline would have carried through.
-        wait_for_server: seconds a call keeps retrying connection failures (refused,
-            DNS, connect timeout, TLS handshake) while no replica of the endpoint has
-            answered in this process (default 2 s): a wrong URL or a server that is not
-            up fails fast (``ConnectError`` naming the URL). Raise it for a job started
-            before its server (like gRPC's ``wait_for_ready``); the call's deadline still
-            bounds it. Once a replica has answered, an outage gets the whole deadline.
-    """
-
-    max_attempts: int = DEFAULT["max_retries"] + 1  # the first attempt and the retries
-    backoff_initial: float = 0.25
-    backoff_max: float = 8.0
-    retry_after_max: float = 30.0
-    deadline: float | None = DEFAULT["deadline"]
-    query_deadline: float | None = DEFAULT["query_deadline"]
-    circuit_failure_threshold: int = 8
-    circuit_cooldown: float = 10.0
-    circuit_open_after: float = 10.0
-    wait_for_server: float = 2.0
-
-    def __post_init__(self) -> None:
-        _check_int("RetryConfig", "max_attempts", self.max_attempts, 1, 100)
-        _check_int(
-            "RetryConfig", "circuit_failure_threshold", self.circuit_failure_threshold, 0, 1_000_000
-        )
-        for name, low, high in _RETRY_SECONDS:
-            value = getattr(self, name)
-            allow_none = name in ("deadline", "query_deadline")
-            _check_range("RetryConfig", name, value, low, high, allow_none=allow_none)
-
-
-_RETRY_SECONDS: Final = (
-    ("wait_for_server", 0.0, 86400.0),
-    ("backoff_initial", 0.0, 600.0),
-    ("backoff_max", 0.0, 3600.0),
-    ("retry_after_max", 0.0, 3600.0),
-    ("deadline", 0.001, 86400.0),
-    ("query_deadline", 0.001, 86400.0),
-    ("circuit_cooldown", 0.0, 3600.0),
-    ("circuit_open_after", 0.0, 86400.0),
-)
-"""``RetryConfig``'s durations and their ranges, in seconds (``ConfigError`` outside)."""
 
 
 @dataclass(frozen=True, slots=True, repr=False)
@@ -487,7 +299,7 @@ OnError = Literal["raise", "skip"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class EmbeddingConfig(_Replaceable):
+class EmbeddingConfig(Replaceable):
     """Everything a client needs to embed through one endpoint.
 
     Keyword-only; frozen and hashable. A setting that is not given is read from its
@@ -519,7 +331,7 @@ class EmbeddingConfig(_Replaceable):
             replica not measured yet), each replica's batch size grows while a batch
             twice as large answers in about the same time (latency flat in batch size),
             and stops at the knee where latency grows with the batch
-            (``_adaptive.BatchSizer``); 413/422/429/503 and token caps make it back off.
+            (``_batching.BatchSizer``); 413/422/429/503 and token caps make it back off.
             Either way lowered automatically to a server's stated limit.
         max_batch_tokens: most (estimated) tokens per request (default ``None``: the
             server's known cap, else learned from its refusal). Tokens are estimated
@@ -654,21 +466,21 @@ class EmbeddingConfig(_Replaceable):
     def _check_numbers(self) -> None:
         """Integer settings within their ranges (``ConfigError`` naming the setting)."""
         if self.batch_size != "auto":
-            _check_int("EmbeddingConfig", "batch_size", self.batch_size, 1, 2048)
+            check_int("EmbeddingConfig", "batch_size", self.batch_size, 1, 2048)
         if self.max_batch_tokens is not None:
-            _check_int("EmbeddingConfig", "max_batch_tokens", self.max_batch_tokens, 1, 1 << 30)
+            check_int("EmbeddingConfig", "max_batch_tokens", self.max_batch_tokens, 1, 1 << 30)
         if is_removed_concurrency(self.max_concurrency):
             raise ConfigError(CONCURRENCY_AUTO_REMOVED)
-        _check_int("EmbeddingConfig", "max_concurrency", self.max_concurrency, 1, 1024)
+        check_int("EmbeddingConfig", "max_concurrency", self.max_concurrency, 1, 1024)
         if self.encoding_format not in ("auto", "base64", "float"):
             raise ConfigError(
                 "EmbeddingConfig.encoding_format must be 'auto', 'base64' or 'float', "
                 f"got {self.encoding_format!r}"
             )
         if self.max_text_chars is not None:
-            _check_int("EmbeddingConfig", "max_text_chars", self.max_text_chars, 1, 1 << 31)
+            check_int("EmbeddingConfig", "max_text_chars", self.max_text_chars, 1, 1 << 31)
         if self.max_response_bytes is not None:
-            _check_int(
+            check_int(
                 "EmbeddingConfig", "max_response_bytes", self.max_response_bytes, 1024, 1 << 40
             )
 

@@ -301,7 +301,7 @@ def test_pickles_hold_neither_the_key_nor_clients(
         (adapter.__module__, adapter.__name__),
         ("qwen_embed_plugins.integrations._common", "ClientCache"),
         ("qwen_embed_plugins.integrations._common", "Extras"),
-        ("qwen_embed_plugins._config", "RetryConfig"),
+        ("qwen_embed_plugins._policy", "RetryConfig"),
         ("qwen_embed_plugins._extras", "RequestHeaders"),
         ("qwen_embed_plugins._extras", "RequestBody"),
         ("qwen_embed_plugins._extras", "_WITHHELD"),  # the header value left out

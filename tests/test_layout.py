@@ -6,7 +6,7 @@
   through a third-party module (``httpx._config``);
 - no import circles inside the library (every import counts: module level, inside a
   function, under ``TYPE_CHECKING``);
-- no module grows past 1,000 lines.
+- no module of the library or the tooling grows past 800 lines.
 """
 
 from __future__ import annotations
@@ -83,11 +83,17 @@ def test_the_core_imports_no_tooling_and_no_framework(path: Path) -> None:
     assert not frameworks, f"{path.name} imports {sorted(frameworks)}"
 
 
-def test_no_module_above_1000_lines() -> None:
+MAX_LINES = 800
+"""The longest module of either package, in lines (issue 29): a longer one is split by
+concern (``_policy`` out of ``_config``, ``_check_report`` out of ``cli._check``)."""
+
+
+def test_no_module_above_800_lines() -> None:
+    """Every module of the library and of the tooling (``qwen_embed_tooling``)."""
     long = {
-        str(p.relative_to(ROOT)): n
-        for p in ROOT.rglob("*.py")
-        if (n := len(p.read_text(encoding="utf-8").splitlines())) > 1000
+        str(p.relative_to(REPO)): n
+        for p in SOURCES
+        if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES
     }
     assert not long, long
 

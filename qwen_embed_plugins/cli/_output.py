@@ -15,7 +15,7 @@ import click
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from ._check import CheckReport
+    from ._check_report import CheckReport
 
 __all__ = [
     "NARROW_WIDTH",

@@ -123,11 +123,9 @@ from ._common import (
 from ._dialect import SGLangDialect
 from ._dialects import (
     DIALECTS,
-    DashScopeDialect,
     InfinityDialect,
     LlamaCppDialect,
     OllamaDialect,
-    SiliconFlowDialect,
     TEIDialect,
     VLLMDialect,
 )
@@ -141,6 +139,7 @@ from ._faults import (
     Rule,
     RuleKind,
 )
+from ._hosted import DashScopeDialect, SiliconFlowDialect
 from ._hostile import HOSTILE_KINDS, HostileServer
 from ._models import DynamicBatching, GPULike, HeavyTail, RateLimited, ServerModel, SlowStart
 from ._proxy import LoopbackProxy
