@@ -57,6 +57,7 @@ def check(
     everything it prints.
     """
     from .. import QwenEmbedError
+    from ._app import warnings_in_report
     from ._check import check_server
     from ._options import verify_setting
     from ._output import check_table, console, fail, report
@@ -64,7 +65,8 @@ def check(
     verify = verify_setting(ca, insecure)
     err = console(stderr=True)
     try:
-        with err.status("probing...") as status:
+        # the library's warnings go into the report's notes, not on stderr above it
+        with warnings_in_report(), err.status("probing...") as status:
             result = check_server(
                 base_url,
                 api_key=api_key,

@@ -83,13 +83,19 @@ _STATUS_STYLE = {
 
 
 def check_table(report: CheckReport) -> Any:
-    """The findings of ``qwen-embed check``, one row each, with advice."""
+    """The findings of ``qwen-embed check``, one row each, with advice; its notes (the
+    library's warnings during the check) under the table."""
     from rich.table import Table
+    from rich.text import Text
 
     title = f"qwen-embed check: {report.base_url} (model {report.model})"
     if report.server is not None:
         title += f"\nserver: {report.server.title} ({report.server.source})"
-    table = Table(title=title, title_justify="left")
+    # the library's warnings during the check, under the table (not on stderr above it)
+    caption = None
+    if report.notes:  # plain text: a note's brackets are not rich markup
+        caption = Text("\n".join(["client log during the check:", *report.notes]))
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     table.add_column("check", no_wrap=True)
     table.add_column("", no_wrap=True)
     table.add_column("finding", ratio=1)
