@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -22,14 +21,7 @@ from ._check_command import check
 from ._embed_command import embed
 from ._signals import Terminated, describe, exit_status, terminating_raises
 
-__all__ = [
-    "COMMANDS_GROUP",
-    "TOOLING_COMMANDS",
-    "TOOLING_HINT",
-    "QwenEmbedGroup",
-    "cli",
-    "warnings_in_report",
-]
+__all__ = ["COMMANDS_GROUP", "TOOLING_COMMANDS", "TOOLING_HINT", "QwenEmbedGroup", "cli"]
 
 COMMANDS_GROUP = "qwen_embed.commands"
 """The entry-point group other distributions add ``qwen-embed`` commands through."""
@@ -58,19 +50,15 @@ class QwenEmbedGroup(click.Group):
             raise click.exceptions.Exit(exit_status(exc)) from None
 
 
-# Commands running now that put the library's warnings in their own report (``check``:
-# its notes); while any does, ``_EpisodeLines`` prints none.
-_REPORTING = [0]
-_REPORTING_LOCK = threading.Lock()
-
-
 class _EpisodeLines(logging.Handler):
     """The library's warnings on stderr, one line each, and one line per outage episode
     (when it starts; the progress going on again shows its end); none while a command
-    reports them itself (`warnings_in_report`)."""
+    reports them itself (``_output.warnings_in_report``)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, "qwen_embed_episode", None) == "end" or _REPORTING[0]:
+        from ._output import warnings_reported
+
+        if getattr(record, "qwen_embed_episode", None) == "end" or warnings_reported():
             return
         try:
             click.echo(f"qwen-embed: {record.getMessage()}", err=True)
@@ -89,19 +77,6 @@ def _library_warnings() -> Iterator[None]:
         yield
     finally:
         logger.removeHandler(handler)
-
-
-@contextmanager
-def warnings_in_report() -> Iterator[None]:
-    """While it is open, the library's warnings are not printed on stderr: the command
-    puts them in its report (``check``: ``CheckReport.notes``)."""
-    with _REPORTING_LOCK:
-        _REPORTING[0] += 1
-    try:
-        yield
-    finally:
-        with _REPORTING_LOCK:
-            _REPORTING[0] -= 1
 
 
 def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:

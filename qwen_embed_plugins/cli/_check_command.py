@@ -57,10 +57,9 @@ def check(
     everything it prints.
     """
     from .. import QwenEmbedError
-    from ._app import warnings_in_report
     from ._check import check_server
     from ._options import verify_setting
-    from ._output import check_table, console, fail, report
+    from ._output import check_table, console, fail, report, warnings_in_report
 
     verify = verify_setting(ca, insecure)
     err = console(stderr=True)
