@@ -144,6 +144,28 @@ def test_check_reports_silent_truncation_and_a_missing_eos() -> None:
         assert report.finding("truncation").status == "ok"
 
 
+def test_the_library_warnings_are_in_the_report_not_above_it() -> None:
+    """issue 32: the client's own WARNING during the check (the truncation probe's
+    long input) is a note of the report, under the table and in --json, and is not
+    printed on stderr above the table."""
+    with EmbeddingServer() as srv:
+        srv.truncate_inputs(2048)
+        table = run("check", "--base-url", srv.base_url, "--max-idle", "0.5")
+        data = check(srv.base_url)
+    assert table.exit_code == 0, table.output
+    assert "probably truncated" not in table.stderr, table.stderr
+    assert "qwen-embed:" not in table.stderr, table.stderr
+    notes_at = table.stdout.index("client log during the check:")
+    assert notes_at > table.stdout.index("truncation")  # under the table
+    assert "probably truncated input index 0" in " ".join(table.stdout[notes_at:].split())
+    assert findings(data)["truncation"]["status"] == "warn"
+    assert len(data["notes"]) == 1, data["notes"]
+    assert "probably truncated input index 0" in data["notes"][0]
+    with EmbeddingServer() as plain:
+        quiet = check(plain.base_url)
+    assert quiet["notes"] == []
+
+
 # --------------------------------------------------------------------------- speed
 # (`check` took 38 s against Infinity + MiniLM: an ascending series of batches of long
 # passages, then an idle wait for the keep-alive probe after every other probe.)

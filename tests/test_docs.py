@@ -229,3 +229,52 @@ def test_readme_serve_options_exist(capsys: pytest.CaptureFixture[str]) -> None:
     assert len(options) >= 5, options
     missing = sorted(o for o in options if o not in help_text)
     assert not missing, f"README documents serve options that do not exist: {missing}"
+
+
+# The one-line conclusion of `qwen-embed bench` as README.md and docs/cli.md quote it
+# (a line break may fall between any two words).
+_CONCLUSION = re.compile(
+    r"pooled\s+async:\s+(?P<ratio>\d+\.\d)x\s+the\s+naive\s+client's\s+req/s\s+"
+    r"\((?P<pooled>[\d,]+)\s+vs\s+(?P<naive>[\d,]+)\),\s+"
+    r"(?P<pooled_conns>\d+)\s+vs\s+(?P<naive_conns>\d+)\s+connections"
+)
+
+
+def test_the_quoted_bench_conclusions_are_what_a_default_run_prints() -> None:
+    """issue 32: the conclusion README.md and docs/cli.md quote has the form a real run
+    prints (a short one here, against a loopback server), its ratio is the quotient of
+    the two rates it quotes, and its connections are a default run's: `--concurrency`
+    (16) for the pooled client, one per request (`--requests`, 200) for the naive one
+    (the old quote said 16 vs 60)."""
+    from qwen_embed_tooling.bench.run import Target, run_bench
+    from qwen_embed_tooling.cli.bench import bench
+
+    defaults = {p.name: p.default for p in bench.params}
+    requests, concurrency = defaults["n_requests"], defaults["concurrency"]
+    quotes = [
+        (path.relative_to(ROOT), m)
+        for path in (ROOT / "README.md", ROOT / "docs" / "cli.md")
+        for m in _CONCLUSION.finditer(path.read_text(encoding="utf-8"))
+    ]
+    assert len(quotes) >= 3, quotes  # README, cli.md's table example and its --json sample
+    for where, m in quotes:
+        pooled, naive = (int(m.group(g).replace(",", "")) for g in ("pooled", "naive"))
+        ratio = float(m.group("ratio"))
+        # the rates are rounded to units, the ratio (of the unrounded rates) to 0.1
+        low, high = (pooled - 0.5) / (naive + 0.5), (pooled + 0.5) / (naive - 0.5)
+        assert low - 0.05 <= ratio <= high + 0.05, (where, m.group(0))
+        assert int(m.group("pooled_conns")) == concurrency, (where, m.group(0))
+        assert int(m.group("naive_conns")) == requests, (where, m.group(0))
+
+    with EmbeddingServer() as srv:
+        result = run_bench(
+            Target(srv.base_url, model=srv.model),
+            requests=12,
+            concurrency=3,
+            modes=("naive", "pooled_async"),
+            warmup=False,
+        )
+    line = result.conclusion()
+    m = _CONCLUSION.fullmatch(line)
+    assert m, line
+    assert (m.group("pooled_conns"), m.group("naive_conns")) == ("3", "12"), line

@@ -3,6 +3,8 @@ nav rendered by headless Chromium (its DOM after scripts ran, and a screenshot k
 temporary folder whose path the test prints), failing on markup that did not render:
 a literal ``\\|`` in a table, an RST ``::``, ``**`` or a Markdown list left as a
 paragraph; and on the API reference, private names and one signature per overload.
+The built site's links are walked too (no browser needed): every relative ``href`` and
+``src`` of every page must reach a file of the site, and its anchor must exist.
 
 Needs the ``docs`` dependency group (mkdocs; the first venv of scripts/test.sh has it: in a venv
 without it these tests are skipped, saying so) and Chromium (``apt-get install -y
@@ -138,6 +140,67 @@ def api_problems(dom: str) -> list[str]:
     return problems
 
 
+class _Links(HTMLParser):
+    """A page's link targets (``href`` and ``src``) and its anchors (``id``, ``name``)."""
+
+    def __init__(self) -> None:
+        super().__init__(convert_charrefs=True)
+        self.targets: list[str] = []
+        self.anchors: set[str] = set()
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        for name, value in attrs:
+            if value is None:
+                continue
+            if name in ("href", "src"):
+                self.targets.append(value)
+            elif name == "id" or (tag == "a" and name == "name"):
+                self.anchors.add(value)
+
+
+_SCHEME = re.compile(r"^(?:[A-Za-z][A-Za-z0-9+.-]*:|//)")  # http:, mailto:, data:, //host
+
+
+def broken_links(site: Path) -> list[str]:
+    """Every relative ``href``/``src`` of every HTML page of ``site`` that does not resolve:
+    to a missing file (a folder means its ``index.html``), or to an anchor its page lacks.
+    One line each: ``page: target (why)``. Absolute URLs (with a scheme) are not followed."""
+    from urllib.parse import unquote, urlsplit
+
+    pages: dict[Path, _Links] = {}
+    for page in sorted(site.rglob("*.html")):
+        parser = _Links()
+        parser.feed(page.read_text(encoding="utf-8"))
+        pages[page.resolve()] = parser
+    found = []
+    for page, links in pages.items():
+        for target in links.targets:
+            if _SCHEME.match(target):
+                continue
+            parts = urlsplit(target)
+            path = unquote(parts.path)
+            if not path:
+                file = page
+            elif path.startswith("/"):
+                file = (site / path.lstrip("/")).resolve()
+            else:
+                file = (page.parent / path).resolve()
+            if file.is_dir():
+                file = file / "index.html"
+            where = f"{page.relative_to(site.resolve())}: {target}"
+            if not file.is_relative_to(site.resolve()):
+                found.append(f"{where} (outside the site)")
+            elif not file.is_file():
+                found.append(f"{where} (no such file)")
+            elif (
+                parts.fragment
+                and file in pages
+                and unquote(parts.fragment) not in pages[file].anchors
+            ):
+                found.append(f"{where} (no such anchor)")
+    return found
+
+
 # --------------------------------------------------------------------------- fixtures
 
 
@@ -188,9 +251,9 @@ def _render(chromium: str, url: str, screenshot: Path, profile: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def rendered() -> Iterator[dict[str, Rendered]]:
+def built_site() -> Iterator[Path]:
+    """``mkdocs build --strict`` of this checkout into a temporary folder: the site."""
     pytest.importorskip("mkdocs", reason="needs the docs dependency group (mkdocs)")
-    chromium = _chromium()
     out = Path(tempfile.mkdtemp(prefix="qwen-embed-docs-site-"))
     site = out / "site"
     build = subprocess.run(
@@ -203,7 +266,15 @@ def rendered() -> Iterator[dict[str, Rendered]]:
         check=False,
     )
     assert build.returncode == 0, f"mkdocs build --strict failed:\n{build.stderr}"
-    shots = out / "screenshots"
+    yield site
+    shutil.rmtree(site, ignore_errors=True)  # the screenshots stay
+
+
+@pytest.fixture(scope="module")
+def rendered(built_site: Path) -> dict[str, Rendered]:
+    chromium = _chromium()
+    site = built_site
+    shots = site.parent / "screenshots"
     shots.mkdir()
 
     def one(page: str) -> Rendered:
@@ -217,8 +288,7 @@ def rendered() -> Iterator[dict[str, Rendered]]:
     with ThreadPoolExecutor(max_workers=3) as pool:
         pages = {r.page: r for r in pool.map(one, NAV_PAGES)}
     print(f"docs site screenshots: {shots}")  # kept for a look (pytest -s shows it)
-    yield pages
-    shutil.rmtree(site, ignore_errors=True)  # the screenshots stay
+    return pages
 
 
 # --------------------------------------------------------------------------- tests
@@ -239,6 +309,41 @@ def test_the_checks_catch_raw_markup() -> None:
         '<div class="doc-signature">2</div><h2 id="qwen_embed_plugins._B">_B</h2>'
     )
     assert len(api_problems(api)) == 2, api_problems(api)
+
+
+@pytest.mark.unit
+def test_the_link_walker_finds_broken_links(tmp_path: Path) -> None:
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "servers").mkdir()
+    (tmp_path / "servers" / "index.html").write_text('<h2 id="a-real-model">x</h2>')
+    (tmp_path / "assets").mkdir()
+    (tmp_path / "assets" / "app.js").write_text("")
+    (tmp_path / "cli" / "index.html").write_text(
+        '<a href="../README.md#a-real-model">readme</a>'  # outside docs/: not built
+        '<a href="../servers/#a-real-model">ok</a><a href="../servers/#gone">anchor</a>'
+        '<a href="#here" id="here">self</a><a href="#nowhere">self</a>'
+        '<script src="../assets/app.js"></script><img src="../../up.png">'
+        '<a href="https://example.org/x">external</a><a href="mailto:a@b">mail</a>'
+    )
+    found = broken_links(tmp_path)
+    assert [f.split(" (")[1] for f in found] == [
+        "no such file)",
+        "no such anchor)",
+        "no such anchor)",
+        "outside the site)",
+    ], found
+    assert "README.md" in found[0]
+
+
+@pytest.mark.xdist_group("browser")  # one worker builds the site for this and the browser
+def test_every_relative_link_of_the_built_site_resolves(built_site: Path) -> None:
+    """issue 32: a link that `mkdocs build --strict` let through (docs/cli.md pointed at
+    ../README.md, which is not part of the site) breaks here: every relative href and src
+    of every built page reaches a file of the site, and its anchor, if any, exists."""
+    pages = list(built_site.rglob("*.html"))
+    assert len(pages) > len(NAV_PAGES), pages  # the nav's pages, 404.html, ...
+    found = broken_links(built_site)
+    assert not found, "\n".join(found)
 
 
 @pytest.mark.unit

@@ -52,10 +52,13 @@ class QwenEmbedGroup(click.Group):
 
 class _EpisodeLines(logging.Handler):
     """The library's warnings on stderr, one line each, and one line per outage episode
-    (when it starts; the progress going on again shows its end)."""
+    (when it starts; the progress going on again shows its end); none while a command
+    reports them itself (``_output.warnings_in_report``)."""
 
     def emit(self, record: logging.LogRecord) -> None:
-        if getattr(record, "qwen_embed_episode", None) == "end":
+        from ._output import warnings_reported
+
+        if getattr(record, "qwen_embed_episode", None) == "end" or warnings_reported():
             return
         try:
             click.echo(f"qwen-embed: {record.getMessage()}", err=True)

@@ -3,8 +3,8 @@
 Probes health, the model list, one embedding (vector size and norm), base64, MRL
 ``dimensions``, the batch limit, HTTP/2, the idle keep-alive timeout the server
 enforces, and a latency sample through the pooled client; returns a ``CheckReport`` with
-one finding per probe and advice for each (``_check_report``). Prints nothing (the CLI
-renders it).
+one finding per probe and advice for each (``_check_report``), and the library's own
+warnings logged during the check as its notes. Prints nothing (the CLI renders it).
 
 The whole check has one deadline (``timeout``, the CLI's ``--timeout``): every probe
 runs within the time left of it. The HTTP probes are exchanges on the library's own
@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -210,12 +212,71 @@ def check_server(
 
     Returns:
         a ``CheckReport``. Probes never raise: a failure becomes a ``"fail"`` finding,
-        and probes that depend on a failed one are left out.
+        and probes that depend on a failed one are left out. What the library logs at
+        WARNING meanwhile (e.g. the truncated long input of the truncation probe) is
+        in its ``notes``; those records still reach the application's own handlers.
 
     Raises:
         ConfigError: a malformed ``base_url``, or ``verify`` names a CA file that does
             not exist (from the client's settings).
     """
+    with _library_notes() as notes:
+        report = _check_server(
+            base_url,
+            api_key=api_key,
+            verify=verify,
+            model=model,
+            max_idle=max_idle,
+            batch_probe_max=batch_probe_max,
+            samples=samples,
+            step=step,
+            timeout=timeout,
+        )
+    return dataclasses.replace(report, notes=tuple(notes))
+
+
+class _Notes(logging.Handler):
+    """Collects the messages of the library's WARNING records, each once."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = record.getMessage()
+        except Exception:
+            self.handleError(record)
+            return
+        if line not in self.lines:
+            self.lines.append(line)
+
+
+@contextmanager
+def _library_notes() -> Iterator[list[str]]:
+    """The library's WARNING messages while the block runs (the list fills as they come)."""
+    logger = logging.getLogger("qwen_embed_plugins")
+    handler = _Notes()
+    logger.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
+
+
+def _check_server(
+    base_url: str,
+    *,
+    api_key: str | None,
+    verify: bool | str,
+    model: str | None,
+    max_idle: float,
+    batch_probe_max: int,
+    samples: int,
+    step: Callable[[str], None] | None,
+    timeout: float,
+) -> CheckReport:
+    """`check_server` without its notes."""
     from .._transport._contract import quiet_header_loggers
 
     quiet_header_loggers(api_key)  # no backend's log record shows the key

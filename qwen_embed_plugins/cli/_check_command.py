@@ -59,12 +59,13 @@ def check(
     from .. import QwenEmbedError
     from ._check import check_server
     from ._options import verify_setting
-    from ._output import check_table, console, fail, report
+    from ._output import check_table, console, fail, report, warnings_in_report
 
     verify = verify_setting(ca, insecure)
     err = console(stderr=True)
     try:
-        with err.status("probing...") as status:
+        # the library's warnings go into the report's notes, not on stderr above it
+        with warnings_in_report(), err.status("probing...") as status:
             result = check_server(
                 base_url,
                 api_key=api_key,

@@ -63,12 +63,22 @@ class ServerIdentity:
 
 @dataclass(frozen=True)
 class CheckReport:
-    """``check_server``'s findings (``to_dict()`` is the ``--json`` shape)."""
+    """``check_server``'s findings (``to_dict()`` is the ``--json`` shape).
+
+    Attributes:
+        base_url: the endpoint's label (the URL without credentials).
+        model: the model probed.
+        findings: one per probe, in the order they ran.
+        server: the server software detected, or ``None``.
+        notes: the library's WARNING log lines during the check (e.g. a truncated
+            input, a fallback the client learned), each once, in order.
+    """
 
     base_url: str
     model: str | None
     findings: list[CheckFinding]
     server: ServerIdentity | None = None
+    notes: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -88,7 +98,8 @@ class CheckReport:
 
     def to_dict(self) -> dict[str, Any]:
         """``schema``, ``base_url``, ``model``, ``server`` (``None`` when not
-        identified), ``ok`` and ``findings`` (a list of dicts)."""
+        identified), ``ok``, ``findings`` (a list of dicts) and ``notes`` (a list of
+        strings)."""
         return {
             "schema": CHECK_SCHEMA,
             "base_url": self.base_url,
@@ -96,4 +107,5 @@ class CheckReport:
             "server": None if self.server is None else self.server.to_dict(),
             "ok": self.ok,
             "findings": [f.to_dict() for f in self.findings],
+            "notes": list(self.notes),
         }

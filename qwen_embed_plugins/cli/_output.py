@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
@@ -29,6 +31,8 @@ __all__ = [
     "print_json",
     "progress_bar",
     "report",
+    "warnings_in_report",
+    "warnings_reported",
 ]
 
 NARROW_WIDTH = 100
@@ -82,14 +86,44 @@ _STATUS_STYLE = {
 }
 
 
+# Commands running now that put the library's warnings in their own report (``check``:
+# its notes); while any does, the CLI's log handler (``_app``) prints none on stderr.
+_REPORTING = [0]
+_REPORTING_LOCK = threading.Lock()
+
+
+@contextmanager
+def warnings_in_report() -> Iterator[None]:
+    """While it is open, the library's warnings are not printed on stderr: the command
+    puts them in its report (``check``: ``CheckReport.notes``)."""
+    with _REPORTING_LOCK:
+        _REPORTING[0] += 1
+    try:
+        yield
+    finally:
+        with _REPORTING_LOCK:
+            _REPORTING[0] -= 1
+
+
+def warnings_reported() -> bool:
+    """Whether a running command reports the library's warnings itself."""
+    return _REPORTING[0] > 0
+
+
 def check_table(report: CheckReport) -> Any:
-    """The findings of ``qwen-embed check``, one row each, with advice."""
+    """The findings of ``qwen-embed check``, one row each, with advice; its notes (the
+    library's warnings during the check) under the table."""
     from rich.table import Table
+    from rich.text import Text
 
     title = f"qwen-embed check: {report.base_url} (model {report.model})"
     if report.server is not None:
         title += f"\nserver: {report.server.title} ({report.server.source})"
-    table = Table(title=title, title_justify="left")
+    # the library's warnings during the check, under the table (not on stderr above it)
+    caption = None
+    if report.notes:  # plain text: a note's brackets are not rich markup
+        caption = Text("\n".join(["client log during the check:", *report.notes]))
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     table.add_column("check", no_wrap=True)
     table.add_column("", no_wrap=True)
     table.add_column("finding", ratio=1)

@@ -16,7 +16,8 @@ _REAL_MODEL_ROUTE = (
     "--model {name} would only rename them. For all-MiniLM-L6-v2 (real weights, 384 "
     "dimensions, through Infinity) run, in a checkout: python3 scripts/realserver.py "
     "start  (the first run installs it into ~/.cache/qwen-embed-plugins: 1.6 GB, "
-    "~100 s; it prints http://127.0.0.1:7997/v1 once healthy, model all-MiniLM-L6-v2); "
+    "93-129 s on a 2-core machine, then ~8 s per start; it prints "
+    "http://127.0.0.1:7997/v1 once healthy, model all-MiniLM-L6-v2); "
     "python3 scripts/realserver.py stop  stops it. See README, 'A real model for "
     "prototyping'."
 )
