@@ -28,7 +28,8 @@ Which guarantee comes from where:
   was read to its end, ``ClientResponse.close()`` otherwise; interim 1xx answers are
   skipped by aiohttp and httpx; statuses outside 200-599 are refused
   (``transport.check_status``);
-- errors: ``transport.failure`` / ``mapped`` (``errors.translate``), chained ``from``;
+- errors: ``_contract.failure`` / ``mapped`` (``_exceptions.translate``), raised with no
+  chain to the backend's exception (it quotes the server's bytes);
 - keep-alive: ``TCPConnector(limit=max_connections, keepalive_timeout=
   keepalive_expiry)``; httpx's ``Limits``. aiohttp has no cap on idle connections kept
   below ``limit``: ``max_keepalive_connections`` applies to the HTTP/2 client only.
@@ -463,6 +464,7 @@ class AsyncTransport:
         fresh, received, stage = True, False, "connect"
         resp: Any = None
         ok = False
+        error: QwenEmbedError | None = None
         try:
             body = req.body
             resp = await session.request(
@@ -490,7 +492,7 @@ class AsyncTransport:
                 reader.feed(chunk)
                 if deadline is not None and time.monotonic() > deadline:
                     raise total_timeout_error(req.ctx, req.total, received=True, fresh=fresh)
-            data = reader.result()
+            data = reader.result(fresh)
             ok = True
         except (QwenEmbedError, Retired):
             raise
@@ -500,14 +502,21 @@ class AsyncTransport:
                 raise total_timeout_error(
                     req.ctx, req.total, received=received, fresh=fresh
                 ) from exc
-            progress = _progress(deadline, stage, fresh, received)
-            raise failure(exc, req, progress, "aiohttp") from exc
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                # the name may have moved to another address (failover by DNS): the
+                # next attempt resolves it afresh, not from aiohttp's DNS cache
+                session.connector.clear_dns_cache()
+            # raised below, outside this clause: no chain to ``exc``, which quotes the
+            # server's bytes (``_contract.Mapped``)
+            error = failure(exc, req, _progress(deadline, stage, fresh, received), "aiohttp")
         finally:
             if resp is not None:
                 if ok:
                     resp.release()
                 else:
                     resp.close()  # never reuse a connection with an unread body
+        if error is not None:
+            raise error
         version = resp.version
         return Reply(
             status=status,
@@ -569,7 +578,7 @@ class AsyncTransport:
         )
         response: Any = None
         try:
-            with mapped(req, progress, "httpx"):
+            with mapped(req, progress, "httpx") as block:
                 response = await client.send(request, stream=True)
                 progress.stage = "read"
                 check_status(response.status_code, req, progress)
@@ -578,7 +587,8 @@ class AsyncTransport:
                 async for chunk in response.aiter_raw(_CHUNK):
                     progress.received = True
                     body.feed(chunk)
-                data = body.result()
+                data = body.result(progress.fresh)
+            block.check()  # the backend's failure, raised with no chain
         finally:
             if response is not None:
                 await response.aclose()

@@ -190,7 +190,7 @@ class SyncTransport:
         )
         response: Any = None
         try:
-            with mapped(req, progress, "httpx"):
+            with mapped(req, progress, "httpx") as block:
                 response = self._client.send(request, stream=True)
                 progress.stage = "read"
                 check_status(response.status_code, req, progress)
@@ -204,7 +204,8 @@ class SyncTransport:
                         raise total_timeout_error(
                             req.ctx, req.total, received=True, fresh=progress.fresh
                         )
-                data = body.result()
+                data = body.result(progress.fresh)
+            block.check()  # the backend's failure, raised with no chain
         finally:
             if response is not None:
                 response.close()
