@@ -605,3 +605,44 @@ def test_http2_debug_logs_never_show_the_key(
             if isinstance(arg, bytes | bytearray | memoryview):
                 with contextlib.suppress(Exception):
                     no_secret([repr(hpack.Decoder().decode(bytes(arg)))])
+
+
+# --------------------------------------------------------------------------- an adapter
+
+ADAPTER_CASES = [
+    ("truncated_encoding", {"encoding": "deflate"}),
+    ("echo_auth", {"where": "chunk_size"}),
+    ("echo_auth", {"where": "header_line"}),
+    ("status_line", {"code": "2x0", "line": "HTTP/1.1 2x0 OK"}),
+]
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["http1", "h2"])
+@pytest.mark.parametrize(("kind", "params"), ADAPTER_CASES)
+def test_the_langchain_adapter_gets_the_same_transport_contract(
+    kind: str, params: dict[str, Any], http2: bool
+) -> None:
+    """``QwenPooledEmbeddings`` (sync and async) on the same transports: a cut deflate
+    body and a malformed status are transport errors, and a key echoed in a chunk-size
+    or header line is in no formatted traceback of what it raises."""
+    from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings
+
+    q.close_all()
+    with HostileServer(kind, on="embeddings", max_seconds=GUARD, http2=http2, **params) as server:
+        emb = QwenPooledEmbeddings(
+            base_url=server.base_url,
+            api_key=KEY,
+            max_retries=0,
+            http2=http2,
+            **tls(server),
+        )
+        for run in (
+            lambda: emb.embed_documents(TEXTS),
+            lambda: asyncio.run(emb.aembed_documents(TEXTS)),
+        ):
+            with pytest.raises(q.QwenEmbedError) as info:
+                run()
+            no_secret(["".join(traceback.format_exception(info.value)), repr(info.value)])
+            if kind != "echo_auth":
+                assert isinstance(info.value, q.RemoteProtocolError), repr(info.value)
+    q.close_all()

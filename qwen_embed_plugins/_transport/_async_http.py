@@ -1,7 +1,8 @@
 """The event-loop transport of one pool: ``aiohttp`` over HTTP/1.1, ``httpx`` for HTTP/2.
 
-One ``AsyncTransport`` per (pool, running event loop) (``pool.async_transport``). Same
-contract and guarantees as the blocking transport (``transport``): bodies read as a stream
+One ``AsyncTransport`` per (pool, running event loop) (``_pool.async_transport``). Same
+contract and guarantees as the blocking transport (``_sync_http``, ``_http11``; the
+contract is ``_contract``'s): bodies read as a stream
 within a size cap and a total time budget, redirects never followed, connections with
 unread bytes never reused, connections opened counted, requests beyond
 ``max_connections`` waiting in a FIFO gate in front of the pool (at most
@@ -23,13 +24,17 @@ Which guarantee comes from where:
   or trailer ends there); the HTTP/2 exchange is awaited under ``asyncio.timeout_at``;
   the pool wait is bounded by the time left too;
 - the size cap: ``StreamReader.readany()`` / ``Response.aiter_raw`` into
-  ``transport._Body``;
+  ``_contract._Body``;
 - no reuse of a socket with bytes left: ``ClientResponse.release()`` only after the body
   was read to its end, ``ClientResponse.close()`` otherwise; interim 1xx answers are
   skipped by aiohttp and httpx; statuses outside 200-599 are refused
-  (``transport.check_status``);
+  (``_contract.check_status``);
 - errors: ``_contract.failure`` / ``mapped`` (``_exceptions.translate``), raised with no
   chain to the backend's exception (it quotes the server's bytes);
+- DNS: aiohttp caches what it resolved (``TCPConnector``'s ``ttl_dns_cache``, 10 s);
+  a connect failure clears the cache (``TCPConnector.clear_dns_cache()``), so the retry
+  resolves the name afresh (an endpoint moved to another address by DNS); httpx (HTTP/2)
+  and ``http.client`` resolve on each connect;
 - keep-alive: ``TCPConnector(limit=max_connections, keepalive_timeout=
   keepalive_expiry)``; httpx's ``Limits``. aiohttp has no cap on idle connections kept
   below ``limit``: ``max_keepalive_connections`` applies to the HTTP/2 client only.

@@ -2,8 +2,8 @@
 pool's connection (``Request -> Reply``), bounded in size and time, errors translated at
 the boundary. This module imports no backend; the backends import it.
 
-Two implementations of the contract, ``send(Request) -> Reply`` (chosen per pool in the
-package's ``__init__``):
+Two implementations of the contract, ``send(Request) -> Reply`` (``_pool`` builds one per
+pool, and per event loop for the async one; the package's ``__init__`` says which when):
 
 - ``SyncTransport`` (``_sync_http``; blocking, all threads): the stdlib's ``http.client``
   for HTTP/1.1 (``_http11``, public API, a pool of its own) and an ``httpx.Client``

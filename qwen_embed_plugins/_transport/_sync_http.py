@@ -65,7 +65,7 @@ class SyncTransport:
     Args:
         key: the pool's settings (URL, limits, HTTP/2, TLS, proxy).
         metrics: where connections opened are counted.
-        h2c: speak prior-knowledge HTTP/2 over ``http://`` (see ``pool.h2c_fallback``).
+        h2c: speak prior-knowledge HTTP/2 over ``http://`` (see ``_pool.h2c_fallback``).
         gate: the process-wide ``ProcessGate`` of the endpoint, if any.
     """
 
