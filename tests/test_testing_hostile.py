@@ -298,6 +298,8 @@ def test_kinds_and_parameters_are_validated() -> None:
         HostileServer(on="ready")
     with pytest.raises(ValueError, match="encoding must be"):
         HostileServer("truncated_encoding", encoding="br")
+    with pytest.raises(ValueError, match="loopback"):
+        HostileServer(host="10.0.0.1")
 
 
 # --------------------------------------------------------------------------- HTTP/2

@@ -157,7 +157,10 @@ class HostileServer:
         on: which requests behave so: ``"all"`` (default), ``"embeddings"``,
             ``"models"`` or ``"health"`` (``GET /health``, ``qwen-embed check``'s first
             probe); the others get valid answers.
-        port: TCP port on 127.0.0.1; 0 (default) picks a free one.
+        port: TCP port; 0 (default) picks a free one.
+        host: the loopback address to listen on (``127.x.y.z``; default 127.0.0.1): two
+            servers on one port and two addresses stand for an endpoint whose name
+            moves from one address to another.
         dim: vector size of valid answers.
         model: model name of valid answers.
         max_seconds: longest time one answer may take (streams stop there), seconds.
@@ -179,6 +182,7 @@ class HostileServer:
         on: str = "all",
         http2: bool = False,
         port: int = 0,
+        host: str = LOOPBACK,
         dim: int = DEFAULT_DIM,
         model: str = DEFAULT_MODEL,
         max_seconds: float = 60.0,
@@ -187,6 +191,8 @@ class HostileServer:
         **params: Any,
     ) -> None:
         _integer("port", port, minimum=0)
+        if not isinstance(host, str) or not host.startswith("127."):
+            raise ValueError(f"host must be a loopback address 127.x.y.z, got {host!r}")
         self.dim = _integer("dim", dim, minimum=1)
         self.model = model
         self.max_seconds = _number("max_seconds", max_seconds, minimum=0.001)
@@ -211,7 +217,7 @@ class HostileServer:
             context.set_alpn_protocols(["h2"])
             self._finalizer = weakref.finalize(self, self._tls_dir.cleanup)
         self._server = _LoopServer(
-            "HostileServer", self._handle, self._counters, port, ssl_context=context
+            "HostileServer", self._handle, self._counters, port, ssl_context=context, host=host
         )
 
     def set(self, kind: str, *, on: str = "all", **params: Any) -> None:
@@ -276,8 +282,8 @@ class HostileServer:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:<port>`` (``https://`` with ``http2``)."""
-        return f"{'https' if self.http2 else 'http'}://{LOOPBACK}:{self.port}"
+        """``http://<host>:<port>`` (``https://`` with ``http2``)."""
+        return f"{'https' if self.http2 else 'http'}://{self._server.host}:{self.port}"
 
     @property
     def ca_cert_path(self) -> str | None:
