@@ -523,6 +523,20 @@ def test_a_malformed_http2_status_is_refused_at_once_like_an_out_of_range_one(
     assert sent["2x0"] == sent["abc"] == sent["099"], sent
 
 
+@pytest.mark.parametrize("path", H2)
+def test_a_malformed_http2_header_is_refused_at_once(hostile: HostileServer, path: str) -> None:
+    """A ``content-length`` that is no number (h2 rejects the HEADERS frame; httpcore
+    raises ``LocalProtocolError``) is the server's malformed answer, refused within
+    ``max_attempts``: not a stream the server refused, resent until the deadline."""
+    hostile.set("echo_auth", on="embeddings", where="chunk_size")
+    retry = q.RetryConfig(max_attempts=3, deadline=SLACK, query_deadline=SLACK)
+    outcome = call(path, hostile.base_url, ["alpha"], retry=retry, **tls(hostile))
+    error = library_error(path, outcome)
+    assert isinstance(error, q.RemoteProtocolError), (path, repr(error))
+    assert not error.refused, repr(error)
+    assert hostile.stats()["kinds"]["echo_auth"] <= 3
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_a_dropped_connection_is_a_transport_error(hostile: HostileServer, path: str) -> None:
     hostile.set("drop", on=on(path))
@@ -633,6 +647,7 @@ def test_the_langchain_adapter_gets_the_same_transport_contract(
             base_url=server.base_url,
             api_key=KEY,
             max_retries=0,
+            deadline=10.0,  # a case the engine takes for an outage ends there
             http2=http2,
             **tls(server),
         )

@@ -566,6 +566,8 @@ class AsyncTransport:
                 progress.fresh = True
                 metrics.connection_opened()
                 opened(info.get("return_value"))
+            elif name.endswith("receive_response_headers.started"):
+                progress.stage = "read"  # sent: a protocol error now is the answer's
 
         client = self._httpx()
         keep_out_of_logs(*req.ctx.secrets())  # httpx/httpcore may log what echoes them

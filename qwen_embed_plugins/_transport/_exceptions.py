@@ -106,6 +106,26 @@ def _h2_closed(exc: BaseException) -> bool:
     return "ConnectionState.CLOSED" in str(exc)
 
 
+def _rejected_answer(exc: BaseException) -> bool:
+    """h2 rejected a frame the server sent (an ``h2.exceptions.ProtocolError`` that
+    httpcore raised its ``LocalProtocolError`` with or from), neither a stream the
+    server reset (``StreamClosedError``: a refused stream under httpcore2) nor a
+    connection h2 holds closed (``_h2_closed``)."""
+    import h2.exceptions
+
+    for item in _chain(exc):
+        for found in (item, *item.args):
+            if isinstance(found, h2.exceptions.StreamClosedError) or (
+                isinstance(found, BaseException) and _h2_closed(found)
+            ):
+                return False
+    return any(
+        isinstance(found, h2.exceptions.ProtocolError)
+        for item in _chain(exc)
+        for found in (item, *item.args)
+    )
+
+
 def certificate_failure(exc: BaseException) -> bool:
     """Whether ``exc`` (any backend's) comes from a failed TLS certificate verification
     (an ``ssl.SSLCertVerificationError`` on its chain)."""
@@ -227,6 +247,17 @@ def _httpx_rows() -> list[_Rule]:
             (httpx.RemoteProtocolError,),
             RemoteProtocolError,
             "{label} closed the connection: {text}",
+        ),
+        # h2 rejected what the server sent while the response was awaited (a malformed
+        # header such as a non-numeric ``content-length``), on a connection no GOAWAY
+        # closed: the server answered, not in HTTP (refused at once, not resent)
+        _Rule(
+            (httpx.LocalProtocolError,),
+            RemoteProtocolError,
+            "{label} sent a malformed answer: {text}",
+            stage="read",
+            when=_rejected_answer,
+            answered=True,
         ),
         # The connection's protocol state refused the request (an HTTP/2 connection
         # that received GOAWAY, a frame h2's state machine rejects): it was not answered.

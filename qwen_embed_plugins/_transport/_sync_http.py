@@ -173,6 +173,8 @@ class SyncTransport:
             if name.endswith("connect_tcp.complete"):
                 progress.fresh = True
                 metrics.connection_opened()
+            elif name.endswith("receive_response_headers.started"):
+                progress.stage = "read"  # sent: a protocol error now is the answer's
 
         keep_out_of_logs(*req.ctx.secrets())  # httpx/httpcore may log what echoes them
         headers = dict(req.headers)
