@@ -24,13 +24,16 @@ with, found on the exception chain (``_refused``); TLS hints by the ``ssl`` erro
 chain (``SSLCertVerificationError``; ``SSLError.reason``, OpenSSL's reason mnemonic),
 aiohttp's wrapped through its public ``os_error`` / ``certificate_error``.
 
-Two readings are not documented by the backend, both bounded: that httpcore puts h2's
+Three readings are not documented by the backend, each bounded: that httpcore puts h2's
 event in its exception's ``args`` (if it stopped, a refused stream would be retried as a
 plain protocol error, within ``max_attempts``, instead of resent at once;
 ``tests/test_backend_signals.py`` fails); and, for an ``h2`` exception that escaped
 httpx (read after a GOAWAY), h2's text ``ConnectionState.CLOSED``, the only mark h2
 gives of a connection its state machine has closed (if it changed, the same bounded
-fallback).
+fallback); and that httpcore raises its ``LocalProtocolError`` with (or from) the h2
+``ProtocolError`` of a frame h2 rejected (``_rejected_answer``; if it stopped, a
+malformed HTTP/2 head would be taken for a refused stream again, resent until the
+deadline; ``tests/test_hostile_paths.py``, a malformed HTTP/2 header, fails).
 """
 
 from __future__ import annotations
