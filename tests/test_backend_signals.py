@@ -225,3 +225,59 @@ def test_http_library_log_records_are_scrubbed_whatever_their_wording(
     for text in messages:
         assert key.lower() not in text.lower(), text
         assert key[3:15] not in text, text
+
+
+# --------------------------------------------------------------------------- the table
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("backend", ["httpx", "stdlib", "aiohttp"])
+def test_no_row_of_the_exception_table_is_shadowed(backend: str) -> None:
+    """Each row of a backend's table can match: no earlier row matches every exception
+    it does under every condition it has (its types within the earlier row's, and no
+    condition of the earlier row that the later one lacks), so that none is dead."""
+    from qwen_embed_plugins._transport._exceptions import _table
+
+    rows = _table(backend)
+    assert rows[-1].types == (BaseException,)  # the table ends in a catch-all
+    for i, row in enumerate(rows):
+        for earlier in rows[:i]:
+            covers = all(issubclass(t, earlier.types) for t in row.types)
+            looser = (
+                (earlier.stage is None or earlier.stage == row.stage)
+                and (earlier.proxy is None or earlier.proxy == row.proxy)
+                and (earlier.when is None or earlier.when is row.when)
+            )
+            assert not (covers and looser), (backend, i, row, earlier)
+
+
+@pytest.mark.unit
+def test_a_backend_failure_is_raised_with_no_chain() -> None:
+    """``mapped``: what the backend raised (quoting the server's bytes, here a status
+    line holding a key, raised from a ``ValueError`` that quotes it too) becomes the
+    library's error with no ``__cause__`` and no ``__context__``: a formatted traceback
+    shows neither."""
+    import http.client
+    import traceback
+
+    from qwen_embed_plugins._transport._contract import Progress, Request, mapped
+
+    key = "sk-chain-0123456789abcdef"
+    req = Request("POST", "http://127.0.0.1:1/v1", b"", {}, q.Timeouts(), None, 1, _ctx("x"))
+    progress = Progress(None)
+    progress.stage = "read"
+
+    def exchange() -> None:
+        with mapped(req, progress, "stdlib") as block:
+            try:
+                raise ValueError(f"invalid literal: {key!r}")
+            except ValueError as exc:
+                raise http.client.BadStatusLine(f"HTTP/1.1 {key}") from exc
+        block.check()
+
+    with pytest.raises(q.RemoteProtocolError) as info:
+        exchange()
+    error = info.value
+    assert error.__cause__ is None
+    assert error.__context__ is None
+    assert "BadStatusLine" not in "".join(traceback.format_exception(error))

@@ -11,7 +11,9 @@ Deadline cases use a 0.5 s deadline (the CLI: ``--timeout 0.5``: a bound of 0.5 
 what one of minutes would, and the trickles send a byte every 0.1-0.25 s) and assert the error type
 (the CLI: the finding names ``--timeout``); the wall time is guarded only against hangs
 (``GUARD``). Every CLI run is searched for the key (stdout and stderr) and must exit 0
-or 1 with a JSON report, never crash."""
+or 1 with a JSON report, never crash; every error raised on a client path is searched
+for it too, its whole formatted traceback (cause and context chain) included (``call``),
+whatever the case."""
 
 from __future__ import annotations
 
@@ -57,7 +59,16 @@ def settings(base_url: str, deadline: float, **extra: Any) -> dict[str, Any]:
 def call(
     path: str, base_url: str, texts: list[str] = TEXTS, deadline: float = SLACK, **extra: Any
 ) -> Any:
-    """Embed ``texts`` on ``path``; the vectors (n x dim array) or the exception."""
+    """Embed ``texts`` on ``path``; the vectors (n x dim array) or the exception, whose
+    formatted traceback (its whole cause and context chain) and repr hold no form of the
+    key (``no_secret``), in every case of the table."""
+    outcome = _call(path, base_url, texts, deadline, **extra)
+    if isinstance(outcome, BaseException):
+        no_secret(["".join(traceback.format_exception(outcome)), repr(outcome)])
+    return outcome
+
+
+def _call(path: str, base_url: str, texts: list[str], deadline: float, **extra: Any) -> Any:
     opts = settings(base_url, deadline, **extra)
     if path.startswith("h2_"):
         path = path.removeprefix("h2_")
@@ -475,6 +486,61 @@ def test_a_malformed_or_missing_status_is_a_transport_error(
     np.testing.assert_allclose(again, expected_embeddings(["gamma"]), atol=1e-6)
 
 
+@pytest.mark.parametrize("path", CLIENT_PATHS + H2)
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_body_cut_before_its_end_is_a_transport_error(
+    hostile: HostileServer, path: str, encoding: str
+) -> None:
+    """A gzip or deflate body cut at half its length, its ``Content-Length`` matching the
+    cut: never a shorter answer (a JSON error, a bare ``json.JSONDecodeError`` from the
+    SDK), but a transport error as a connection dropped mid-body is, retried as one
+    (retried: more than one request; the SDK path has no retries of its own)."""
+    hostile.set("truncated_encoding", on="embeddings", encoding=encoding)
+    twice = q.RetryConfig(max_attempts=2, deadline=SLACK, query_deadline=SLACK)
+    outcome = call(path, hostile.base_url, ["alpha"], retry=twice, **tls(hostile))
+    error = library_error(path, outcome)
+    assert isinstance(error, q.RemoteProtocolError), (path, repr(error))
+    assert error.received, repr(error)
+    assert "cut short" in str(error), str(error)
+    sdk = path.removeprefix("h2_").startswith("sdk")
+    sent = hostile.stats()["kinds"]["truncated_encoding"]
+    assert sent == 1 if sdk else sent > 1, sent
+
+
+@pytest.mark.parametrize("path", H2)
+def test_a_malformed_http2_status_is_refused_at_once_like_an_out_of_range_one(
+    hostile: HostileServer, path: str
+) -> None:
+    """``:status`` ``2x0`` or ``abc`` (no number) is refused as ``099`` is: the same
+    error and the same number of attempts (not retried as a dropped connection until
+    the deadline)."""
+    sent = {}
+    for code in ("099", "2x0", "abc"):
+        hostile.set("status_line", on="embeddings", code=code)
+        hostile.reset_counters()
+        retry = q.RetryConfig(max_attempts=3, deadline=SLACK, query_deadline=SLACK)
+        outcome = call(path, hostile.base_url, ["alpha"], retry=retry, **tls(hostile))
+        error = library_error(path, outcome)
+        assert isinstance(error, q.RemoteProtocolError), (path, code, repr(error))
+        assert error.received, (code, repr(error))
+        sent[code] = hostile.stats()["kinds"]["status_line"]
+    assert sent["2x0"] == sent["abc"] == sent["099"], sent
+
+
+@pytest.mark.parametrize("path", H2)
+def test_a_malformed_http2_header_is_refused_at_once(hostile: HostileServer, path: str) -> None:
+    """A ``content-length`` that is no number (h2 rejects the HEADERS frame; httpcore
+    raises ``LocalProtocolError``) is the server's malformed answer, refused within
+    ``max_attempts``: not a stream the server refused, resent until the deadline."""
+    hostile.set("echo_auth", on="embeddings", where="chunk_size")
+    retry = q.RetryConfig(max_attempts=3, deadline=SLACK, query_deadline=SLACK)
+    outcome = call(path, hostile.base_url, ["alpha"], retry=retry, **tls(hostile))
+    error = library_error(path, outcome)
+    assert isinstance(error, q.RemoteProtocolError), (path, repr(error))
+    assert not error.refused, repr(error)
+    assert hostile.stats()["kinds"]["echo_auth"] <= 3
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_a_dropped_connection_is_a_transport_error(hostile: HostileServer, path: str) -> None:
     hostile.set("drop", on=on(path))
@@ -490,13 +556,27 @@ def test_a_dropped_connection_is_a_transport_error(hostile: HostileServer, path:
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("where", ["status", "header", "content_encoding", "body"])
+@pytest.mark.parametrize(
+    "where",
+    [
+        "status",
+        "header",
+        "content_encoding",
+        "body",
+        "status_line",
+        "chunk_size",
+        "header_line",
+    ],
+)
 def test_a_key_echoed_anywhere_never_reaches_an_error_or_a_log(
     hostile: HostileServer, caplog: pytest.LogCaptureFixture, path: str, where: str
 ) -> None:
-    """The key echoed in the status line (HTTP/2: as ``:status``), a header,
-    ``Content-Encoding`` or the body: not in the error, its chain, its traceback, its
-    fields, the logs (all at DEBUG), nor the CLI's report."""
+    """The key echoed in the status line's reason (HTTP/2: as ``:status``), a header,
+    ``Content-Encoding``, the body, in place of the status code, as a chunk-size line
+    (HTTP/2: as ``content-length``) or as a line of the head without a colon (HTTP/2: a
+    header's name), so that the backends' own exceptions quote it: not in the error,
+    its chain, its traceback, its fields, the logs (all at DEBUG), nor the CLI's
+    report."""
     caplog.set_level(logging.DEBUG)
     for name in LOGGERS:
         caplog.set_level(logging.DEBUG, logger=name)
@@ -543,3 +623,45 @@ def test_http2_debug_logs_never_show_the_key(
             if isinstance(arg, bytes | bytearray | memoryview):
                 with contextlib.suppress(Exception):
                     no_secret([repr(hpack.Decoder().decode(bytes(arg)))])
+
+
+# --------------------------------------------------------------------------- an adapter
+
+ADAPTER_CASES = [
+    ("truncated_encoding", {"encoding": "deflate"}),
+    ("echo_auth", {"where": "chunk_size"}),
+    ("echo_auth", {"where": "header_line"}),
+    ("status_line", {"code": "2x0", "line": "HTTP/1.1 2x0 OK"}),
+]
+
+
+@pytest.mark.parametrize("http2", [False, True], ids=["http1", "h2"])
+@pytest.mark.parametrize(("kind", "params"), ADAPTER_CASES)
+def test_the_langchain_adapter_gets_the_same_transport_contract(
+    kind: str, params: dict[str, Any], http2: bool
+) -> None:
+    """``QwenPooledEmbeddings`` (sync and async) on the same transports: a cut deflate
+    body and a malformed status are transport errors, and a key echoed in a chunk-size
+    or header line is in no formatted traceback of what it raises."""
+    from qwen_embed_plugins.integrations.langchain import QwenPooledEmbeddings
+
+    q.close_all()
+    with HostileServer(kind, on="embeddings", max_seconds=GUARD, http2=http2, **params) as server:
+        emb = QwenPooledEmbeddings(
+            base_url=server.base_url,
+            api_key=KEY,
+            max_retries=0,
+            deadline=10.0,  # a case the engine takes for an outage ends there
+            http2=http2,
+            **tls(server),
+        )
+        for run in (
+            lambda: emb.embed_documents(TEXTS),
+            lambda: asyncio.run(emb.aembed_documents(TEXTS)),
+        ):
+            with pytest.raises(q.QwenEmbedError) as info:
+                run()
+            no_secret(["".join(traceback.format_exception(info.value)), repr(info.value)])
+            if kind != "echo_auth":
+                assert isinstance(info.value, q.RemoteProtocolError), repr(info.value)
+    q.close_all()

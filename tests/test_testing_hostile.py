@@ -286,6 +286,7 @@ def test_kinds_and_parameters_are_validated() -> None:
         "interim",
         "status_line",
         "trickle_chunked",
+        "truncated_encoding",
     }
     with pytest.raises(ValueError, match="unknown kind"):
         HostileServer("nope")
@@ -295,6 +296,10 @@ def test_kinds_and_parameters_are_validated() -> None:
         HostileServer("redirect", status=200)
     with pytest.raises(ValueError, match="on must be"):
         HostileServer(on="ready")
+    with pytest.raises(ValueError, match="encoding must be"):
+        HostileServer("truncated_encoding", encoding="br")
+    with pytest.raises(ValueError, match="loopback"):
+        HostileServer(host="10.0.0.1")
 
 
 # --------------------------------------------------------------------------- HTTP/2

@@ -1,7 +1,8 @@
 """The event-loop transport of one pool: ``aiohttp`` over HTTP/1.1, ``httpx`` for HTTP/2.
 
-One ``AsyncTransport`` per (pool, running event loop) (``pool.async_transport``). Same
-contract and guarantees as the blocking transport (``transport``): bodies read as a stream
+One ``AsyncTransport`` per (pool, running event loop) (``_pool.async_transport``). Same
+contract and guarantees as the blocking transport (``_sync_http``, ``_http11``; the
+contract is ``_contract``'s): bodies read as a stream
 within a size cap and a total time budget, redirects never followed, connections with
 unread bytes never reused, connections opened counted, requests beyond
 ``max_connections`` waiting in a FIFO gate in front of the pool (at most
@@ -23,12 +24,17 @@ Which guarantee comes from where:
   or trailer ends there); the HTTP/2 exchange is awaited under ``asyncio.timeout_at``;
   the pool wait is bounded by the time left too;
 - the size cap: ``StreamReader.readany()`` / ``Response.aiter_raw`` into
-  ``transport._Body``;
+  ``_contract._Body``;
 - no reuse of a socket with bytes left: ``ClientResponse.release()`` only after the body
   was read to its end, ``ClientResponse.close()`` otherwise; interim 1xx answers are
   skipped by aiohttp and httpx; statuses outside 200-599 are refused
-  (``transport.check_status``);
-- errors: ``transport.failure`` / ``mapped`` (``errors.translate``), chained ``from``;
+  (``_contract.check_status``);
+- errors: ``_contract.failure`` / ``mapped`` (``_exceptions.translate``), raised with no
+  chain to the backend's exception (it quotes the server's bytes);
+- DNS: aiohttp caches what it resolved (``TCPConnector``'s ``ttl_dns_cache``, 10 s);
+  a connect failure clears the cache (``TCPConnector.clear_dns_cache()``), so the retry
+  resolves the name afresh (an endpoint moved to another address by DNS); httpx (HTTP/2)
+  and ``http.client`` resolve on each connect;
 - keep-alive: ``TCPConnector(limit=max_connections, keepalive_timeout=
   keepalive_expiry)``; httpx's ``Limits``. aiohttp has no cap on idle connections kept
   below ``limit``: ``max_keepalive_connections`` applies to the HTTP/2 client only.
@@ -463,6 +469,7 @@ class AsyncTransport:
         fresh, received, stage = True, False, "connect"
         resp: Any = None
         ok = False
+        error: QwenEmbedError | None = None
         try:
             body = req.body
             resp = await session.request(
@@ -490,7 +497,7 @@ class AsyncTransport:
                 reader.feed(chunk)
                 if deadline is not None and time.monotonic() > deadline:
                     raise total_timeout_error(req.ctx, req.total, received=True, fresh=fresh)
-            data = reader.result()
+            data = reader.result(fresh)
             ok = True
         except (QwenEmbedError, Retired):
             raise
@@ -500,14 +507,21 @@ class AsyncTransport:
                 raise total_timeout_error(
                     req.ctx, req.total, received=received, fresh=fresh
                 ) from exc
-            progress = _progress(deadline, stage, fresh, received)
-            raise failure(exc, req, progress, "aiohttp") from exc
+            if isinstance(exc, aiohttp.ClientConnectorError):
+                # the name may have moved to another address (failover by DNS): the
+                # next attempt resolves it afresh, not from aiohttp's DNS cache
+                session.connector.clear_dns_cache()
+            # raised below, outside this clause: no chain to ``exc``, which quotes the
+            # server's bytes (``_contract.Mapped``)
+            error = failure(exc, req, _progress(deadline, stage, fresh, received), "aiohttp")
         finally:
             if resp is not None:
                 if ok:
                     resp.release()
                 else:
                     resp.close()  # never reuse a connection with an unread body
+        if error is not None:
+            raise error
         version = resp.version
         return Reply(
             status=status,
@@ -552,6 +566,8 @@ class AsyncTransport:
                 progress.fresh = True
                 metrics.connection_opened()
                 opened(info.get("return_value"))
+            elif name.endswith("receive_response_headers.started"):
+                progress.stage = "read"  # sent: a protocol error now is the answer's
 
         client = self._httpx()
         keep_out_of_logs(*req.ctx.secrets())  # httpx/httpcore may log what echoes them
@@ -569,7 +585,7 @@ class AsyncTransport:
         )
         response: Any = None
         try:
-            with mapped(req, progress, "httpx"):
+            with mapped(req, progress, "httpx") as block:
                 response = await client.send(request, stream=True)
                 progress.stage = "read"
                 check_status(response.status_code, req, progress)
@@ -578,7 +594,8 @@ class AsyncTransport:
                 async for chunk in response.aiter_raw(_CHUNK):
                     progress.received = True
                     body.feed(chunk)
-                data = body.result()
+                data = body.result(progress.fresh)
+            block.check()  # the backend's failure, raised with no chain
         finally:
             if response is not None:
                 await response.aclose()

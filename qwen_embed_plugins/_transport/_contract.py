@@ -2,8 +2,8 @@
 pool's connection (``Request -> Reply``), bounded in size and time, errors translated at
 the boundary. This module imports no backend; the backends import it.
 
-Two implementations of the contract, ``send(Request) -> Reply`` (chosen per pool in the
-package's ``__init__``):
+Two implementations of the contract, ``send(Request) -> Reply`` (``_pool`` builds one per
+pool, and per event loop for the async one; the package's ``__init__`` says which when):
 
 - ``SyncTransport`` (``_sync_http``; blocking, all threads): the stdlib's ``http.client``
   for HTTP/1.1 (``_http11``, public API, a pool of its own) and an ``httpx.Client``
@@ -18,10 +18,13 @@ What every backend shares is here, once:
   after ``Content-Encoding`` decoding (gzip/deflate decoded here, bounded: a small gzip
   body cannot inflate past the cap), so a hostile ``Content-Length``, an endless chunked
   body or a gzip bomb ends in ``ResponseError`` with bounded memory; an unasked-for
-  encoding is refused (its name scrubbed of the key); ``sdk_cap`` for the SDK's requests;
+  encoding is refused (its name scrubbed of the key); a compressed body cut before the
+  end of its stream is a ``RemoteProtocolError`` (``received``, like a body cut short),
+  never a shorter answer; ``sdk_cap`` for the SDK's requests;
 - ``Progress``, ``failure`` and ``mapped``: how far an exchange got, and the one place a
-  backend's exception becomes the library's (``_exceptions.translate``, the one map),
-  raised ``from`` it; a timeout at the deadline is the total budget's ``ReadTimeout``;
+  backend's exception becomes the library's (``_exceptions.translate``, the one table),
+  raised with no chain to it (``Mapped``: the original quotes the server's bytes
+  unscrubbed); a timeout at the deadline is the total budget's ``ReadTimeout``;
 - ``check_status``: a status outside 200-599 (after the backend skipped 1xx answers) is
   a ``RemoteProtocolError``, never success;
 - the total time budget (``Request.total``: ``Timeouts.total`` or the call's deadline,
@@ -40,13 +43,12 @@ the config; see ``EmbeddingConfig.proxy_for``), so the transports route the same
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import ssl
 import threading
 import time
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +67,7 @@ from ..errors import (
 from ._exceptions import translate
 
 __all__ = [
+    "Mapped",
     "ProcessGate",
     "Reply",
     "Request",
@@ -258,7 +261,8 @@ def ssl_context(verify: bool | str, *, http2: bool, cleartext: bool) -> ssl.SSLC
 
 class _Body:
     """Collects a response body within ``cap`` bytes, decoding gzip/deflate on the fly
-    with a bounded output (``zlib``'s ``max_length``)."""
+    with a bounded output (``zlib``'s ``max_length``); a compressed body must reach the
+    end of its stream (``result``)."""
 
     __slots__ = ("_cap", "_ctx", "_inflater", "_parts", "_raw", "_size", "encoding")
 
@@ -320,13 +324,34 @@ class _Body:
                 self._parts.append(out)
             data = inflater.unconsumed_tail
 
-    def result(self) -> bytes:
-        if self._inflater is not None:
-            tail = self._inflater.flush()
+    def result(self, fresh: bool) -> bytes:
+        """The whole decoded body, once the backend read the raw one to its end.
+
+        Args:
+            fresh: the exchange ran on a connection opened for it (for the error).
+
+        Raises:
+            ResponseError: over the cap after decoding.
+            RemoteProtocolError: a compressed body that stops before its stream's end
+                (``decompressobj().eof`` unset): cut short, as a dropped connection is
+                (``received``), never passed on as a whole answer. An empty body is no
+                stream and passes.
+        """
+        inflater = self._inflater
+        if inflater is not None:
+            tail = inflater.flush()
             self._size += len(tail)
             if self._size > self._cap:
                 raise self._too_big(f"after {self.encoding} decoding")
             self._parts.append(tail)
+            if self._raw and not inflater.eof:
+                raise RemoteProtocolError(
+                    f"the {self.encoding} body of {self._ctx.url} ends before its stream "
+                    "does: the response was cut short",
+                    url=self._ctx.url,
+                    received=True,
+                    fresh=fresh,
+                )
         parts = self._parts
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
@@ -409,7 +434,7 @@ def failure(
     the one map), built once with how far the exchange got (``fresh``, ``received``); a
     timeout at or past the deadline (a per-read timeout set to the time left), and any
     failure of a read the watchdog cut at the deadline, is the total budget's
-    ``ReadTimeout``. The caller raises it ``from exc``."""
+    ``ReadTimeout``. The caller raises it with no chain (see ``Mapped``)."""
     error = translate(
         exc,
         req.ctx,
@@ -432,21 +457,45 @@ def failure(
     return error
 
 
-@contextlib.contextmanager
-def mapped(
-    req: Request, progress: Progress, backend: str, *, proxy: bool = False
-) -> Iterator[None]:
-    """Raise ``failure(...)`` ``from`` whatever the backend raises inside the block (the
-    library's own errors and ``Retired`` pass through)."""
-    try:
-        yield
-    except (QwenEmbedError, Retired):
-        raise
-    except Exception as exc:
-        # a ValueError is httpcore's int() of a malformed status, whose text may be
-        # the key: not chained into tracebacks
-        cause = None if isinstance(exc, ValueError) else exc
-        raise failure(exc, req, progress, backend, proxy=proxy) from cause
+class Mapped:
+    """The block of one exchange (``with mapped(...) as block:``): whatever the backend
+    raises inside it becomes ``failure(...)``, kept as ``error`` (the exception is
+    swallowed), and ``block.check()``, called right after the block, raises it. Raised
+    there, outside every ``except`` clause, the library's error has no ``__cause__``
+    and no ``__context__``: the backend's exception quotes the server's bytes as they
+    came (a status line, a chunk-size line, a header line) and a formatted traceback
+    prints every exception of the chain. What the chain tells is read before
+    (``translate``). The library's own errors, ``Retired`` and non-``Exception``s pass
+    through as they are."""
+
+    __slots__ = ("backend", "error", "progress", "proxy", "req")
+
+    def __init__(self, req: Request, progress: Progress, backend: str, proxy: bool) -> None:
+        self.req = req
+        self.progress = progress
+        self.backend = backend
+        self.proxy = proxy
+        self.error: QwenEmbedError | None = None
+
+    def __enter__(self) -> Mapped:
+        return self
+
+    def __exit__(self, kind: object, exc: BaseException | None, tb: object) -> bool:
+        if not isinstance(exc, Exception) or isinstance(exc, QwenEmbedError | Retired):
+            return False
+        self.error = failure(exc, self.req, self.progress, self.backend, proxy=self.proxy)
+        return True
+
+    def check(self) -> None:
+        """Raise the error the block ended in, if any (call it outside any ``except``)."""
+        if self.error is not None:
+            raise self.error
+
+
+def mapped(req: Request, progress: Progress, backend: str, *, proxy: bool = False) -> Mapped:
+    """The block of one exchange whose backend failure becomes the library's error,
+    raised with no chain by ``check()`` right after the block (see ``Mapped``)."""
+    return Mapped(req, progress, backend, proxy)
 
 
 def check_status(status: int, req: Request, progress: Progress) -> None:

@@ -1,12 +1,20 @@
 """The one exception map: what a backend raised becomes the library's error here and
 nowhere else (as httpx's ``map_httpcore_exceptions`` maps httpcore's).
 
-``translate`` knows the exceptions of ``httpx``/``httpx2`` (and the ``h2`` exceptions
-that escape it), of ``http.client`` / ``ssl`` / ``socket`` and of ``aiohttp``, each by
-its public type; ``_contract.failure`` / ``mapped`` call it for every backend and raise
-the result ``from`` the original. Every text taken from the original is scrubbed of the
-API key and the credential-like header values (``ErrorContext.secrets``) first; errors
-are built once, with how far the exchange got (``fresh``, ``received``) as fields.
+The map is one table per backend (``_table``): ``httpx``/``httpx2``, ``http.client`` /
+``ssl`` / ``socket`` (``"stdlib"``) and ``aiohttp``, each row a backend exception type ->
+the library's error class, its message and how far the exchange got (``_Rule``), after
+the rows every backend shares (the ``h2`` exceptions that escape httpx). ``translate``
+walks the table of the backend, first matching row wins; ``_contract.failure`` /
+``mapped`` call it for every backend.
+
+Every text taken from the original is scrubbed of the API key and the credential-like
+header values (``ErrorContext.secrets``) first; errors are built once, with how far the
+exchange got (``fresh``, ``received``) as fields. The original itself is never chained to
+the library's error (``_contract.Mapped``): a backend's exception quotes the server's bytes
+as they came (a status line, a chunk-size line, a header line), and a formatted
+traceback prints every exception of the chain. What the chain tells is read here, before
+it is dropped.
 
 Signals are read from public types and documented attributes, never from messages:
 ``h2`` exceptions by ``isinstance(exc, h2.exceptions.H2Error)``; a refused HTTP/2 stream
@@ -16,17 +24,22 @@ with, found on the exception chain (``_refused``); TLS hints by the ``ssl`` erro
 chain (``SSLCertVerificationError``; ``SSLError.reason``, OpenSSL's reason mnemonic),
 aiohttp's wrapped through its public ``os_error`` / ``certificate_error``.
 
-Two readings are not documented by the backend, both bounded: that httpcore puts h2's
+Three readings are not documented by the backend, each bounded: that httpcore puts h2's
 event in its exception's ``args`` (if it stopped, a refused stream would be retried as a
 plain protocol error, within ``max_attempts``, instead of resent at once;
 ``tests/test_backend_signals.py`` fails); and, for an ``h2`` exception that escaped
 httpx (read after a GOAWAY), h2's text ``ConnectionState.CLOSED``, the only mark h2
 gives of a connection its state machine has closed (if it changed, the same bounded
-fallback).
+fallback); and that httpcore raises its ``LocalProtocolError`` with (or from) the h2
+``ProtocolError`` of a frame h2 rejected (``_rejected_answer``; if it stopped, a
+malformed HTTP/2 head would be taken for a refused stream again, resent until the
+deadline; ``tests/test_hostile_paths.py``, a malformed HTTP/2 header, fails).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .._server_text import scrub
@@ -35,6 +48,7 @@ from ..errors import (
     ConnectTimeout,
     ErrorContext,
     NetworkError,
+    PoolTimeout,
     QwenEmbedError,
     ReadTimeout,
     RemoteProtocolError,
@@ -88,6 +102,33 @@ def _refused(exc: BaseException) -> bool:
     return False
 
 
+def _h2_closed(exc: BaseException) -> bool:
+    """An ``h2`` exception that escaped the HTTP library because a frame arrived on a
+    connection h2's state machine considers closed (after a GOAWAY): the stream was not
+    answered."""
+    return "ConnectionState.CLOSED" in str(exc)
+
+
+def _rejected_answer(exc: BaseException) -> bool:
+    """h2 rejected a frame the server sent (an ``h2.exceptions.ProtocolError`` that
+    httpcore raised its ``LocalProtocolError`` with or from), neither a stream the
+    server reset (``StreamClosedError``: a refused stream under httpcore2) nor a
+    connection h2 holds closed (``_h2_closed``)."""
+    import h2.exceptions
+
+    for item in _chain(exc):
+        for found in (item, *item.args):
+            if isinstance(found, h2.exceptions.StreamClosedError) or (
+                isinstance(found, BaseException) and _h2_closed(found)
+            ):
+                return False
+    return any(
+        isinstance(found, h2.exceptions.ProtocolError)
+        for item in _chain(exc)
+        for found in (item, *item.args)
+    )
+
+
 def certificate_failure(exc: BaseException) -> bool:
     """Whether ``exc`` (any backend's) comes from a failed TLS certificate verification
     (an ``ssl.SSLCertVerificationError`` on its chain)."""
@@ -122,6 +163,212 @@ def _tls_hint(exc: BaseException, text: str, label: str) -> ConnectError | None:
     return None
 
 
+# --------------------------------------------------------------------------- the table
+
+_CONNECT = "connecting to {label} took longer than {connect} s (Timeouts.connect)"
+_READ = "{label} sent nothing for {read} s (Timeouts.read)"
+_WRITE = "sending to {label} took longer than {write} s (Timeouts.write)"
+_PROXY = "the proxy for {label} failed: {text}"
+_CANNOT = "cannot connect to {label}: {text}"
+_CLOSED = "{label} closed the connection: Server disconnected without sending a response"
+_BROKEN = "{label} sent a broken response: {text}"
+_FAILED = "request to {label} failed: {text}"
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """One row of the exception table: an exception of ``types`` (under the conditions
+    given) becomes ``error(message)``.
+
+    Attributes:
+        types: the backend's exception types the row matches.
+        error: the library's error class (``PoolTimeout``: ``pool_timeout_error``).
+        message: its text, a ``str.format`` template over ``label`` (the endpoint),
+            ``text`` (the original's scrubbed text), ``short`` (its first 200
+            characters), ``name`` (the original's type name) and ``connect`` / ``read``
+            / ``write`` (the timeouts, seconds).
+        stage: only at this stage of the exchange (``"connect"``, ``"write"``): for the
+            builtin exceptions, which carry none of their own.
+        proxy: only through a proxy (``True``) or without one (``False``).
+        when: only if this holds for the original (a signal read from its chain).
+        tls: a TLS failure on the chain gives its hint instead (``_tls_hint``).
+        sent: the request may have reached the server (``False``: nothing was sent).
+        refused: the server refused the request before processing it: resend.
+        answered: a response head arrived (``received``), though not a valid one.
+    """
+
+    types: tuple[type[BaseException], ...]
+    error: type[TransportError]
+    message: str
+    stage: str | None = None
+    proxy: bool | None = None
+    when: Callable[[BaseException], bool] | None = None
+    tls: bool = False
+    sent: bool = True
+    refused: bool = False
+    answered: bool = False
+
+    def matches(self, exc: BaseException, stage: str, proxy: bool) -> bool:
+        return (
+            isinstance(exc, self.types)
+            and (self.stage is None or self.stage == stage)
+            and (self.proxy is None or self.proxy == proxy)
+            and (self.when is None or self.when(exc))
+        )
+
+
+def _shared() -> list[_Rule]:
+    """The rows every backend's table starts with."""
+    import h2.exceptions
+
+    h2_error = (h2.exceptions.H2Error,)
+    h2_failed = "the HTTP/2 connection to {label} failed: {short}"
+    return [
+        _Rule(h2_error, NetworkError, h2_failed, when=_h2_closed, refused=True),
+        _Rule(h2_error, NetworkError, h2_failed),
+    ]
+
+
+def _httpx_rows() -> list[_Rule]:
+    from ._http import httpx
+
+    return [
+        _Rule((httpx.ConnectTimeout,), ConnectTimeout, _CONNECT),
+        _Rule((httpx.ReadTimeout,), ReadTimeout, _READ),
+        _Rule((httpx.WriteTimeout,), WriteTimeout, _WRITE),
+        _Rule((httpx.PoolTimeout,), PoolTimeout, ""),
+        _Rule((httpx.ProxyError,), ConnectError, _PROXY),
+        _Rule((httpx.ConnectError,), ConnectError, _CANNOT, tls=True),
+        _Rule(
+            (httpx.RemoteProtocolError,),
+            RemoteProtocolError,
+            "{label} refused the HTTP/2 stream: {text}",
+            when=_refused,
+            refused=True,
+        ),
+        _Rule(
+            (httpx.RemoteProtocolError,),
+            RemoteProtocolError,
+            "{label} closed the connection: {text}",
+        ),
+        # h2 rejected what the server sent while the response was awaited (a malformed
+        # header such as a non-numeric ``content-length``), on a connection no GOAWAY
+        # closed: the server answered, not in HTTP (refused at once, not resent)
+        _Rule(
+            (httpx.LocalProtocolError,),
+            RemoteProtocolError,
+            "{label} sent a malformed answer: {text}",
+            stage="read",
+            when=_rejected_answer,
+            answered=True,
+        ),
+        # The connection's protocol state refused the request (an HTTP/2 connection
+        # that received GOAWAY, a frame h2's state machine rejects): it was not answered.
+        _Rule(
+            (httpx.LocalProtocolError,),
+            NetworkError,
+            "the connection to {label} could not carry the request: {text}",
+            refused=True,
+        ),
+        _Rule(
+            (httpx.NetworkError, httpx.ProtocolError),
+            NetworkError,
+            "connection to {label} broke: {text}",
+        ),
+        _Rule(
+            (httpx.TooManyRedirects, httpx.UnsupportedProtocol, httpx.InvalidURL),
+            TransportError,
+            _FAILED,
+            sent=False,
+        ),
+        _Rule((httpx.HTTPError,), TransportError, _FAILED),
+        # raised through httpx unwrapped: httpcore's ``int()`` of a malformed HTTP/2
+        # ``:status`` (``ValueError``), and the like: the server answered, not in HTTP
+        # (refused at once, as ``check_status`` refuses a status out of range)
+        _Rule(
+            (BaseException,),
+            RemoteProtocolError,
+            "{label} sent a malformed answer: {name}: {short}",
+            answered=True,
+        ),
+    ]
+
+
+def _stdlib_rows() -> list[_Rule]:
+    import http.client
+
+    took = " took longer than {connect} s (Timeouts.connect)"
+    return [
+        _Rule(
+            (TimeoutError,),
+            ConnectTimeout,
+            "connecting to the proxy of {label}" + took,
+            stage="connect",
+            proxy=True,
+        ),
+        _Rule((TimeoutError,), ConnectTimeout, _CONNECT, stage="connect"),
+        _Rule((TimeoutError,), WriteTimeout, _WRITE, stage="write"),
+        _Rule((TimeoutError,), ReadTimeout, _READ),
+        _Rule((BaseException,), ConnectError, _PROXY, stage="connect", proxy=True, tls=True),
+        _Rule((BaseException,), ConnectError, _CANNOT, stage="connect", tls=True),
+        _Rule((http.client.RemoteDisconnected,), RemoteProtocolError, _CLOSED),
+        _Rule((http.client.HTTPException,), RemoteProtocolError, _BROKEN),
+        _Rule(
+            (OSError,),
+            NetworkError,
+            "connection to {label} broke while sending the request: {text}",
+            stage="write",
+        ),
+        _Rule(
+            (OSError,),
+            NetworkError,
+            "connection to {label} broke while reading the response: {text}",
+        ),
+        _Rule((ValueError, UnicodeError), TransportError, _FAILED, sent=False),
+        _Rule((BaseException,), TransportError, _FAILED),
+    ]
+
+
+def _aiohttp_rows() -> list[_Rule]:
+    import aiohttp
+
+    return [
+        _Rule((aiohttp.ConnectionTimeoutError,), ConnectTimeout, _CONNECT),
+        _Rule((aiohttp.ServerTimeoutError,), ReadTimeout, _READ),
+        _Rule(
+            (aiohttp.ClientProxyConnectionError, aiohttp.ClientHttpProxyError), ConnectError, _PROXY
+        ),
+        _Rule((aiohttp.ClientConnectorError,), ConnectError, _CANNOT, tls=True),
+        _Rule((aiohttp.ServerDisconnectedError,), RemoteProtocolError, _CLOSED),
+        _Rule(
+            (aiohttp.ClientPayloadError, aiohttp.ClientResponseError), RemoteProtocolError, _BROKEN
+        ),
+        _Rule(
+            (aiohttp.ClientOSError, aiohttp.ClientConnectionError),
+            NetworkError,
+            "connection to {label} broke: {text}",
+        ),
+        _Rule((aiohttp.InvalidURL,), TransportError, _FAILED, sent=False),
+        _Rule((BaseException,), TransportError, _FAILED),
+    ]
+
+
+_ROWS: dict[str, Callable[[], list[_Rule]]] = {
+    "httpx": _httpx_rows,
+    "stdlib": _stdlib_rows,
+    "aiohttp": _aiohttp_rows,
+}
+_TABLES: dict[str, tuple[_Rule, ...]] = {}
+
+
+def _table(backend: str) -> tuple[_Rule, ...]:
+    """The rows for ``backend``, built on first use (each imports its backend)."""
+    table = _TABLES.get(backend)
+    if table is None:
+        table = _TABLES[backend] = (*_shared(), *_ROWS[backend]())
+    return table
+
+
 def translate(
     exc: BaseException,
     ctx: ErrorContext,
@@ -135,8 +382,9 @@ def translate(
     """The library error for an exception an HTTP backend raised: the one map from
     ``httpx``/``httpx2`` (and the ``h2`` exceptions that escape it), ``http.client`` /
     ``ssl`` / ``socket`` and ``aiohttp`` to this tree (as httpx maps httpcore's
-    in ``map_httpcore_exceptions``). The caller raises the result ``from exc``
-    (``_contract.mapped`` does, for every backend).
+    in ``map_httpcore_exceptions``): the first row of the backend's table that matches.
+    The caller raises the result with no chain (``_contract.Mapped`` does, for every
+    backend).
 
     Args:
         exc: what the backend raised.
@@ -150,175 +398,31 @@ def translate(
         proxy: the connection goes through a proxy (a connect failure is the proxy's).
         fresh: the exchange ran on a connection opened for it.
         received: part of the response had arrived.
+
+    Raises:
+        KeyError: an unknown ``backend``.
     """
     if isinstance(exc, QwenEmbedError):
         return exc
-    marks: dict[str, Any] = {"fresh": fresh, "received": received}
-    import h2.exceptions
-
-    if isinstance(exc, h2.exceptions.H2Error):
-        return _from_h2(exc, ctx, marks)
-    if backend == "aiohttp":
-        return _from_aiohttp(exc, ctx, marks)
-    if backend == "httpx":
-        return _from_httpx(exc, ctx, marks)
-    return _from_stdlib(exc, ctx, marks, stage=stage, proxy=proxy)
-
-
-def _from_h2(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> NetworkError:
-    """An ``h2`` exception that escaped the HTTP library: a frame arrived on a
-    connection h2's state machine considers closed (after a GOAWAY), so the stream was
-    not answered: resend it (``refused``)."""
-    text = scrub(str(exc), *ctx.secrets())
-    refused = "ConnectionState.CLOSED" in text
-    return NetworkError(
-        f"the HTTP/2 connection to {ctx.url} failed: {text[:200]}",
-        url=ctx.url,
-        refused=refused,
-        **marks,
-    )
-
-
-def _from_httpx(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> TransportError:
-    from ._http import httpx
-
+    rule = next(r for r in _table(backend) if r.matches(exc, stage, proxy))
     label = ctx.url
-    text = scrub(str(exc), *ctx.secrets()) or type(exc).__name__
-    if isinstance(exc, httpx.ConnectTimeout):
-        return ConnectTimeout(
-            f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
-            url=label,
-            **marks,
-        )
-    if isinstance(exc, httpx.ReadTimeout):
-        return ReadTimeout(
-            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
-        )
-    if isinstance(exc, httpx.WriteTimeout):
-        return WriteTimeout(
-            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)",
-            url=label,
-            **marks,
-        )
-    if isinstance(exc, httpx.PoolTimeout):
+    if rule.error is PoolTimeout:
         return pool_timeout_error(ctx)
-    if isinstance(exc, httpx.ProxyError):
-        return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
-    if isinstance(exc, httpx.ConnectError):
-        return _tls_hint(exc, text, label) or ConnectError(
-            f"cannot connect to {label}: {text}", url=label, **marks
-        )
-    if isinstance(exc, httpx.RemoteProtocolError):
-        refused = _refused(exc)
-        what = "refused the HTTP/2 stream" if refused else "closed the connection"
-        return RemoteProtocolError(f"{label} {what}: {text}", url=label, refused=refused, **marks)
-    if isinstance(exc, httpx.LocalProtocolError):
-        # The connection's protocol state refused the request (an HTTP/2 connection that
-        # received GOAWAY, a frame h2's state machine rejects): it was not answered.
-        return NetworkError(
-            f"the connection to {label} could not carry the request: {text}",
-            url=label,
-            refused=True,
-            **marks,
-        )
-    if isinstance(exc, httpx.NetworkError | httpx.ProtocolError):
-        return NetworkError(f"connection to {label} broke: {text}", url=label, **marks)
-    if isinstance(exc, httpx.TooManyRedirects | httpx.UnsupportedProtocol | httpx.InvalidURL):
-        return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
-    if not isinstance(exc, httpx.HTTPError):
-        # raised through httpx unwrapped: httpcore's ``int()`` of a malformed HTTP/2
-        # ``:status`` (ValueError), and the like: the server's answer was not HTTP
-        return RemoteProtocolError(
-            f"{label} sent a malformed answer: {type(exc).__name__}: {text[:200]}",
-            url=label,
-            **marks,
-        )
-    return TransportError(f"request to {label} failed: {text}", url=label, **marks)
-
-
-def _from_stdlib(
-    exc: BaseException,
-    ctx: ErrorContext,
-    marks: dict[str, Any],
-    *,
-    stage: str,
-    proxy: bool,
-) -> TransportError:
-    import http.client
-
-    label = ctx.url
     text = scrub(str(exc), *ctx.secrets()) or type(exc).__name__
-    if isinstance(exc, TimeoutError) and stage == "connect":
-        what = "connecting to the proxy of" if proxy else "connecting to"
-        return ConnectTimeout(
-            f"{what} {label} took longer than {ctx.connect} s (Timeouts.connect)",
-            url=label,
-            **marks,
-        )
-    if isinstance(exc, TimeoutError) and stage == "write":
-        return WriteTimeout(
-            f"sending to {label} took longer than {ctx.write} s (Timeouts.write)",
-            url=label,
-            **marks,
-        )
-    if isinstance(exc, TimeoutError):
-        return ReadTimeout(
-            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
-        )
-    if stage == "connect":
+    if rule.tls:
         hint = _tls_hint(exc, text, label)
         if hint is not None:
             return hint
-        if proxy:
-            return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
-        return ConnectError(f"cannot connect to {label}: {text}", url=label, **marks)
-    if isinstance(exc, http.client.RemoteDisconnected):
-        return RemoteProtocolError(
-            f"{label} closed the connection: Server disconnected without sending a response",
-            url=label,
-            **marks,
-        )
-    if isinstance(exc, http.client.HTTPException):
-        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label, **marks)
-    if isinstance(exc, OSError):
-        when = "sending the request" if stage == "write" else "reading the response"
-        return NetworkError(f"connection to {label} broke while {when}: {text}", url=label, **marks)
-    if isinstance(exc, ValueError | UnicodeError):
-        return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
-    return TransportError(f"request to {label} failed: {text}", url=label, **marks)
-
-
-def _from_aiohttp(exc: BaseException, ctx: ErrorContext, marks: dict[str, Any]) -> TransportError:
-    import aiohttp
-
-    label = ctx.url
-    text = scrub(str(exc), *ctx.secrets()) or type(exc).__name__
-    if isinstance(exc, aiohttp.ConnectionTimeoutError):
-        return ConnectTimeout(
-            f"connecting to {label} took longer than {ctx.connect} s (Timeouts.connect)",
-            url=label,
-            **marks,
-        )
-    if isinstance(exc, aiohttp.ServerTimeoutError):
-        return ReadTimeout(
-            f"{label} sent nothing for {ctx.read} s (Timeouts.read)", url=label, **marks
-        )
-    if isinstance(exc, aiohttp.ClientProxyConnectionError | aiohttp.ClientHttpProxyError):
-        return ConnectError(f"the proxy for {label} failed: {text}", url=label, **marks)
-    if isinstance(exc, aiohttp.ClientConnectorError):
-        return _tls_hint(exc, text, label) or ConnectError(
-            f"cannot connect to {label}: {text}", url=label, **marks
-        )
-    if isinstance(exc, aiohttp.ServerDisconnectedError):
-        return RemoteProtocolError(
-            f"{label} closed the connection: Server disconnected without sending a response",
-            url=label,
-            **marks,
-        )
-    if isinstance(exc, aiohttp.ClientPayloadError | aiohttp.ClientResponseError):
-        return RemoteProtocolError(f"{label} sent a broken response: {text}", url=label, **marks)
-    if isinstance(exc, aiohttp.ClientOSError | aiohttp.ClientConnectionError):
-        return NetworkError(f"connection to {label} broke: {text}", url=label, **marks)
-    if isinstance(exc, aiohttp.InvalidURL):
-        return TransportError(f"request to {label} failed: {text}", url=label, sent=False)
-    return TransportError(f"request to {label} failed: {text}", url=label, **marks)
+    message = rule.message.format(
+        label=label,
+        text=text,
+        short=text[:200],
+        name=type(exc).__name__,
+        connect=ctx.connect,
+        read=ctx.read,
+        write=ctx.write,
+    )
+    marks: dict[str, Any] = {"sent": False}
+    if rule.sent:
+        marks = {"fresh": fresh, "received": received or rule.answered, "refused": rule.refused}
+    return rule.error(message, url=label, **marks)

@@ -410,7 +410,7 @@ class HTTP1Pool:
         resp: Any = None
         complete = persistent = False
         try:
-            with mapped(req, progress, "stdlib", proxy=self._proxy is not None):
+            with mapped(req, progress, "stdlib", proxy=self._proxy is not None) as block:
                 target = self._target(req.url)
                 conn, idle = self._take(connect)
                 progress.conn = conn
@@ -458,9 +458,10 @@ class HTTP1Pool:
                     # Content-Length not reached: the server closed early (read1 returns
                     # b"" at the end of the stream, documented; it does not raise)
                     raise http.client.IncompleteRead(b"", declared - received)
-                data = body.result()
+                data = body.result(progress.fresh)
                 resp.close()  # read to its end: the connection may take the next request
                 complete = True
+            block.check()  # the backend's failure, raised with no chain
         finally:
             if deadline is not None:
                 _watchdog.remove(progress)

@@ -9,7 +9,7 @@ library gets, written once in ``_contract`` and the backends: the endpoint's poo
 process gate, the response size cap (received and after decoding), one total time
 budget (``Timeouts.total`` and ``RetryConfig.deadline``, whichever is sooner; the SDK's
 own ``timeout=`` is ignored), connections with unread bytes never reused, and the response's
-header values and body scrubbed of the secrets (the API key, credential-like header
+header names and values and body scrubbed of the secrets (the API key, credential-like header
 values) before the SDK sees them (it logs ``x-request-id`` and quotes an error body in
 ``APIStatusError``). The transport looks the pool up on each request, so an SDK object
 kept by the user keeps working after ``close_all()``, in a forked child, on every event
@@ -106,8 +106,8 @@ class _Exchanges:
 
     def response(self, reply: Reply, request: Any) -> Any:
         secrets = (_request_secret(request), *self.ctx.secrets())  # credential-like headers too
-        headers = [
-            (k, scrub(v, *secrets))
+        headers = [  # names too: a server may echo a secret as a header's name
+            (scrub(k, *secrets), scrub(v, *secrets))
             for k, v in reply.headers.items()
             if k.lower() not in _DROPPED_RESPONSE
         ]

@@ -65,7 +65,7 @@ class SyncTransport:
     Args:
         key: the pool's settings (URL, limits, HTTP/2, TLS, proxy).
         metrics: where connections opened are counted.
-        h2c: speak prior-knowledge HTTP/2 over ``http://`` (see ``pool.h2c_fallback``).
+        h2c: speak prior-knowledge HTTP/2 over ``http://`` (see ``_pool.h2c_fallback``).
         gate: the process-wide ``ProcessGate`` of the endpoint, if any.
     """
 
@@ -173,6 +173,8 @@ class SyncTransport:
             if name.endswith("connect_tcp.complete"):
                 progress.fresh = True
                 metrics.connection_opened()
+            elif name.endswith("receive_response_headers.started"):
+                progress.stage = "read"  # sent: a protocol error now is the answer's
 
         keep_out_of_logs(*req.ctx.secrets())  # httpx/httpcore may log what echoes them
         headers = dict(req.headers)
@@ -190,7 +192,7 @@ class SyncTransport:
         )
         response: Any = None
         try:
-            with mapped(req, progress, "httpx"):
+            with mapped(req, progress, "httpx") as block:
                 response = self._client.send(request, stream=True)
                 progress.stage = "read"
                 check_status(response.status_code, req, progress)
@@ -204,7 +206,8 @@ class SyncTransport:
                         raise total_timeout_error(
                             req.ctx, req.total, received=True, fresh=progress.fresh
                         )
-                data = body.result()
+                data = body.result(progress.fresh)
+            block.check()  # the backend's failure, raised with no chain
         finally:
             if response is not None:
                 response.close()

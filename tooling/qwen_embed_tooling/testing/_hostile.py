@@ -59,14 +59,26 @@ HOSTILE_KINDS: Final[dict[str, dict[str, Any]]] = {
     "interim": {"status": 103},
     "status_line": {"line": "HTTP/1.1 099 Odd", "code": "099"},
     "trickle_chunked": {"interval": 1.0, "part": "size"},
+    "truncated_encoding": {"encoding": "gzip"},
 }
 _TRANSFORMS: Final = ("exact", "upper", "lower", "truncate", "bare")
-_ECHO_PLACES: Final = ("body", "header", "both", "status", "content_encoding")
+_ECHO_PLACES: Final = (
+    "body",
+    "header",
+    "both",
+    "status",
+    "content_encoding",
+    "status_line",
+    "chunk_size",
+    "header_line",
+)
+_ENCODINGS: Final = ("gzip", "deflate")
 _HTML: Final = (
     b"<!DOCTYPE html><html><head><title>502 Bad Gateway</title></head>"
     b"<body><h1>502 Bad Gateway</h1><p>The upstream server is not responding.</p></body></html>"
 )
 _MAX_REQUEST_BODY: Final = 64 * 1024 * 1024
+_ERROR: Final = b'{"error":{"message":"internal error","type":"server_error","code":null}}'
 _IDLE: Final = 30.0  # seconds a connection may stay idle between requests
 _COUNTERS: Final = (
     "connections_opened",
@@ -129,9 +141,15 @@ class HostileServer:
             * ``trickle_chunked`` [``interval`` = 1.0 s, ``part`` = ``"size"`` |
               ``"trailer"``]: the valid answer with a chunked body whose chunk-size line
               (or trailer section) is written 1 byte per ``interval`` seconds.
+            * ``truncated_encoding`` [``encoding`` = ``"gzip"`` | ``"deflate"``]: the
+              valid answer compressed so, cut at half its compressed length (before
+              the stream's end), with a ``Content-Length`` that matches the cut body.
             ``echo_auth``'s ``where`` also takes ``"status"`` (the value as the reason
-            phrase of a 500) and ``"content_encoding"`` (a 200 whose ``Content-Encoding``
-            is the value).
+            phrase of a 500), ``"content_encoding"`` (a 200 whose ``Content-Encoding``
+            is the value), ``"status_line"`` (the value in place of the status code:
+            ``HTTP/1.1 <value>``), ``"chunk_size"`` (a chunked 500 whose chunk-size line
+            is the value) and ``"header_line"`` (a line of the head that is the value
+            alone, no colon).
 
         http2: speak HTTP/2 only, over TLS (ALPN ``h2``) with a throw-away CA
             (`ca_cert_path`; needs ``trustme``): every kind in its HTTP/2 form (see
@@ -139,7 +157,10 @@ class HostileServer:
         on: which requests behave so: ``"all"`` (default), ``"embeddings"``,
             ``"models"`` or ``"health"`` (``GET /health``, ``qwen-embed check``'s first
             probe); the others get valid answers.
-        port: TCP port on 127.0.0.1; 0 (default) picks a free one.
+        port: TCP port; 0 (default) picks a free one.
+        host: the loopback address to listen on (``127.x.y.z``; default 127.0.0.1): two
+            servers on one port and two addresses stand for an endpoint whose name
+            moves from one address to another.
         dim: vector size of valid answers.
         model: model name of valid answers.
         max_seconds: longest time one answer may take (streams stop there), seconds.
@@ -161,6 +182,7 @@ class HostileServer:
         on: str = "all",
         http2: bool = False,
         port: int = 0,
+        host: str = LOOPBACK,
         dim: int = DEFAULT_DIM,
         model: str = DEFAULT_MODEL,
         max_seconds: float = 60.0,
@@ -169,6 +191,8 @@ class HostileServer:
         **params: Any,
     ) -> None:
         _integer("port", port, minimum=0)
+        if not isinstance(host, str) or not host.startswith("127."):
+            raise ValueError(f"host must be a loopback address 127.x.y.z, got {host!r}")
         self.dim = _integer("dim", dim, minimum=1)
         self.model = model
         self.max_seconds = _number("max_seconds", max_seconds, minimum=0.001)
@@ -193,7 +217,7 @@ class HostileServer:
             context.set_alpn_protocols(["h2"])
             self._finalizer = weakref.finalize(self, self._tls_dir.cleanup)
         self._server = _LoopServer(
-            "HostileServer", self._handle, self._counters, port, ssl_context=context
+            "HostileServer", self._handle, self._counters, port, ssl_context=context, host=host
         )
 
     def set(self, kind: str, *, on: str = "all", **params: Any) -> None:
@@ -219,6 +243,8 @@ class HostileServer:
                 raise ValueError(f"where must be one of {', '.join(_ECHO_PLACES)}")
         if kind == "interim" and not 100 <= merged["status"] <= 199:
             raise ValueError("interim status must be 100-199")
+        if kind == "truncated_encoding" and merged["encoding"] not in _ENCODINGS:
+            raise ValueError(f"encoding must be one of {', '.join(_ENCODINGS)}")
         if kind == "trickle_chunked" and merged["part"] not in ("size", "trailer"):
             raise ValueError("part must be 'size' or 'trailer'")
         if kind == "redirect" and merged["status"] not in (301, 302, 303, 307, 308):
@@ -256,8 +282,8 @@ class HostileServer:
 
     @property
     def url(self) -> str:
-        """``http://127.0.0.1:<port>`` (``https://`` with ``http2``)."""
-        return f"{'https' if self.http2 else 'http'}://{LOOPBACK}:{self.port}"
+        """``http://<host>:<port>`` (``https://`` with ``http2``)."""
+        return f"{'https' if self.http2 else 'http'}://{self._server.host}:{self.port}"
 
     @property
     def ca_cert_path(self) -> str | None:
@@ -428,6 +454,11 @@ class HostileServer:
             return False
         if kind == "trickle_chunked":
             return await self._trickle_chunked(status, orjson.dumps(doc), params, writer)
+        if kind == "truncated_encoding":
+            cut = truncated(orjson.dumps(doc), params["encoding"])
+            extra = (("Content-Encoding", params["encoding"]),)
+            await self._write(writer, _response(status, cut, extra=extra))
+            return True
         await self._stream(kind, params, writer)
         return False
 
@@ -472,6 +503,19 @@ class HostileServer:
             encoding = (("Content-Encoding", value),)
             await self._write(writer, _response(200, b'{"object":"list"}', extra=encoding))
             return True
+        if where in ("status_line", "chunk_size", "header_line"):
+            line = value.encode("latin-1", "replace") + b"\r\n"
+            data = _response(500, _ERROR)
+            split = data.index(b"\r\n") + 2
+            if where == "status_line":  # ``HTTP/1.1 <value>``: no status code
+                data = b"HTTP/1.1 " + line + data[split:]
+            elif where == "header_line":  # a line of the head without a colon
+                data = data[:split] + line + data[split:]
+            else:  # a chunked body whose chunk-size line is the value
+                data = _head(500, "application/json", (("Transfer-Encoding", "chunked"),))
+                data += line + _ERROR + b"\r\n0\r\n\r\n"
+            await self._write(writer, data)
+            return False
         in_body = where in ("body", "both")
         status = params["status"] or (200 if in_body else 500)
         extra = (("x-request-id", value),) if where in ("header", "both") else ()
@@ -537,6 +581,16 @@ class HostileServer:
             await asyncio.sleep(delay)
         await self._write(writer, _response(200, orjson.dumps(doc)))
         self._counters.add("stray_sent")
+
+
+def truncated(body: bytes, encoding: str) -> bytes:
+    """``body`` compressed with ``encoding`` (``"gzip"``, ``"deflate"``: zlib-wrapped),
+    cut at half its compressed length: before the stream's end marker."""
+    import gzip
+    import zlib
+
+    whole = gzip.compress(body) if encoding == "gzip" else zlib.compress(body)
+    return whole[: len(whole) // 2]
 
 
 def _inputs(body: bytes) -> tuple[list[str] | None, bool]:

@@ -11,8 +11,10 @@ a frame can be trickled byte by byte. Each kind maps to its HTTP/2 form:
 * ``huge_content_length`` / ``endless_chunked``: DATA frames until the client resets the
   stream (with / without ``content-length``), flow control respected;
 * ``status_line``: the final HEADERS with ``:status`` = ``code`` (``None``: none at all);
-* ``echo_auth``: ``where="status"`` puts the value in ``:status``; the other places as
-  over HTTP/1.1;
+* ``echo_auth``: ``where="status"`` and ``"status_line"`` put the value in ``:status``;
+  ``"chunk_size"`` in ``content-length`` (HTTP/2 frames its body by itself);
+  ``"header_line"`` as a header's name; the other places as over HTTP/1.1;
+* ``truncated_encoding``: as over HTTP/1.1 (the cut body, its ``content-length``);
 * ``interim``: an informational HEADERS frame, then the answer;
 * ``stray_response`` and ``redirect`` answer as ``ok`` / as over HTTP/1.1.
 """
@@ -32,6 +34,7 @@ import h2.exceptions
 import orjson
 
 from ._common import _PREFIX, _gzip_bomb, _transform
+from ._hostile import truncated
 from ._loop import header
 
 _IDLE: Final = 30.0
@@ -260,6 +263,12 @@ class _Conn:
                     return
                 sent += len(piece)
                 piece = b" " * 65536
+        elif kind == "truncated_encoding":
+            cut = truncated(valid, params["encoding"])
+            fields = [(":status", "200"), ("content-type", "application/json")]
+            fields += [("content-encoding", params["encoding"]), ("content-length", str(len(cut)))]
+            await self.headers(sid, fields)
+            await self.send_data(sid, cut, end=True)
         elif kind == "gzip_bomb":
             blob = _gzip_bomb(params["inflated"])
             fields = [(":status", "200"), ("content-type", "application/json")]
@@ -297,8 +306,12 @@ class _Conn:
         value = _transform(header(headers, "authorization") or "", params["transform"])
         where = params["where"]
         length = ("content-length", str(len(_ERROR)))
-        if where == "status":
-            await self.headers(sid, [(":status", value), length])
+        if where in ("status", "status_line", "chunk_size", "header_line"):
+            first = (":status", value if where in ("status", "status_line") else "500")
+            if where == "chunk_size":
+                length = ("content-length", value)
+            extra = [(value.lower(), "x")] if where == "header_line" else []
+            await self.headers(sid, [first, length, *extra])
             await self.send_data(sid, _ERROR, end=True)
             return
         if where == "content_encoding":

@@ -73,7 +73,8 @@ class _Counters:
 
 
 class _LoopServer:
-    """``asyncio.start_server`` on 127.0.0.1:``port`` in a thread of its own.
+    """``asyncio.start_server`` on ``host`` (default 127.0.0.1):``port`` in a thread of
+    its own.
 
     Each accepted connection runs ``handler``; `stop` closes the listener, gives the
     handlers ``_STOP_GRACE`` seconds, cancels what is left and joins the thread.
@@ -87,8 +88,10 @@ class _LoopServer:
         port: int,
         *,
         ssl_context: ssl.SSLContext | None = None,
+        host: str = LOOPBACK,
     ) -> None:
         self._name = name
+        self.host = host
         self._ssl = ssl_context
         self._handler = handler
         self._counters = counters
@@ -110,7 +113,7 @@ class _LoopServer:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            sock.bind((LOOPBACK, self.port))
+            sock.bind((self.host, self.port))
             sock.listen(_BACKLOG)
         except BaseException:
             sock.close()
