@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import logging
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, Final, Literal
 
 import numpy as np
@@ -48,7 +46,7 @@ from .._corpus import corpus
 from .._servers import identify_models, identify_response
 from .._transport import Reply
 from .._transport._exceptions import certificate_failure
-from ._check_report import CheckFinding, CheckReport, ServerIdentity
+from ._check_report import CheckFinding, CheckReport, ServerIdentity, library_notes
 from ._probe import (
     CHECK_TIMEOUT,
     Probes,
@@ -220,7 +218,7 @@ def check_server(
         ConfigError: a malformed ``base_url``, or ``verify`` names a CA file that does
             not exist (from the client's settings).
     """
-    with _library_notes() as notes:
+    with library_notes() as notes:
         report = _check_server(
             base_url,
             api_key=api_key,
@@ -233,35 +231,6 @@ def check_server(
             timeout=timeout,
         )
     return dataclasses.replace(report, notes=tuple(notes))
-
-
-class _Notes(logging.Handler):
-    """Collects the messages of the library's WARNING records, each once."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.lines: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            line = record.getMessage()
-        except Exception:
-            self.handleError(record)
-            return
-        if line not in self.lines:
-            self.lines.append(line)
-
-
-@contextmanager
-def _library_notes() -> Iterator[list[str]]:
-    """The library's WARNING messages while the block runs (the list fills as they come)."""
-    logger = logging.getLogger("qwen_embed_plugins")
-    handler = _Notes()
-    logger.addHandler(handler)
-    try:
-        yield handler.lines
-    finally:
-        logger.removeHandler(handler)
 
 
 def _check_server(

@@ -1,14 +1,24 @@
 """What ``check_server`` returns: a ``CheckReport`` of ``CheckFinding``s (one per probe)
 and the ``ServerIdentity`` it detected; ``to_dict()`` is the ``--json`` shape
-(``CHECK_SCHEMA``). Plain data: the probes are in ``_check``, the table in ``_output``.
+(``CHECK_SCHEMA``); ``library_notes`` collects the library's WARNING lines into its
+``notes``. Plain data: the probes are in ``_check``, the table in ``_output``.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, Final, Literal
 
-__all__ = ["CHECK_SCHEMA", "CheckFinding", "CheckReport", "ServerIdentity"]
+__all__ = [
+    "CHECK_SCHEMA",
+    "CheckFinding",
+    "CheckReport",
+    "ServerIdentity",
+    "library_notes",
+]
 
 CHECK_SCHEMA: Final = "qwen-embed-check/1"
 """``schema`` field of ``CheckReport.to_dict()`` (fields may be added without a bump)."""
@@ -109,3 +119,32 @@ class CheckReport:
             "findings": [f.to_dict() for f in self.findings],
             "notes": list(self.notes),
         }
+
+
+class _Notes(logging.Handler):
+    """Collects the messages of the library's WARNING records, each once."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            line = record.getMessage()
+        except Exception:
+            self.handleError(record)
+            return
+        if line not in self.lines:
+            self.lines.append(line)
+
+
+@contextmanager
+def library_notes() -> Iterator[list[str]]:
+    """The library's WARNING messages while the block runs (the list fills as they come)."""
+    logger = logging.getLogger("qwen_embed_plugins")
+    handler = _Notes()
+    logger.addHandler(handler)
+    try:
+        yield handler.lines
+    finally:
+        logger.removeHandler(handler)
