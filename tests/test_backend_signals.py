@@ -41,6 +41,29 @@ def _ctx(url: str) -> ErrorContext:
 # --------------------------------------------------------------------------- refused streams
 
 
+ROUNDS = 5
+
+
+def _four_concurrent_posts(url: str, failures: list[BaseException]) -> None:
+    """Four POSTs at once on one prior-knowledge h2 connection (``http1=False``); the
+    httpx errors they raise go to ``failures``."""
+    start = threading.Barrier(4)
+    with httpx.Client(http1=False, http2=True, trust_env=False) as client:
+
+        def post() -> None:
+            start.wait()
+            try:
+                client.post(url, content=BODY, headers=HEADERS)
+            except httpx.HTTPError as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=post) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(GUARD)
+
+
 def test_a_refused_http2_stream_is_recognised_by_h2_event_type() -> None:
     """One stream per connection is answered (slowly); the streams sent beside it are
     reset with REFUSED_STREAM, then GOAWAY follows: each translated error says
@@ -52,28 +75,20 @@ def test_a_refused_http2_stream_is_recognised_by_h2_event_type() -> None:
     ) as srv:
         url = f"{srv.base_url}/embeddings"
         failures: list[BaseException] = []
-        start = threading.Barrier(4)
-        # prior knowledge h2 (http1=False): the requests share the first connection
-        with httpx.Client(http1=False, http2=True, trust_env=False) as client:
-
-            def post() -> None:
-                start.wait()
-                try:
-                    client.post(url, content=BODY, headers=HEADERS)
-                except httpx.HTTPError as exc:
-                    failures.append(exc)
-
-            threads = [threading.Thread(target=post) for _ in range(4)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join(GUARD)
-        refused = srv.stats()["faults_applied"].get("refused_stream", 0)
-        assert refused >= 1, "no stream was refused: nothing was classified"
-        # every failure is a refused stream; httpcore may resend a refused stream on a new
-        # connection itself (its pool does when the GOAWAY it read first says the stream
-        # was not processed), so a refusal can end in a success instead (CI, openai2)
-        assert 1 <= len(failures) <= refused, (failures, refused)
+        # httpcore's pool may resend a refused stream on a new connection itself (when the
+        # GOAWAY it read first says the stream was not processed), so a refusal can end in
+        # a success (seen on a loaded machine, openai 2.x: all of one round's refusals):
+        # rounds until one refusal reaches the caller, at most ROUNDS
+        for _ in range(ROUNDS):
+            srv.reset_counters()
+            failures.clear()
+            _four_concurrent_posts(url, failures)
+            refused = srv.stats()["faults_applied"].get("refused_stream", 0)
+            assert refused >= 1, "no stream was refused: nothing was classified"
+            assert len(failures) <= refused, (failures, refused)  # each one a refusal
+            if failures:
+                break
+        assert failures, f"httpcore resent every refused stream in {ROUNDS} rounds"
         for exc in failures:
             assert isinstance(exc, httpx.RemoteProtocolError | httpx.LocalProtocolError)
             error = translate(exc, _ctx(srv.base_url), backend="httpx")
