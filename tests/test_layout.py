@@ -574,27 +574,6 @@ def measured_figures(path: Path) -> list[str]:
     ]
 
 
-# What _transport/ still says on this branch; the transport rework (issue 29) rewrites
-# those docstrings: remove each entry as it goes (the tests fail on a finding not listed
-# here, and on a listed one that is gone).
-PENDING_STALE: dict[str, list[str]] = {
-    "qwen_embed_plugins/_transport/__init__.py": [
-        "1: pool.sync_transport (pool is now _pool)",
-        "1: pool.async_transport (pool is now _pool)",
-    ],
-    "qwen_embed_plugins/_transport/_async_http.py": [
-        "1: pool.async_transport (pool is now _pool)",
-        "1: errors.translate (no module errors has translate)",
-    ],
-    "qwen_embed_plugins/_transport/_contract.py": ["227: DESIGN.md (not in the repository)"],
-    "qwen_embed_plugins/_transport/_sync_http.py": ["59: pool.h2c_fallback (pool is now _pool)"],
-}
-PENDING_FIGURES: dict[str, list[str]] = {
-    "qwen_embed_plugins/_transport/_contract.py": ["227: ~55 ms"],
-    "qwen_embed_plugins/_transport/_http.py": ["1: ~1.7 s"],
-    "qwen_embed_plugins/_transport/_http11.py": ["1: 1.3x the", "1: ~250 us"],
-    "qwen_embed_plugins/_transport/_sdk.py": ["1: ~1.7 s"],
-}
 _SOURCE_IDS = [str(p.relative_to(REPO)) for p in SOURCES]
 
 
@@ -605,14 +584,14 @@ def test_docstrings_name_only_what_exists(name: str) -> None:
     in a docstring or comment of the two packages exists."""
     assert not [p for p in (REPO / "docs").iterdir() if p.is_dir()], "docs/ is flat"
     found = stale_references(REPO / name, _modules_by_stem())
-    assert found == PENDING_STALE.get(name, []), "\n".join(found)
+    assert found == [], "\n".join(found)
 
 
 @pytest.mark.parametrize("name", _SOURCE_IDS)
 def test_no_benchmark_figure_in_a_docstring(name: str) -> None:
     """Measured results belong in docs/benchmarks.md, where their run is described."""
     found = measured_figures(REPO / name)
-    assert found == PENDING_FIGURES.get(name, []), "\n".join(found)
+    assert found == [], "\n".join(found)
 
 
 def test_the_docstring_checks_find_them(tmp_path: Path) -> None:

@@ -227,9 +227,9 @@ def quiet_header_loggers(*secrets: str | None) -> None:
 
 
 def ssl_context(verify: bool | str, *, http2: bool, cleartext: bool) -> ssl.SSLContext:
-    """One SSL context per process per setting (building one costs ~55 ms of CPU, the
-    bulk of a fresh ``openai.OpenAI()``; DESIGN.md section 5). CAs from certifi unless
-    ``verify`` names a bundle."""
+    """One SSL context per process per setting (loading the CA bundle is the bulk of a
+    fresh ``openai.OpenAI()``'s set-up). CAs from certifi unless ``verify`` names a
+    bundle."""
     cache_key = (verify, http2, cleartext)
     ctx = STATE.ssl_contexts.get(cache_key)
     if ctx is not None:

@@ -7,8 +7,8 @@ the library that matches the installed openai major version (the same rule as
 the HTTP library from here and nowhere else.
 
 The openai major version is read from the installed distribution's metadata, so
-importing this module does not import ``openai`` itself (~1.7 s of CPU on a 2-core
-machine; only the SDK path needs it).
+importing this module does not import ``openai`` itself (a large import, and only the
+SDK path needs it).
 
 Both httpx backends (the sync HTTP/2 client of ``_sync_http``, the async one of
 ``_async_http``) build their ``Limits`` (``_limits``) and per-request timeouts bounded by

@@ -4,9 +4,9 @@ with a small connection pool of its own.
 ``_sync_http.SyncTransport`` sends every HTTP/1.1 exchange through an ``HTTP1Pool`` (HTTP/2
 and cleartext h2c run on httpx). Why ``http.client``: it is the floor the benchmark
 measures the library against (``bench/compare.py``: "stdlib keepalive"), and the sync
-CPU floors (<= 1.3x raw httpx per request, the array path <= 1.3x the stdlib) hold with
-it; urllib3's public ``urlopen`` adds ~250 us per exchange on top of it (measured while
-choosing: docs/benchmarks.md, "Transport candidates").
+CPU floors of docs/benchmarks.md hold with it; urllib3's public ``urlopen`` costs more
+CPU per exchange on top of it (measured while choosing: docs/benchmarks.md, "Transport
+candidates").
 
 Which guarantee comes from where (every call below is public stdlib API):
 

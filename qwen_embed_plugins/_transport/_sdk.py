@@ -21,8 +21,8 @@ caller as ``openai.APITimeoutError``, any other failure (the size cap included) 
 ``openai.APIConnectionError``; the library's error is the ``__cause__`` of its
 ``__cause__``.
 
-``openai`` is imported only here, and only when an SDK object is asked for: importing it
-costs ~1.7 s of CPU.
+``openai`` is imported only here, and only when an SDK object is asked for: it is a large
+import.
 """
 
 from __future__ import annotations
