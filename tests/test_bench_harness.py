@@ -20,7 +20,11 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 COMPARE = ROOT / "bench" / "compare.py"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.timeout(1800),
+    pytest.mark.xdist_group("bench_harness"),  # the module's one bench run, in one worker
+]
 
 EXPECTED: dict[str, dict[str, set[str]]] = {
     "single_sync": {

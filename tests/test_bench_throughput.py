@@ -16,7 +16,10 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "bench" / "throughput.py"
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [
+    pytest.mark.timeout(900),
+    pytest.mark.xdist_group("bench_throughput"),  # the module's one bench run, in one worker
+]
 
 OURS = {"ours_langchain", "ours_langchain_async", "ours_llamaindex", "ours_llamaindex_async"}
 CLIENTS = {

@@ -51,6 +51,8 @@ class TestQwenPooledEmbeddingsUnit(EmbeddingsUnitTests):
         )
 
 
+# one xdist worker for the class: its server fixture counts every test's requests
+@pytest.mark.xdist_group("langchain_standard")
 class TestQwenPooledEmbeddingsIntegration(EmbeddingsIntegrationTests):
     base_url: str = ""
 
