@@ -315,13 +315,15 @@ class EmbeddingClient(_ClientBase):
         sink = self._embed(inputs, progress, on_error, lists=True, query=False)
         return finish_list(sink, inputs, on_error)
 
-    def _embed_slice(self, texts: list[str], first: int) -> list[list[float]]:
-        """``embed_documents(texts)`` for ``texts``, the slice of a caller's list that
-        starts at its index ``first``: every error is built naming the index in that
-        list (``.index`` and message)."""
-        inputs = self._inputs(texts, "raise", first)
-        sink = self._embed(inputs, None, "raise", lists=True, query=False)
-        return finish_list(sink, inputs, "raise")
+    def _embed_slice(
+        self, texts: list[str], first: int, on_error: OnError = "raise"
+    ) -> list[list[float]]:
+        """``embed_documents(texts, on_error=on_error)`` for ``texts``, the slice of a
+        caller's list that starts at its index ``first``: every error raised is built
+        naming the index in that list (``.index`` and message)."""
+        inputs = self._inputs(texts, on_error, first)
+        sink = self._embed(inputs, None, on_error, lists=True, query=False)
+        return finish_list(sink, inputs, on_error)
 
     @overload
     def embed_documents_array(
@@ -477,11 +479,13 @@ class AsyncEmbeddingClient(_ClientBase):
         sink = await self._embed(inputs, progress, on_error, lists=True, query=False)
         return finish_list(sink, inputs, on_error)
 
-    async def _embed_slice(self, texts: list[str], first: int) -> list[list[float]]:
+    async def _embed_slice(
+        self, texts: list[str], first: int, on_error: OnError = "raise"
+    ) -> list[list[float]]:
         """Async ``EmbeddingClient._embed_slice``."""
-        inputs = self._inputs(texts, "raise", first)
-        sink = await self._embed(inputs, None, "raise", lists=True, query=False)
-        return finish_list(sink, inputs, "raise")
+        inputs = self._inputs(texts, on_error, first)
+        sink = await self._embed(inputs, None, on_error, lists=True, query=False)
+        return finish_list(sink, inputs, on_error)
 
     @overload
     async def embed_documents_array(

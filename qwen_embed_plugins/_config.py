@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 from urllib.parse import urlsplit
 
 from ._endpoint import environment_proxy, insecure_key_target, is_loopback, normalise_base_url
@@ -46,6 +46,7 @@ __all__ = [
     "DEFAULT_QUERY_TASK",
     "ENV_SETTINGS",
     "NOT_GIVEN",
+    "OPENAI_VARIABLES",
     "QWEN3_EMBEDDING_DIMS",
     "RESERVED_BODY_KEYS",
     "SERVER_NAMES",
@@ -54,12 +55,14 @@ __all__ = [
     "Limits",
     "NotGiven",
     "OnError",
+    "PhaseTimeouts",
     "PoolKey",
     "ProxyURL",
     "RequestBody",
     "RequestHeaders",
     "RetryConfig",
     "Secret",
+    "TimeoutArg",
     "Timeouts",
     "default_query_instruction",
     "env_setting",
@@ -74,6 +77,7 @@ __all__ = [
     "redact_url",
     "request_body",
     "request_headers",
+    "timeouts_of",
 ]
 
 QWEN3_MIN_DIMENSIONS: Final = 32
@@ -293,6 +297,116 @@ _FROM_ENV: Final = tuple(
 """The settings ``EmbeddingConfig`` takes from the environment, else their declared
 default, when not given (``NOT_GIVEN``); the four left out have rules of their own."""
 
+OPENAI_VARIABLES: Final = ("OPENAI_BASE_URL", "OPENAI_API_BASE", "OPENAI_API_KEY")
+"""The openai SDK's and the stock adapters' variables, which are never read here: an
+OpenAI key must not reach another server."""
+
+
+def _openai_variables_not_read() -> None:
+    """No base URL was given: when only the openai SDK's variables are set, say that
+    they are not read, and what to set instead.
+
+    Raises:
+        ConfigError: one of ``OPENAI_VARIABLES`` is set (the message names it, never
+            its value).
+    """
+    found = [name for name in OPENAI_VARIABLES if os.environ.get(name, "").strip()]
+    if found:
+        base, key = SETTING["base_url"].env, SETTING["api_key"].env
+        raise ConfigError(
+            f"base_url is required: pass base_url='http://host:port/v1' or set {base} "
+            f"(and {key} if the server wants a key). {', '.join(found)} "
+            f"{'is' if len(found) == 1 else 'are'} set but deliberately not read: an "
+            "OpenAI key must never be sent to another server"
+        )
+
+
+_PHASES: Final = ("connect", "read", "write", "pool")
+
+
+class PhaseTimeouts(Protocol):
+    """Per-phase timeouts in seconds, as ``httpx.Timeout`` holds them."""
+
+    @property
+    def connect(self) -> float | None: ...
+    @property
+    def read(self) -> float | None: ...
+    @property
+    def write(self) -> float | None: ...
+    @property
+    def pool(self) -> float | None: ...
+
+
+TimeoutArg = (
+    float
+    | tuple[float | None, float | None]
+    | tuple[float | None, float | None, float | None, float | None]
+    | PhaseTimeouts
+    | None
+)
+"""What ``timeout=`` takes on every surface (``timeouts_of``)."""
+
+
+def _seconds_or_none(value: object, what: str) -> float | None:
+    if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
+        return value
+    raise ConfigError(f"timeout: {what} must be a number of seconds or None, got {value!r}")
+
+
+def timeouts_of(value: object) -> Timeouts:
+    """``timeout=`` as the stock clients take it, as ``Timeouts``: the one meaning of
+    ``timeout`` in the core config, the clients and both adapters.
+
+    - a number ``x`` (seconds): every phase (connect, read, write, pool) and the
+      exchange in all (``total``) at most ``x``: a request never takes longer than
+      ``timeout``, and nothing cuts it sooner;
+    - ``None``: no limit at all;
+    - ``httpx.Timeout(...)`` (any object with ``connect``, ``read``, ``write`` and
+      ``pool`` attributes, seconds or ``None``), a ``(connect, read)`` or a
+      ``(connect, read, write, pool)`` tuple: those phases (write and pool take
+      ``read`` with a pair), and ``total`` their sum (``None`` when one is ``None``),
+      so no phase is cut by a total shorter than itself;
+    - a ``Timeouts``: as given.
+
+    Raises:
+        ConfigError: any other type, a value out of range (0.001..86400 s).
+    """
+    if isinstance(value, Timeouts):
+        return value
+    if value is None or isinstance(value, int | float):
+        x = _seconds_or_none(value, "the number")
+        return Timeouts(connect=x, read=x, write=x, pool=x, total=x)
+    if isinstance(value, tuple) and len(value) in (2, 4):
+        given = [_seconds_or_none(v, f"item {i}") for i, v in enumerate(value)]
+        phases = given if len(given) == 4 else [given[0], given[1], given[1], given[1]]
+    elif all(hasattr(value, name) for name in _PHASES):  # httpx.Timeout (public attributes)
+        phases = [_seconds_or_none(getattr(value, name), name) for name in _PHASES]
+    else:
+        raise ConfigError(
+            "timeout must be a number of seconds, None, httpx.Timeout(...), a (connect, "
+            f"read) or (connect, read, write, pool) tuple, or a Timeouts; got {value!r}"
+        )
+    total = None if None in phases else sum(p for p in phases if p is not None)
+    return Timeouts(**dict(zip(_PHASES, phases, strict=True)), total=total)
+
+
+def _deadlines_cover(retry: RetryConfig, timeout: Timeouts) -> RetryConfig:
+    """``retry`` with each call deadline left at its default raised to the exchange's
+    ``total`` when a timeout was set longer than the default total: a ``timeout=`` is
+    never cut short by a default deadline (an explicit deadline is kept)."""
+    if not isinstance(retry, RetryConfig):
+        raise ConfigError("retry must be a RetryConfig")
+    total = timeout.total
+    if total == DEFAULT["total_timeout"]:
+        return retry
+    changes: dict[str, float | None] = {}
+    for name in ("deadline", "query_deadline"):
+        current = getattr(retry, name)
+        if current == DEFAULT[name] and (total is None or total > current):
+            changes[name] = total
+    return retry.replace(**changes) if changes else retry
+
+
 OnError = Literal["raise", "skip"]
 """What a call does with an input the server cannot embed: ``"raise"`` its error, or
 ``"skip"`` it (``None`` in its slot, the error reported with its index)."""
@@ -351,8 +465,11 @@ class EmbeddingConfig(Replaceable):
         max_response_bytes: largest response body accepted, in bytes, counted both as
             received and decompressed (default ``None``: derived per request from the
             texts sent and the vector size, well above the largest legal answer).
-        timeout: a ``Timeouts`` (seconds), or one number for connect, read, write and
-            pool.
+        timeout: seconds: one number for every phase and the exchange in all, ``None``
+            (no limit), ``httpx.Timeout(...)``, a ``(connect, read)`` tuple, or a
+            ``Timeouts`` (``timeouts_of``). A call deadline left at its default is
+            raised to the exchange's total when that is longer, so no default cuts a
+            ``timeout`` short.
         limits: the endpoint's pool ``Limits`` (connections, keep-alive seconds).
         http2: negotiate HTTP/2 (ALPN over TLS; prior-knowledge h2c over ``http://``,
             falling back to HTTP/1.1 when the server does not speak it).
@@ -408,7 +525,7 @@ class EmbeddingConfig(Replaceable):
     max_text_chars: int | None = DEFAULT["max_text_chars"]
     append_eos: bool | None = DEFAULT["append_eos"]
     max_response_bytes: int | None = None
-    timeout: Timeouts | float | None = field(default_factory=Timeouts)
+    timeout: Timeouts | TimeoutArg = field(default_factory=Timeouts)
     limits: Limits = field(default_factory=Limits)
     http2: bool = NOT_GIVEN  # type: ignore[assignment]
     verify: bool | str = DEFAULT["verify"]
@@ -434,6 +551,8 @@ class EmbeddingConfig(Replaceable):
         credentials as ``ProxyURL``, a number of seconds as ``Timeouts``)."""
         set_ = object.__setattr__
         base_url = self.base_url if self.base_url is not None else env_setting("base_url")
+        if not base_url:
+            _openai_variables_not_read()
         set_(self, "base_url", normalise_base_url(base_url))
         api_key = _resolved_api_key(self.api_key)
         set_(self, "api_key", api_key)
@@ -452,12 +571,9 @@ class EmbeddingConfig(Replaceable):
         if isinstance(proxy, str) and has_credentials(proxy):
             proxy = ProxyURL(proxy)  # a secret from here on: never shown in clear
         set_(self, "proxy", proxy)
-        timeout = self.timeout
-        if timeout is None or (isinstance(timeout, int | float) and not isinstance(timeout, bool)):
-            timeout = Timeouts(connect=timeout, read=timeout, write=timeout, pool=timeout)
-        if not isinstance(timeout, Timeouts):
-            raise ConfigError("timeout must be a Timeouts, a number of seconds or None")
+        timeout = timeouts_of(self.timeout)
         set_(self, "timeout", timeout)
+        set_(self, "retry", _deadlines_cover(self.retry, timeout))
         if not isinstance(self.limits, Limits):
             raise ConfigError("limits must be a Limits")
         if not isinstance(self.retry, RetryConfig):

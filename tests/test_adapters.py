@@ -167,7 +167,8 @@ def test_a_flat_field_given_with_config_overrides_it(adapter: type[Adapter]) -> 
     emb = adapter(config=config, dimensions=128, read_timeout=2.0, max_retries=0, timeout=5.0)
     assert emb.config == config.replace(
         dimensions=128,
-        timeout=config.timeouts.replace(read=2.0, total=5.0),  # timeout=: total_timeout
+        # timeout=: every phase and the total; read_timeout= given too overrides its part
+        timeout=q.Timeouts(connect=5.0, read=2.0, write=5.0, pool=5.0, total=5.0),
         retry=config.retry.replace(max_attempts=1),
     )
     # the adapter's own names for model / batch size, and their aliases
@@ -373,8 +374,12 @@ def test_model_copy_and_assignment_take_the_stock_names(
         emb.model_copy(update={"default_header": {}})
     with pytest.raises(q.ConfigError, match="did you mean"):
         emb.timeuot = 3  # type: ignore[union-attr]
-    with pytest.raises(q.ConfigError, match=f"pass either '{timeout}' or 'total_timeout'"):
-        emb.model_copy(update={timeout: 1, "total_timeout": 2})
+    # timeout= sets every phase and the total; a *_timeout field given with it wins
+    both = emb.model_copy(update={timeout: 1, "total_timeout": 2})
+    assert both.config.timeouts == q.Timeouts(connect=1, read=1, write=1, pool=1, total=2)
+    own = "batch_size" if isinstance(emb, QwenPooledEmbeddings) else "embed_batch_size"
+    with pytest.raises(q.ConfigError, match=f"pass either '{own}' or '{batch}'"):
+        emb.model_copy(update={own: 1, batch: 2})
     with pytest.raises(q.ConfigError, match="config= is taken by the constructor only"):
         emb.model_copy(update={"config": q.EmbeddingConfig(base_url=rec.base_url)})
     with pytest.raises(q.ConfigError, match="not supported: requests go through"):

@@ -184,10 +184,10 @@ def test_a_flat_name_changes_only_its_attribute_of_a_part_given_with_it() -> Non
 def test_the_adapters_fields_are_exactly_the_declared_settings() -> None:
     flat = set(FlatSettings.model_fields)
     assert flat == set(SETTING) - OWN
-    assert set(QwenPooledEmbeddings.model_fields) == set(SETTING) | {"show_progress"}
+    assert set(QwenPooledEmbeddings.model_fields) == set(SETTING) | {"show_progress", "on_error"}
     base = set(BaseEmbedding.model_fields) - set(LLAMA_INDEX_NAMES.values())
     llama = set(QwenPooledEmbedding.model_fields) - base
-    assert llama == {LLAMA_INDEX_NAMES.get(name, name) for name in SETTING}
+    assert llama == {LLAMA_INDEX_NAMES.get(name, name) for name in SETTING} | {"on_error"}
     for name, info in FlatSettings.model_fields.items():
         assert info.description == describe(name), name
         if name != "proxy":  # held as a ProxyURL when it has credentials

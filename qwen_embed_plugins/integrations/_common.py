@@ -17,7 +17,7 @@ import copy
 import logging
 import os
 import pickle
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Final, Literal, NamedTuple, Self
 
 from pydantic import (
@@ -42,7 +42,6 @@ from .._config import (
     NOT_GIVEN,
     EmbeddingConfig,
     EncodingFormat,
-    NotGiven,
     ProxyURL,
     RequestBody,
     RequestHeaders,
@@ -52,10 +51,11 @@ from .._config import (
     request_body,
     request_headers,
 )
-from .._flat import config_from, flat_value
+from .._flat import config_from
 from .._server_text import has_credentials, redact_url
-from .._settings import SETTING, closest
+from .._settings import SETTING
 from ..errors import ConfigError
+from ._names import Stock, resolve_names
 
 __all__ = [
     "NO_EXTRAS",
@@ -66,7 +66,6 @@ __all__ = [
     "FlatSettings",
     "HeadersField",
     "ProxySetting",
-    "Stock",
     "build_config",
     "coerce",
     "describe",
@@ -74,7 +73,6 @@ __all__ = [
     "extras_of",
     "mask_inputs",
     "mask_proxy",
-    "resolve_names",
     "setting",
 ]
 
@@ -201,19 +199,6 @@ def build_config(
     return config_from({**core, **flat})  # the flat retry settings apply to extras.retry
 
 
-def _flat_value(config: EmbeddingConfig, name: str) -> Any:
-    """Flat setting ``name`` of ``config``, as the adapters' field holds it."""
-    if name == "api_key":
-        key = config.api_key_value()
-        return None if key is None else SecretStr(key)
-    value = flat_value(config, name)
-    if name == "base_url" and isinstance(value, tuple):
-        return list(value)
-    if name == "proxy" and isinstance(value, NotGiven):
-        return None
-    return value
-
-
 def extras_of(config: EmbeddingConfig) -> Extras:
     """The parts of ``config`` that no flat field holds."""
     return Extras(config.retry, config.max_response_bytes, config.proxy is None)
@@ -275,152 +260,6 @@ ExtraBodyField = Annotated[
 credential-like fields masked in ``repr`` and dumps, never pickled)."""
 
 
-# --------------------------------------------------------------------------- parameter names
-
-
-def _seconds(name: str) -> Callable[[Any], Any]:
-    def convert(value: Any) -> Any:
-        if value is None or (isinstance(value, int | float) and not isinstance(value, bool)):
-            return value
-        raise ConfigError(
-            f"{name}= takes a number of seconds (the total per request) or None, got "
-            f"{type(value).__name__}; for per-phase limits use connect_timeout=, "
-            "read_timeout=, write_timeout=, pool_timeout="
-        )
-
-    return convert
-
-
-class Stock:
-    """How an adapter treats the parameter names of the stock adapter it replaces.
-
-    Attributes:
-        aliases: stock name -> this adapter's field, with the same meaning.
-        convert: stock name -> a function checking and converting its value.
-        harmless: stock name -> the one value accepted (it asks for what this adapter
-            always does; any other value is refused with the hint in ``refused``).
-        refused: stock name -> why it has no equivalent here and what to use instead.
-    """
-
-    def __init__(
-        self,
-        aliases: Mapping[str, str],
-        *,
-        harmless: Mapping[str, object] | None = None,
-        refused: Mapping[str, str] | None = None,
-    ) -> None:
-        self.aliases = dict(aliases)
-        self.convert = {
-            alias: _seconds(alias) for alias, field in aliases.items() if field == "total_timeout"
-        }
-        self.harmless = dict(harmless or {})
-        self.refused = dict(refused or {})
-
-
-_NO_TOKENIZER = (
-    "no tokenizer is used here: texts are sent as strings, never tiktoken ids; "
-    "max_text_chars bounds a text (characters), max_batch_tokens a request"
-)
-_SHARED_POOL = (
-    "requests go through the process-wide shared pool; set max_connections, verify, proxy, "
-    "http2 or the *_timeout fields instead"
-)
-REFUSED_HINTS: Final[dict[str, str]] = {
-    "embedding_ctx_length": _NO_TOKENIZER,
-    "tiktoken_model_name": _NO_TOKENIZER,
-    "allowed_special": _NO_TOKENIZER,
-    "disallowed_special": _NO_TOKENIZER,
-    "check_embedding_ctx_length": _NO_TOKENIZER,
-    "tiktoken_enabled": _NO_TOKENIZER,
-    "http_client": _SHARED_POOL,
-    "http_async_client": _SHARED_POOL,
-    "async_http_client": _SHARED_POOL,
-    "client": _SHARED_POOL,
-    "async_client": _SHARED_POOL,
-    "reuse_client": "clients are always reused: they are handles on the shared pool",
-    "skip_empty": "an empty or whitespace-only text raises InputError naming its index "
-    "before anything is sent; drop such texts before embedding",
-    "class_name": "LlamaIndex's serialisation tag of a dump of another class: load it with "
-    "that class",
-    "retry_min_seconds": "backoff is built in (capped exponential, full jitter); bound a "
-    "call with deadline= (seconds) and max_retries=",
-    "retry_max_seconds": "backoff is built in (capped exponential, full jitter); bound a "
-    "call with deadline= (seconds) and max_retries=",
-    "default_query": "URL query parameters are not sent; use headers= or extra_body=",
-    "organization": "OpenAI organisations do not apply; if a gateway wants a header, pass headers=",
-    "openai_organization": "OpenAI organisations do not apply; if a gateway wants a "
-    "header, pass headers=",
-    "deployment": "Azure OpenAI is not supported",
-    "api_version": "Azure OpenAI is not supported",
-    "openai_api_version": "Azure OpenAI is not supported",
-    "openai_api_type": "Azure OpenAI is not supported",
-}
-"""Stock parameters (``OpenAIEmbeddings``, ``OpenAIEmbedding``) with no equivalent here,
-and what to use instead."""
-
-
-def resolve_names(
-    owner: str, data: dict[str, Any], fields: Iterable[str], stock: Stock
-) -> dict[str, Any]:
-    """``data`` (constructor keywords) with stock aliases renamed to this adapter's fields,
-    and a ``config=`` (``EmbeddingConfig``) spread over the fields not given.
-
-    Raises:
-        ConfigError: an alias given together with its field (or another alias of it);
-            a stock parameter with no equivalent (with a hint); any other unknown name
-            ("did you mean ..." naming the closest accepted name); a ``config`` that is
-            not an ``EmbeddingConfig``.
-    """
-    known = set(fields)
-    out: dict[str, Any] = {}
-    source: dict[str, str] = {}
-    for name, value in data.items():
-        target = name
-        if name == "config":
-            continue
-        if name not in known:
-            if name in stock.aliases:
-                target = stock.aliases[name]
-                convert = stock.convert.get(name)
-                value = convert(value) if convert is not None else value
-            elif name in stock.harmless and value == stock.harmless[name]:
-                continue
-            elif name in stock.harmless:
-                raise ConfigError(
-                    f"{owner}: only {name}={stock.harmless[name]!r} is accepted (what this "
-                    f"adapter always does): {REFUSED_HINTS[name]}"
-                )
-            elif name in REFUSED_HINTS:
-                hint = REFUSED_HINTS[name]
-                raise ConfigError(f"{owner}: parameter {name!r} is not supported: {hint}")
-            else:
-                raise ConfigError(_unknown(owner, name, known, stock))
-        if target in out:
-            raise ConfigError(f"{owner}: pass either {source[target]!r} or {name!r}, not both")
-        out[target] = value
-        source[target] = name
-    config = data.get("config")
-    if config is not None:
-        if not isinstance(config, EmbeddingConfig):
-            raise ConfigError(
-                f"{owner}: config must be an EmbeddingConfig, got {type(config).__name__}"
-            )
-        for name in SETTING:
-            target = name if name in known else stock.aliases[name]
-            if target not in out:  # a flat field given overrides the config's value
-                out[target] = _flat_value(config, name)
-    return out
-
-
-def _unknown(owner: str, name: str, known: set[str], stock: Stock) -> str:
-    match = closest(name, known | set(stock.aliases) | {"config"})
-    if match is None:
-        return f"{owner}: unknown parameter {name!r} (docs/migration.md lists the accepted ones)"
-    field = stock.aliases.get(match)
-    also = f" (an alias of {field!r})" if field else ""
-    return f"{owner}: unknown parameter {name!r}; did you mean {match!r}{also}?"
-
-
 # --------------------------------------------------------------------------- the shared fields
 
 
@@ -444,11 +283,12 @@ class ClientCache:
     process it is in (clients and pools are never pickled).
     """
 
-    __slots__ = ("current", "extras")
+    __slots__ = ("current", "extras", "per_call")
 
     def __init__(self, extras: Extras = NO_EXTRAS) -> None:
         self.extras = extras
         self.current: Clients | None = None
+        self.per_call: Clients | None = None  # the last call's own settings, if any
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, ClientCache) and other.extras == self.extras
@@ -633,6 +473,24 @@ class FlatSettings(BaseModel):
             )
         return current
 
+    def _clients_with(self, settings: Mapping[str, Any]) -> Clients:
+        """The clients of the effective config with ``settings`` (``EmbeddingConfig``
+        fields and flat names) applied, for one call; the last such set is kept for the
+        next call with the same settings. Without settings, ``_clients()``.
+
+        Raises:
+            ConfigError: an unknown name, a value out of range.
+        """
+        if not settings:
+            return self._clients()
+        config = config_from(settings, base=self.config, owner=type(self).__name__)
+        last = self._cache.per_call
+        if last is not None and last.config == config:
+            return last
+        built = Clients((), config, EmbeddingClient(config), AsyncEmbeddingClient(config))
+        self._cache.per_call = built
+        return built
+
     @property
     def config(self) -> EmbeddingConfig:
         """The effective core ``EmbeddingConfig`` (frozen; its ``pool_key`` selects the
@@ -657,7 +515,9 @@ class FlatSettings(BaseModel):
             # a stock alias (renamed), a harmless stock value (nothing to do), or a name
             # refused with a hint, as by the constructor
             renamed = self._renamed({name: value})
-            if not renamed:
+            if len(renamed) != 1:  # none (a harmless value) or several (timeout=)
+                for field, field_value in renamed.items():
+                    setattr(self, field, field_value)
                 return
             ((name, value),) = renamed.items()
         if name not in self._config_names():

@@ -15,15 +15,19 @@ import importlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sized
 from contextlib import contextmanager
 from dataclasses import InitVar
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Final, Literal, Self
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.utils import secret_from_env
 from pydantic import ConfigDict, Field, SecretStr, model_validator
 
-from .._config import ENV_API_KEY
+from .._config import ENV_API_KEY, OnError, TimeoutArg
 from .._protocol import validate_texts
-from ._common import FlatSettings, Stock, describe, mask_inputs, resolve_names, setting
+from .._results import EmbeddingList
+from .._settings import closest
+from ..errors import ConfigError
+from ._common import Clients, FlatSettings, describe, mask_inputs, setting
+from ._names import REFUSED_HINTS, TIMEOUT, Stock, resolve_names, zero_filled
 
 __all__ = ["QwenPooledEmbeddings"]
 
@@ -38,8 +42,8 @@ def _tqdm_missing() -> str:
 _STOCK = Stock(
     {
         "chunk_size": "batch_size",
-        "timeout": "total_timeout",
-        "request_timeout": "total_timeout",
+        "timeout": TIMEOUT,
+        "request_timeout": TIMEOUT,
         "show_progress_bar": "show_progress",
         "default_headers": "headers",
         "model_kwargs": "extra_body",
@@ -47,8 +51,21 @@ _STOCK = Stock(
         "openai_api_base": "base_url",
         "openai_proxy": "proxy",
     },
-    harmless={"check_embedding_ctx_length": False, "tiktoken_enabled": False, "skip_empty": False},
+    harmless={
+        "check_embedding_ctx_length": (False,),
+        "tiktoken_enabled": (False,),
+        "skip_empty": (False,),
+    },
 )
+
+
+PER_CALL: Final = frozenset(
+    {"model", "dimensions", "encoding_format", "timeout", "user", "extra_headers", "extra_body"}
+    | {"extra_query", "on_error"}
+)
+"""The keyword arguments the embed methods take besides ``chunk_size``: those
+``OpenAIEmbeddings`` passes on to the SDK's ``embeddings.create`` (``extra_query``
+refused with a hint), and ``on_error``."""
 
 
 def _tqdm() -> Any:
@@ -126,8 +143,10 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
             Extra JSON fields merged into every request body.
 
     ``OpenAIEmbeddings``' names are aliases with their meaning: ``chunk_size``
-    (``batch_size``), ``timeout`` / ``request_timeout`` (``total_timeout``, seconds per
-    request), ``show_progress_bar`` (``show_progress``), ``default_headers``
+    (``batch_size``), ``timeout`` / ``request_timeout`` (seconds, ``None``,
+    ``httpx.Timeout`` or a ``(connect, read)`` tuple: every ``*_timeout`` field, as the
+    core's ``timeout=`` sets them; a ``*_timeout`` field given too overrides its part),
+    ``show_progress_bar`` (``show_progress``), ``default_headers``
     (``headers``), ``model_kwargs`` (``extra_body``), ``openai_api_key``,
     ``openai_api_base``, ``openai_proxy``. Any other unknown name raises, naming the
     closest accepted one (docs/migration.md lists them all).
@@ -216,6 +235,13 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
 
     # ------------------------------------------------------------------ UI
 
+    on_error: Literal["raise", "skip"] = "raise"
+    """What ``embed_documents`` / ``aembed_documents`` do with a text that cannot be
+    embedded (empty, whitespace-only, too long, refused by the server): ``"raise"``
+    (default) its error, naming its index; ``"skip"``: a zero vector in its place (an
+    ``EmbeddingList`` whose ``.errors`` names each skipped index; one WARNING per call),
+    so a store still gets one vector per document. Also per call: ``on_error=``."""
+
     show_progress: bool = False
     """Show a ``tqdm`` progress bar (in texts) that advances once per finished batch
     in ``embed_documents`` / ``aembed_documents``. Needs ``tqdm`` (in the
@@ -226,8 +252,8 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
         # (pydantic's ``dataclass_transform`` signature lists fields only), not fields;
         # the validator renames them to their fields
         chunk_size: InitVar[int | Literal["auto"]] = "auto"
-        timeout: InitVar[float | None] = None
-        request_timeout: InitVar[float | None] = None
+        timeout: InitVar[TimeoutArg] = None
+        request_timeout: InitVar[TimeoutArg] = None
         show_progress_bar: InitVar[bool] = False
         default_headers: InitVar[Mapping[str, str] | None] = None
         model_kwargs: InitVar[Mapping[str, Any] | None] = None
@@ -289,32 +315,94 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
 
     # ------------------------------------------------------------------ Embeddings
 
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+    def _call(self, chunk_size: int | None, kwargs: dict[str, Any]) -> tuple[Clients, OnError]:
+        """The clients and ``on_error`` of one call with ``OpenAIEmbeddings``' per-call
+        arguments (``chunk_size``, and what it passes on to the SDK's
+        ``embeddings.create``: ``PER_CALL``), applied to this instance's settings for
+        this call only.
+
+        Raises:
+            ConfigError: an argument with no equivalent (naming what to use), an unknown
+                one ("did you mean ..."), a value out of range.
+        """
+        on_error = kwargs.pop("on_error", self.on_error)
+        settings: dict[str, Any] = {}
+        if chunk_size:  # stock: ``chunk_size or self.chunk_size``
+            settings["batch_size"] = chunk_size
+        config = self.config
+        headers = dict(config.headers or {})
+        body = dict(config.extra_body or {})
+        for name, value in kwargs.items():
+            if name in ("model", "dimensions", "encoding_format", "timeout"):
+                settings[name] = value
+            elif name == "extra_headers":
+                settings["headers"] = headers = {**headers, **dict(value or {})}
+            elif name in ("extra_body", "user"):
+                more = {"user": value} if name == "user" else dict(value or {})
+                settings["extra_body"] = body = {**body, **more}
+            elif name == "extra_query":
+                hint = REFUSED_HINTS["default_query"]
+                raise ConfigError(f"{type(self).__name__}: extra_query is not supported: {hint}")
+            else:
+                accepted = sorted(PER_CALL | {"chunk_size"})
+                match = closest(name, accepted)
+                also = f"; did you mean {match!r}?" if match else ""
+                raise ConfigError(
+                    f"{type(self).__name__}: unknown per-call argument {name!r} (accepted: "
+                    f"{', '.join(accepted)}){also}"
+                )
+        return self._clients_with(settings), on_error
+
+    def _finish(self, rows: list[list[float]], client: Any) -> list[list[float]]:
+        if isinstance(rows, EmbeddingList):
+            return zero_filled(rows, client._known_dim())
+        return rows
+
+    def embed_documents(
+        self, texts: list[str], chunk_size: int | None = None, **kwargs: Any
+    ) -> list[list[float]]:
         """Embed documents (sent raw, without the query instruction).
 
         Args:
             texts: ``n`` non-empty strings; sent in batches of ``batch_size``, up to
                 ``max_concurrency`` batches at once, identical texts sent once.
+            chunk_size: texts per request for this call (``None``: ``batch_size``).
+            **kwargs: for this call only, as ``OpenAIEmbeddings`` takes them: ``model``,
+                ``dimensions``, ``encoding_format``, ``timeout`` (as the constructor's),
+                ``user``, ``extra_headers``, ``extra_body`` (merged with ``headers`` /
+                ``extra_body``); and ``on_error`` (``"raise"`` or ``"skip"``; default: the
+                field).
 
         Returns:
             ``n x dim`` floats (``dim`` = ``dimensions`` or the model's size), row ``i``
-            for ``texts[i]``; ``[]`` for an empty list.
+            for ``texts[i]``; ``[]`` for an empty list. With ``on_error="skip"``, an
+            ``EmbeddingList``: a text that is empty, whitespace-only or refused by the
+            server gets a zero vector of the same size, and ``.errors`` maps its index
+            to its error.
 
         Raises:
             InputError: a text is not a non-empty ``str`` (``.index`` names it).
+            ConfigError: a per-call argument with no equivalent, or out of range.
             QwenEmbedError: the server or the network failed after retries.
         """
         texts = _as_texts(texts)
+        clients, on_error = self._call(chunk_size, kwargs)
         if isinstance(texts, list) and not texts:
             return []
-        client = self._clients().sync
+        client = clients.sync
         if client is None:  # cannot happen
             raise RuntimeError("internal error: client is None")
         with self._progress(len(texts)) as progress:
-            return client.embed_documents(texts, progress=progress)
+            rows = client.embed_documents(texts, progress=progress, on_error=on_error)
+        return self._finish(rows, client)
 
-    def embed_query(self, text: str) -> list[float]:
+    def embed_query(self, text: str, **kwargs: Any) -> list[float]:
         """Embed a search query as ``Instruct: {query_instruction}\\nQuery:{text}``.
+
+        Args:
+            text: the query.
+            **kwargs: for this call only, as ``embed_documents`` takes them
+                (``on_error`` has no effect on a single query).
 
         Returns:
             ``dim`` floats.
@@ -323,36 +411,41 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
             InputError: ``text`` is not a non-empty ``str``.
             QwenEmbedError: the server or the network failed after retries.
         """
-        client = self._clients().sync
+        client = self._call(None, kwargs)[0].sync
         if client is None:  # cannot happen
             raise RuntimeError("internal error: client is None")
         return client.embed_query(text)
 
-    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
-        """Async ``embed_documents``: natively async on this event loop's shared pool.
+    async def aembed_documents(
+        self, texts: list[str], chunk_size: int | None = None, **kwargs: Any
+    ) -> list[list[float]]:
+        """Async ``embed_documents``: natively async on this event loop's shared pool;
+        the same arguments.
 
         Returns:
             ``n x dim`` floats in input order; ``[]`` for an empty list.
 
         Raises:
-            InputError, QwenEmbedError: as ``embed_documents``.
+            InputError, ConfigError, QwenEmbedError: as ``embed_documents``.
         """
         texts = _as_texts(texts)
+        clients, on_error = self._call(chunk_size, kwargs)
         if isinstance(texts, list) and not texts:
             return []
-        client = self._clients().async_
+        client = clients.async_
         if client is None:  # cannot happen
             raise RuntimeError("internal error: client is None")
         with self._progress(len(texts)) as progress:
-            return await client.embed_documents(texts, progress=progress)
+            rows = await client.embed_documents(texts, progress=progress, on_error=on_error)
+        return self._finish(rows, client)
 
-    async def aembed_query(self, text: str) -> list[float]:
+    async def aembed_query(self, text: str, **kwargs: Any) -> list[float]:
         """Async ``embed_query`` (with the instruction); ``dim`` floats.
 
         Raises:
-            InputError, QwenEmbedError: as ``embed_query``.
+            InputError, ConfigError, QwenEmbedError: as ``embed_query``.
         """
-        client = self._clients().async_
+        client = self._call(None, kwargs)[0].async_
         if client is None:  # cannot happen
             raise RuntimeError("internal error: client is None")
         return await client.embed_query(text)

@@ -47,15 +47,34 @@ from llama_index.core.bridge.pydantic import Field, SecretStr, model_validator
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 
 from .._client import AsyncEmbeddingClient, EmbeddingClient
-from .._config import env_setting
+from .._config import OnError, TimeoutArg, env_setting
 from .._protocol import format_query, validate_text, validate_texts
-from ._common import FlatSettings, Stock, describe, env_default, mask_inputs, resolve_names
+from .._results import EmbeddingList
+from ._common import FlatSettings, describe, env_default, mask_inputs
+from ._names import TIMEOUT, Stock, resolve_names, zero_filled
 
 __all__ = ["QwenPooledEmbedding"]
 
 # The dispatcher LlamaIndex itself would give this module's classes (spans propagate to
 # the root dispatcher, where span handlers are usually added).
 _dispatcher = get_dispatcher(__name__)
+
+
+def _zero_filled(
+    rows: list[list[float]], client: EmbeddingClient | AsyncEmbeddingClient
+) -> list[list[float]]:
+    """``rows`` of an ``on_error="skip"`` slice with its skipped texts as zero vectors."""
+    if isinstance(rows, EmbeddingList):
+        return zero_filled(rows, client._known_dim())
+    return rows
+
+
+def _slice(
+    client: EmbeddingClient, texts: list[str], first: int, on_error: OnError
+) -> list[list[float]]:
+    """One batch of a call (``texts``, from the caller's index ``first``) on ``client``:
+    ``n x dim`` floats, skipped texts as zero vectors under ``on_error="skip"``."""
+    return _zero_filled(client._embed_slice(texts, first, on_error), client)
 
 
 class _BatchCall:
@@ -87,10 +106,18 @@ class _Pipeline:
     next starts when one is answered): LlamaIndex takes them in order (``take``) while
     the following ones are being answered."""
 
-    def __init__(self, client: EmbeddingClient, items: list[str], size: int, window: int):
+    def __init__(
+        self,
+        client: EmbeddingClient,
+        items: list[str],
+        size: int,
+        window: int,
+        on_error: OnError = "raise",
+    ):
         from .._run import shared_executor
 
         self._client = client
+        self._on_error: OnError = on_error
         self._batches = [(i, items[i : i + size]) for i in range(0, len(items), size)]
         self._executor = shared_executor()
         self._futures: list[Future[list[Embedding]]] = [Future() for _ in self._batches]
@@ -113,7 +140,7 @@ class _Pipeline:
         offset, batch = self._batches[k]
         future = self._futures[k]
         try:
-            result = self._client._embed_slice(batch, offset)
+            result = _slice(self._client, batch, offset, self._on_error)
         except BaseException as exc:
             future.set_exception(exc)
         else:
@@ -127,7 +154,7 @@ class _Pipeline:
         self._taken += 1
         offset, batch = self._batches[k]
         if batch != texts:  # LlamaIndex cut its batches differently: embed these directly
-            return self._client._embed_slice(texts, offset)
+            return _slice(self._client, texts, offset, self._on_error)
         return self._futures[k].result()
 
     def close(self) -> None:
@@ -160,11 +187,11 @@ _STOCK = Stock(
         "batch_size": "embed_batch_size",
         "model": "model_name",
         "api_base": "base_url",
-        "timeout": "total_timeout",
+        "timeout": TIMEOUT,
         "default_headers": "headers",
         "additional_kwargs": "extra_body",
     },
-    harmless={"reuse_client": True},
+    harmless={"reuse_client": (True,), "mode": ("similarity", "text_search")},
 )
 
 
@@ -191,7 +218,8 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     ```
 
     ``OpenAILikeEmbedding``'s names are aliases with their meaning: ``api_base``
-    (``base_url``), ``timeout`` (``total_timeout``, seconds per request),
+    (``base_url``), ``timeout`` (seconds, ``None``, ``httpx.Timeout`` or a ``(connect,
+    read)`` tuple: every ``*_timeout`` field, as the core's ``timeout=`` sets them),
     ``default_headers`` (``headers``: extra headers, credential-like values masked and
     never pickled), ``additional_kwargs`` (``extra_body``: extra JSON body fields), and
     ``model``, ``batch_size``. Any other unknown name raises, naming the closest accepted
@@ -251,6 +279,16 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         ),
     )
 
+    on_error: Literal["raise", "skip"] = Field(
+        default="raise",
+        description="What get_text_embedding_batch / aget_text_embedding_batch (and so "
+        "an IngestionPipeline or an index build) do with a text that cannot be embedded "
+        "(empty, whitespace-only, too long, refused by the server): 'raise' (default) its "
+        "error, naming its index; 'skip': a zero vector of the same size in its place (one "
+        "WARNING per batch), so every node still gets an embedding. Single-text calls "
+        "always raise.",
+    )
+
     _stock: ClassVar[Stock] = _STOCK
     _model_field: ClassVar[str] = "model_name"
     _batch_field: ClassVar[str] = "embed_batch_size"
@@ -263,7 +301,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         batch_size: InitVar[int | Literal["auto"]] = "auto"
         model: InitVar[str | None] = None
         api_base: InitVar[str | None] = None
-        timeout: InitVar[float | None] = None
+        timeout: InitVar[TimeoutArg] = None
         default_headers: InitVar[Mapping[str, str] | None] = None
         additional_kwargs: InitVar[Mapping[str, Any] | None] = None
         reuse_client: InitVar[bool] = True
@@ -271,7 +309,10 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     if not TYPE_CHECKING:
         # Type checkers keep pydantic's field-based signature; at run time the core
         # config is built (and validated) here so bad settings raise ConfigError at once.
-        def __init__(self, **data: Any) -> None:
+        # The model may come first, as OpenAILikeEmbedding(model_name, ...) takes it.
+        def __init__(self, model_name: str | None = None, /, **data: Any) -> None:
+            if model_name is not None:
+                data = {"model_name": model_name, **data}
             super().__init__(**data)
             self._refresh()
 
@@ -379,11 +420,11 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
             return []
         call = _BATCH_CALL.get()
         if call is None:
-            return self._sync_client().embed_documents(texts)
+            return _slice(self._sync_client(), texts, 0, self.on_error)
         offset = call.start_batch()
         if call.pipeline is not None:
             return call.pipeline.take(texts)
-        return self._sync_client()._embed_slice(texts, offset)
+        return _slice(self._sync_client(), texts, offset, self.on_error)
 
     async def _aget_text_embeddings(self, texts: list[str]) -> list[Embedding]:
         """Async ``_get_text_embeddings``; waits for a slot of the calling
@@ -404,7 +445,9 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         """One batch of documents on the running loop; ``n x dim`` floats (its own
         instrumentation span: ``texts`` is the batch, the span times the request).
         ``first``: the index of ``texts[0]`` in the caller's list (errors name it)."""
-        return await self._async_client()._embed_slice(texts, first)
+        client = self._async_client()
+        rows = await client._embed_slice(texts, first, self.on_error)
+        return _zero_filled(rows, client)
 
     def _chunk(self, items: list[str]) -> int:
         """Texts per LlamaIndex batch: ``embed_batch_size``; with ``"auto"`` the whole
@@ -416,7 +459,10 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
 
     def _checked(self, texts: Any) -> list[str]:
         """The whole batch call's input, checked before anything is sent (``InputError``
-        names the index in the caller's list)."""
+        names the index in the caller's list); with ``on_error="skip"`` a list is taken
+        as it is (each batch sets its bad texts aside)."""
+        if self.on_error == "skip" and isinstance(texts, list):
+            return texts
         return validate_texts(texts, max_chars=self.max_text_chars)
 
     def get_text_embedding_batch(
@@ -444,7 +490,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         size = self._chunk(items)
         pipeline = None
         if self.embeddings_cache is None and len(items) > size and window > 1:
-            pipeline = _Pipeline(self._sync_client(), items, size, window)
+            pipeline = _Pipeline(self._sync_client(), items, size, window, self.on_error)
         token = _BATCH_CALL.set(_BatchCall(size, pipeline=pipeline))
         try:
             return super().get_text_embedding_batch(items, show_progress=show_progress, **kwargs)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from qwen_embed_plugins._settings import SETTINGS, Setting
+from qwen_embed_plugins.integrations._names import TIMEOUT, TIMEOUT_FIELDS
 
 __all__ = ["PAGES", "main", "render", "stale_tables", "tables", "update"]
 
@@ -82,8 +83,14 @@ def _aliases(surface: str) -> Mapping[str, str]:
     back = {field: name for name, field in renamed.items()}
     found: dict[str, list[str]] = {}
     for alias, field in stock.aliases.items():
-        found.setdefault(back.get(field, field), []).append(f"`{alias}`")
-    return {name: ", ".join(names) for name, names in found.items()}
+        # a stock timeout= sets every *_timeout field, as the core's timeout= does
+        for each in TIMEOUT_FIELDS.values() if field == TIMEOUT else (back.get(field, field),):
+            found.setdefault(each, []).append(f"`{alias}`")
+    also = " (sets every `*_timeout` field)"
+    return {
+        name: ", ".join(names) + (also if name in TIMEOUT_FIELDS.values() else "")
+        for name, names in found.items()
+    }
 
 
 def _renamed(surface: str) -> Mapping[str, str]:
