@@ -164,8 +164,10 @@ def test_limits_and_timeouts_validate() -> None:
         Timeouts(read=-1)
     with pytest.raises(q.ConfigError, match="max_attempts"):
         RetryConfig(max_attempts=0)
+    # issue 30 item 5: a number bounds every phase and the exchange in all (the total
+    # used to stay at its 120 s default)
     assert EmbeddingConfig(base_url="http://h/v1", timeout=3).timeout == Timeouts(
-        connect=3, read=3, write=3, pool=3
+        connect=3, read=3, write=3, pool=3, total=3
     )
     assert (
         EmbeddingConfig(
