@@ -367,7 +367,7 @@ STOCK_NAMES: Final[Mapping[str, str]] = {
     "model_name": "model",
     "chunk_size": "batch_size",
     "embed_batch_size": "batch_size",
-    "request_timeout": "total_timeout",
+    "request_timeout": "timeout",
     "default_headers": "headers",
     "extra_headers": "headers",
     "model_kwargs": "extra_body",
