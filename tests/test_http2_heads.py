@@ -5,7 +5,8 @@ decoded header list passes 64 KiB (the ``SETTINGS_MAX_HEADER_LIST_SIZE`` the HTT
 client advertises, which h2 enforces while decoding), on the sync and async HTTP/2
 paths and ``openai_client()``, and the connection is closed. Behaviour, not the
 machine's memory: the decoded list never grows past the bound, so neither does the
-memory a call holds (``/tmp`` measurement in the closing note of the change)."""
+memory a call holds. (A reliance on httpcore and h2: docs/reliability.md, "What the
+library relies on".)"""
 
 from __future__ import annotations
 
