@@ -125,6 +125,13 @@ def test_the_cli_refuses_a_bad_port_with_a_usage_error(
     assert "base_url: the port of" in result.output
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:0/v1", "http://127.0.0.1:99999/v1"])
+def test_the_bench_command_refuses_a_bad_port_naming_base_url(url: str) -> None:
+    result = run("bench", "--base-url", url, "--requests", "1")
+    assert result.exit_code == 1, result.output
+    assert "error: base_url: the port of" in result.output
+
+
 # --------------------------------------------------------------------------- loopback
 
 
