@@ -47,10 +47,11 @@ def huge_head(stream: int) -> bytes:
 
 
 class HugeHeadServer:
-    """HTTPS on 127.0.0.1 with ALPN ``h2`` only (no cleartext fallback to take): each
-    request stream gets ``huge_head``; ``closed`` counts connections the client closed."""
+    """HTTPS on 127.0.0.1 with ALPN ``h2`` only (``tls=False``: prior-knowledge h2c, a
+    server that does speak cleartext HTTP/2): each request stream gets ``huge_head``;
+    ``closed`` counts connections the client closed."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, tls: bool = True) -> None:
         import h2.config
         import h2.connection
         import trustme
@@ -65,7 +66,9 @@ class HugeHeadServer:
         cert.configure_cert(self.context)
         self.context.set_alpn_protocols(["h2"])
         self.sock = socket.create_server(("127.0.0.1", 0))
-        self.base_url = f"https://127.0.0.1:{self.sock.getsockname()[1]}/v1"
+        scheme = "https" if tls else "http"
+        self.tls = tls
+        self.base_url = f"{scheme}://127.0.0.1:{self.sock.getsockname()[1]}/v1"
         self.closed = threading.Semaphore(0)
         self.stopped = False
         threading.Thread(target=self._accept, daemon=True).start()
@@ -80,9 +83,14 @@ class HugeHeadServer:
 
     def _serve(self, raw: socket.socket) -> None:
         config, connection = self._h2
-        with contextlib.suppress(OSError, ssl.SSLError), contextlib.ExitStack() as stack:
+        import h2.exceptions
+
+        quits = (OSError, ssl.SSLError, h2.exceptions.ProtocolError)  # e.g. an HTTP/1.1 request
+        with contextlib.suppress(*quits), contextlib.ExitStack() as stack:
             stack.callback(raw.close)  # closed whether or not the handshake succeeded
-            conn = stack.enter_context(self.context.wrap_socket(raw, server_side=True))
+            conn = raw
+            if self.tls:
+                conn = stack.enter_context(self.context.wrap_socket(raw, server_side=True))
             h2 = connection.H2Connection(config.H2Configuration(client_side=False))
             h2.initiate_connection()
             conn.sendall(h2.data_to_send())
@@ -99,10 +107,10 @@ class HugeHeadServer:
         self.dir.cleanup()
 
 
-@pytest.fixture
-def huge() -> Iterator[HugeHeadServer]:
+@pytest.fixture(params=["tls", "h2c"])
+def huge(request: pytest.FixtureRequest) -> Iterator[HugeHeadServer]:
     q.close_all()
-    server = HugeHeadServer()
+    server = HugeHeadServer(tls=request.param == "tls")
     try:
         yield server
     finally:
@@ -130,9 +138,12 @@ def _call(path: str, server: HugeHeadServer) -> Any:
 
 @pytest.mark.parametrize("path", ["h2_sync", "h2_async", "h2_sdk_sync"])
 def test_a_million_header_http2_head_is_refused_at_the_header_list_bound(
-    huge: HugeHeadServer, path: str
+    huge: HugeHeadServer, path: str, caplog: pytest.LogCaptureFixture
 ) -> None:
+    """Over h2c too: the server answered in HTTP/2 (a broken head is an answer), so the
+    client never gives h2c up for HTTP/1.1 (which this server would never answer)."""
     outcome = _call(path, huge)
+    assert "does not speak cleartext HTTP/2" not in caplog.text
     if path == "h2_sdk_sync":
         import openai
 

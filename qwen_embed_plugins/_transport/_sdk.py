@@ -136,8 +136,11 @@ class _Exchanges:
 
     def resend(self, exc: TransportError, first: bool) -> bool:
         """Whether a failed SDK request is sent again at once: on the pool's next
-        transport after a cleartext HTTP/2 attempt the server did not speak."""
-        return first and exc.fresh and not exc.refused and pool.h2c_fallback(self.config.pool_key)
+        transport after a cleartext HTTP/2 attempt the server did not speak (nothing of
+        an answer received: a broken HTTP/2 answer shows it does)."""
+        if not first or not exc.fresh or exc.refused or exc.received:
+            return False
+        return pool.h2c_fallback(self.config.pool_key)
 
 
 def _as_httpx(exc: QwenEmbedError, request: Any) -> Exception:
