@@ -18,7 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 from urllib.parse import urlsplit
 
-from ._endpoint import environment_proxy, insecure_key_target, is_loopback, normalise_base_url
+from ._endpoint import (
+    check_url_port,
+    environment_proxy,
+    insecure_key_target,
+    is_loopback,
+    normalise_base_url,
+)
 from ._extras import (
     RESERVED_BODY_KEYS,
     RequestBody,
@@ -220,6 +226,15 @@ class PoolKey:
     def label(self) -> str:
         """The replica as shown in stats, logs and metrics (no credentials)."""
         return endpoint_label(self.base_url)
+
+
+def _is_proxy_url(url: str) -> bool:
+    """Whether ``url`` is an ``http://`` or ``https://`` URL with a host."""
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("http", "https") and bool(parts.hostname)
+    except ValueError:
+        return False
 
 
 def _resolved_api_key(api_key: Any) -> Secret | None:
@@ -637,20 +652,19 @@ class EmbeddingConfig(Replaceable):
             raise ConfigError("insecure_key must be 'warn', 'error' or 'allow'")
 
     def _check_proxy(self) -> None:
-        """An http(s) proxy URL (or none); no key over plain HTTP with
-        ``insecure_key='error'``."""
+        """An http(s) proxy URL with a host and a valid port (or none); no key over
+        plain HTTP with ``insecure_key='error'``."""
         proxy = self.proxy
         if isinstance(proxy, ProxyURL):
             proxy = proxy.get_secret_value()
-        if (
-            proxy is not None
-            and not isinstance(proxy, NotGiven)
-            and (not isinstance(proxy, str) or urlsplit(proxy).scheme not in ("http", "https"))
-        ):
-            shown = endpoint_label(proxy) if isinstance(proxy, str) else type(proxy).__name__
-            raise ConfigError(
-                f"proxy must be an http:// or https:// proxy URL or None, got {shown!r}"
-            )
+        if proxy is not None and not isinstance(proxy, NotGiven):
+            if not isinstance(proxy, str) or not _is_proxy_url(proxy):
+                shown = endpoint_label(proxy) if isinstance(proxy, str) else type(proxy).__name__
+                raise ConfigError(
+                    f"proxy must be an http:// or https:// proxy URL with a host or None, "
+                    f"got {shown!r}"
+                )
+            check_url_port(proxy, "proxy")
         if self.api_key is not None and self.insecure_key == "error":
             for url in self.replicas:
                 if insecure_key_target(url):

@@ -13,12 +13,63 @@ from ._server_text import endpoint_label
 from ._settings import SETTING
 from .errors import ConfigError
 
-__all__ = ["environment_proxy", "insecure_key_target", "is_loopback", "normalise_base_url"]
+__all__ = [
+    "check_url_port",
+    "environment_proxy",
+    "insecure_key_target",
+    "is_loopback",
+    "normalise_base_url",
+]
 
 ENV_BASE_URL: Final = SETTING["base_url"].env
 
+PORT_RANGE: Final = (1, 65535)
+"""The ports a URL may name (0 is not a port a client can connect to)."""
 
-def _normalise_one_url(value: object) -> str:
+
+def _port_text(netloc: str) -> str | None:
+    """The port of ``netloc`` exactly as written (``None``: no ``:`` after the host;
+    ``""``: a ``:`` with nothing after it). User info is ignored; an IPv6 literal's
+    colons are inside its brackets."""
+    hostport = netloc.rpartition("@")[2]
+    if hostport.startswith("["):
+        after = hostport.partition("]")[2]
+        return after[1:] if after.startswith(":") else None
+    if ":" not in hostport:
+        return None
+    return hostport.partition(":")[2]
+
+
+def check_url_port(url: str, setting: str) -> None:
+    """Refuse ``url`` unless the port it names (if any) is written as plain digits,
+    without leading zeros, in 1..65535: a backend would otherwise refuse it with a bare
+    ``ValueError``, drop it, or connect to the scheme's default port (80 for
+    ``http://host:0``), sending the key there.
+
+    Raises:
+        ConfigError: naming ``setting``, the URL (no credentials) and the port as written.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:
+        raise ConfigError(f"{setting} is not a valid URL: {endpoint_label(url)}") from exc
+    port = _port_text(parts.netloc)
+    if port is None:
+        return
+    low, high = PORT_RANGE
+    if (
+        not (port.isascii() and port.isdigit())
+        or port.startswith("0")
+        or not low <= int(port) <= high
+    ):
+        shown = f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}{parts.path}"  # as written
+        raise ConfigError(
+            f"{setting}: the port of {shown!r} must be a number from {low} to "
+            f"{high} written in plain digits (no sign, spaces or leading zeros), got {port!r}"
+        )
+
+
+def _normalise_one_url(value: object, setting: str = "base_url") -> str:
     if not isinstance(value, str) or not value.strip():
         raise ConfigError(
             "base_url is required: pass base_url='http://host:port/v1' (or a list of "
@@ -35,17 +86,18 @@ def _normalise_one_url(value: object) -> str:
     try:
         parts = urlsplit(url)
     except ValueError as exc:
-        raise ConfigError(f"base_url is not a valid URL: {endpoint_label(url)}") from exc
+        raise ConfigError(f"{setting} is not a valid URL: {endpoint_label(url)}") from exc
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(
-            f"base_url must be an http:// or https:// URL with a host, got {endpoint_label(url)!r}"
+            f"{setting} must be an http:// or https:// URL with a host, got {endpoint_label(url)!r}"
         )
+    check_url_port(url, setting)
     if parts.username or parts.password:
         raise ConfigError(
-            "base_url must not contain credentials (user:password@); pass api_key instead"
+            f"{setting} must not contain credentials (user:password@); pass api_key instead"
         )
     if parts.query or parts.fragment:
-        raise ConfigError("base_url must not contain a query string or fragment")
+        raise ConfigError(f"{setting} must not contain a query string or fragment")
     if url.endswith("/embeddings"):
         url = url[: -len("/embeddings")]
     return url
@@ -56,7 +108,13 @@ def normalise_base_url(value: object) -> str | tuple[str, ...]:
     if isinstance(value, str) and "," in value:
         value = [part for part in value.split(",") if part.strip()]
     if isinstance(value, list | tuple):
-        urls = sorted({_normalise_one_url(v) for v in value})
+        named = len(value) > 1  # each replica by its index in the list given
+        urls = sorted(
+            {
+                _normalise_one_url(v, f"base_url[{i}]" if named else "base_url")
+                for i, v in enumerate(value)
+            }
+        )
         if not urls:
             raise ConfigError("base_url: the list of replica URLs is empty")
         return urls[0] if len(urls) == 1 else tuple(urls)
@@ -71,9 +129,13 @@ def _host(url: str) -> str:
 
 
 def is_loopback(url: str) -> bool:
-    """Whether ``url``'s host is a loopback address (``localhost``, 127.0.0.0/8, ::1)."""
-    host = _host(url)
-    if host == "localhost" or host.endswith(".localhost"):
+    """Whether ``url``'s host is a loopback address: an address in 127.0.0.0/8, ``::1``,
+    or the name ``localhost`` itself. No other name is trusted by its spelling: a
+    ``*.localhost`` name may resolve anywhere (a hosts file, a resolver), and the
+    library does not resolve names here, so it gets the plain-HTTP key warning (and
+    ``insecure_key="error"``) and the configured proxy like any other host."""
+    host = _host(url).removesuffix(".")
+    if host == "localhost":
         return True
     try:
         return ipaddress.ip_address(host).is_loopback
@@ -90,7 +152,11 @@ def insecure_key_target(url: str) -> bool:
 def environment_proxy(url: str) -> str | None:
     """The proxy the environment gives for ``url`` (``HTTP_PROXY``, ``HTTPS_PROXY``,
     ``ALL_PROXY``, lower-case too; ``NO_PROXY`` honoured), as httpx and requests read
-    them; ``None`` for none. Loopback hosts are never proxied."""
+    them; ``None`` for none. Loopback hosts are never proxied.
+
+    Raises:
+        ConfigError: the environment's proxy URL names a port outside 1..65535.
+    """
     if is_loopback(url):
         return None
     proxies = urllib.request.getproxies_environment()
@@ -106,4 +172,5 @@ def environment_proxy(url: str) -> str | None:
         return None
     if "://" not in proxy:
         proxy = f"http://{proxy}"
+    check_url_port(proxy, f"proxy (from the environment's {scheme.upper()}_PROXY or ALL_PROXY)")
     return proxy

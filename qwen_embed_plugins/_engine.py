@@ -421,6 +421,7 @@ class Engine:
             isinstance(error, TransportError)
             and now.fresh
             and not error.refused
+            and not error.received  # a broken HTTP/2 answer is an h2c answer
             and pool.h2c_fallback(replica.key)
         ):
             run.attempt = 0

@@ -43,9 +43,10 @@ def endpoint_label(url: str) -> str:
         host = f"[{host}]"
     try:
         port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{host}:{port}" if port is not None else host
+    except ValueError:  # out of range or not a number: shown as written, never dropped
+        netloc = parts.netloc.rpartition("@")[2]
+    else:
+        netloc = f"{host}:{port}" if port is not None else host
     return urlunsplit((parts.scheme, netloc, parts.path.rstrip("/"), "", ""))
 
 

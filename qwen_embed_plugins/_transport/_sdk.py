@@ -33,6 +33,7 @@ import orjson
 
 from .. import _pool as pool
 from .._config import EmbeddingConfig
+from .._protocol import decode_checked, parse_body
 from .._server_text import scrub
 from ..errors import (
     ConnectError,
@@ -105,7 +106,19 @@ class _Exchanges:
         )
 
     def response(self, reply: Reply, request: Any) -> Any:
+        """The ``httpx.Response`` the SDK reads for ``reply``, scrubbed.
+
+        Raises:
+            httpx.DecodingError: a 2xx answer to ``POST .../embeddings`` that the codec
+                refuses (``_refused_answer``); the SDK raises it as
+                ``openai.APIConnectionError``, chained from it, itself chained from the
+                scrubbed ``ResponseError``.
+        """
         secrets = (_request_secret(request), *self.ctx.secrets())  # credential-like headers too
+        refused = _refused_answer(request, reply)
+        if refused is not None:  # a fresh, scrubbed copy: no server bytes in its chain
+            clean = ResponseError(scrub(str(refused), *secrets), index=refused.index)
+            raise _as_httpx(clean, request) from clean
         headers = [  # names too: a server may echo a secret as a header's name
             (scrub(k, *secrets), scrub(v, *secrets))
             for k, v in reply.headers.items()
@@ -123,8 +136,11 @@ class _Exchanges:
 
     def resend(self, exc: TransportError, first: bool) -> bool:
         """Whether a failed SDK request is sent again at once: on the pool's next
-        transport after a cleartext HTTP/2 attempt the server did not speak."""
-        return first and exc.fresh and not exc.refused and pool.h2c_fallback(self.config.pool_key)
+        transport after a cleartext HTTP/2 attempt the server did not speak (nothing of
+        an answer received: a broken HTTP/2 answer shows it does)."""
+        if not first or not exc.fresh or exc.refused or exc.received:
+            return False
+        return pool.h2c_fallback(self.config.pool_key)
 
 
 def _as_httpx(exc: QwenEmbedError, request: Any) -> Exception:
@@ -151,6 +167,42 @@ def _as_httpx(exc: QwenEmbedError, request: Any) -> Exception:
         kind = httpx.DecodingError
     error: Exception = kind(str(exc), request=request)
     return error
+
+
+def _input_count(body: bytes) -> int | None:
+    """The number of inputs an embeddings request body asks for (a string or one list of
+    token ids: 1), or ``None`` when the body does not say (not JSON, no ``input``)."""
+    try:
+        doc = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    given = doc.get("input") if isinstance(doc, dict) else None
+    if isinstance(given, str):
+        return 1
+    if not isinstance(given, list) or not given:
+        return None
+    if all(isinstance(x, int) and not isinstance(x, bool) for x in given):
+        return 1
+    return len(given)
+
+
+def _refused_answer(request: Any, reply: Reply) -> ResponseError | None:
+    """The codec's refusal of a 2xx answer to ``POST .../embeddings`` (``None``: none,
+    or another request): the same checks as the library's own calls (``decode_checked``:
+    JSON, a ``data`` list with one vector per input, indexes, one size, flat numbers or
+    base64, no NaN/Inf or all-zero vector, ``{"error": ...}`` in a 200)."""
+    if request.method != "POST" or not request.url.path.endswith("/embeddings"):
+        return None
+    if not 200 <= reply.status < 300:
+        return None
+    count = _input_count(request.content)
+    if count is None:
+        return None
+    try:
+        decode_checked(parse_body(reply.body), range(count))
+    except ResponseError as exc:
+        return exc
+    return None
 
 
 def _scrubbed_body(status: int, body: bytes, secrets: tuple[str | None, ...]) -> bytes:

@@ -49,6 +49,8 @@ from .._transport._exceptions import certificate_failure
 from ._check_report import CheckFinding, CheckReport, ServerIdentity, library_notes
 from ._probe import (
     CHECK_TIMEOUT,
+    PROBE_BUDGET,
+    Background,
     Probes,
     api_root,
     measure_idle_timeout,
@@ -193,6 +195,7 @@ def check_server(
     samples: int = 10,
     step: Callable[[str], None] | None = None,
     timeout: float = CHECK_TIMEOUT,
+    probe_budget: float = PROBE_BUDGET,
 ) -> CheckReport:
     """Probe what an OpenAI-compatible embedding server is and supports.
 
@@ -207,6 +210,8 @@ def check_server(
         step: called with each probe's name before it runs (for a spinner).
         timeout: seconds the whole check may take: every probe runs within the time
             left (one that finds none fails, naming it), the keep-alive wait included.
+        probe_budget: seconds each ``GET`` probe (``/health``, ``/models``, HTTP/2, the
+            keep-alive probe's request) may take, within ``timeout``.
 
     Returns:
         a ``CheckReport``. Probes never raise: a failure becomes a ``"fail"`` finding,
@@ -229,6 +234,7 @@ def check_server(
             samples=samples,
             step=step,
             timeout=timeout,
+            probe_budget=probe_budget,
         )
     return dataclasses.replace(report, notes=tuple(notes))
 
@@ -244,6 +250,7 @@ def _check_server(
     samples: int,
     step: Callable[[str], None] | None,
     timeout: float,
+    probe_budget: float,
 ) -> CheckReport:
     """`check_server` without its notes."""
     from .._transport._contract import quiet_header_loggers
@@ -269,7 +276,7 @@ def _check_server(
         # ---- health
         say("health")
         try:
-            resp = http.send("GET", f"{api_root(base_url)}/health")
+            resp = http.send("GET", f"{api_root(base_url)}/health", within=probe_budget)
         except QwenEmbedError as exc:
             findings.append(_unreachable(label, exc))
             return report()
@@ -291,7 +298,7 @@ def _check_server(
         models_error: str | None = None
         detection: Any = None
         try:
-            resp = http.get_models(base_url)
+            resp = http.get_models(base_url, within=probe_budget)
         except QwenEmbedError as exc:
             models_error = str(exc)
         else:
@@ -318,9 +325,8 @@ def _check_server(
         dim = int(float_vec.size)
         # The keep-alive probe mostly waits (up to max_idle s) on its own idle
         # connection: it runs beside the other probes, not after them.
-        keepalive = _Background(
-            "keepalive", _keepalive_finding, base_url, verify, api_key, max_idle, deadline
-        )
+        bounds = (max_idle, deadline, probe_budget)
+        keepalive = Background("keepalive", _keepalive_finding, base_url, verify, api_key, *bounds)
 
         say("base64")
         findings.append(_base64_finding(probe, float_vec))
@@ -330,7 +336,7 @@ def _check_server(
         findings.append(_batch_limit_finding(probe, batch_probe_max))
 
     say("http2")
-    findings.append(_http2_finding(base_url, verify, api_key, deadline))
+    findings.append(_http2_finding(base_url, verify, api_key, deadline, probe_budget))
     say("keepalive")
     findings.append(keepalive.result())
     say("latency")
@@ -385,30 +391,6 @@ def _unreachable(label: str, exc: QwenEmbedError) -> CheckFinding:
         None,
         "the server (or a proxy in front of it) answers HTTP wrongly or too slowly; see its log",
     )
-
-
-class _Background:
-    """The probe ``fn(*args)`` (finding ``name``) on a daemon thread, with its own
-    sockets; `result` waits for its finding."""
-
-    def __init__(self, name: str, fn: Callable[..., CheckFinding], *args: Any) -> None:
-        import threading
-
-        self._name = name
-        self._out: list[CheckFinding] = []
-
-        def run() -> None:
-            try:
-                self._out.append(fn(*args))
-            except Exception as exc:  # a probe never raises: its failure is a finding
-                self._out.append(CheckFinding(name, "warn", f"{name} probe failed: {exc}"))
-
-        self._thread = threading.Thread(target=run, name=f"qwen-embed-check-{name}", daemon=True)
-        self._thread.start()
-
-    def result(self) -> CheckFinding:
-        self._thread.join()
-        return self._out[0]
 
 
 _LONG_TEXT = "The quick brown fox jumps over the lazy dog near the river bank. " * 400
@@ -678,9 +660,11 @@ def _batch_limit_finding(probe: _Probe, bound: int) -> CheckFinding:
 
 
 def _http2_finding(
-    base_url: str, verify: bool | str, api_key: str | None, deadline: float
+    base_url: str, verify: bool | str, api_key: str | None, deadline: float, budget: float
 ) -> CheckFinding:
-    version = probe_http2(base_url, verify=verify, api_key=api_key, deadline=deadline)
+    version = probe_http2(
+        base_url, verify=verify, api_key=api_key, timeout=budget, deadline=deadline
+    )
     if version is None and time.monotonic() >= deadline:
         return CheckFinding("http2", "info", "not probed: the check's --timeout ran out")
     if version == "HTTP/2":
@@ -703,11 +687,21 @@ def _http2_finding(
 
 
 def _keepalive_finding(
-    base_url: str, verify: bool | str, api_key: str | None, max_idle: float, deadline: float
+    base_url: str,
+    verify: bool | str,
+    api_key: str | None,
+    max_idle: float,
+    deadline: float,
+    budget: float,
 ) -> CheckFinding:
     try:
         idle = measure_idle_timeout(
-            base_url, verify=verify, api_key=api_key, max_idle=max_idle, deadline=deadline
+            base_url,
+            verify=verify,
+            api_key=api_key,
+            max_idle=max_idle,
+            deadline=deadline,
+            budget=budget,
         )
     except OSError as exc:
         return CheckFinding("keepalive", "warn", f"keep-alive probe failed: {exc}")

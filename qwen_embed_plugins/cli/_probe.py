@@ -24,6 +24,7 @@ import socket
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -35,13 +36,16 @@ from .._server_text import scrub
 from .._transport import Reply, Request, SyncTransport
 from .._transport._contract import sdk_cap, ssl_context
 from ..errors import ErrorContext, QwenEmbedError, ReadTimeout, TimeoutException
+from ._check_report import CheckFinding
 
 if TYPE_CHECKING:
     from ..errors import HTTPStatusError
 
 __all__ = [
     "CHECK_TIMEOUT",
+    "PROBE_BUDGET",
     "PROBE_MAX_BYTES",
+    "Background",
     "Probes",
     "api_root",
     "discover_models",
@@ -56,6 +60,10 @@ CHECK_TIMEOUT = 300.0
 """Seconds a whole ``qwen-embed check`` may take by default (``--timeout``)."""
 PROBE_MAX_BYTES = 1 << 20
 """The largest answer to a ``GET`` probe, in bytes (as received and decoded)."""
+PROBE_BUDGET = 10.0
+"""Seconds each ``GET`` probe (``/health``, ``/models``, the HTTP/2 probe, the keep-alive
+probe's request) may take, within the check's ``--timeout``: a server that answers the
+h2c preface with HTTP/1.1 bytes, or not at all, costs this, not the whole check."""
 
 
 def headers(api_key: str | None, *, json_body: bool = True) -> dict[str, str]:
@@ -159,29 +167,46 @@ class Probes:
         """Seconds left before the deadline (``<= 0``: none)."""
         return self.deadline - time.monotonic()
 
-    def out_of_time(self, what: str, cut: Exception | None = None) -> TimeoutException:
-        """The error of a probe the check's deadline cut (``cut``: the transport's
-        timeout, whose type it keeps) or left no time for."""
+    def out_of_time(
+        self, what: str, cut: Exception | None = None, own: float | None = None
+    ) -> TimeoutException:
+        """The error of a probe the check's deadline (or ``own``, the probe's own budget
+        in seconds, when that was the shorter) cut (``cut``: the transport's timeout,
+        whose type it keeps) or left no time for."""
         kind = type(cut) if isinstance(cut, TimeoutException) else ReadTimeout
-        return kind(
-            f"{what} to {self.label} did not end within the check's --timeout of "
-            f"{self.budget:g} s in all",
-            url=self.label,
+        bound = (
+            f"its own budget of {own:g} s"
+            if own is not None
+            else f"the check's --timeout of {self.budget:g} s in all"
         )
+        return kind(f"{what} to {self.label} did not end within {bound}", url=self.label)
 
-    def send(self, method: str, url: str, body: bytes = b"", *, cap: int | None = None) -> Reply:
+    def send(
+        self,
+        method: str,
+        url: str,
+        body: bytes = b"",
+        *,
+        cap: int | None = None,
+        within: float | None = None,
+    ) -> Reply:
         """One exchange (``GET`` without a body, ``POST`` with a JSON ``body``), within
-        the time left and ``cap`` bytes of answer (default: ``PROBE_MAX_BYTES`` for a
-        ``GET``; for a ``POST`` the client's cap for that many inputs).
+        the time left (and ``within`` seconds, when given) and ``cap`` bytes of answer
+        (default: ``PROBE_MAX_BYTES`` for a ``GET``; for a ``POST`` the client's cap for
+        that many inputs).
 
         Raises:
             QwenEmbedError: no complete answer (the library's translated, scrubbed
-                error; ``ReadTimeout`` naming ``--timeout`` when the deadline cut it).
+                error; ``ReadTimeout`` naming ``--timeout``, or the probe's own budget,
+                when the one that was shorter cut it).
         """
         what = f"{method} {urlsplit(url).path or '/'}"
         left = self.left()
         if left <= 0.001:
             raise self.out_of_time(what)
+        own = within if within is not None and within < left else None
+        if own is not None:
+            left = own
         if cap is None:
             cap = sdk_cap(body) if body else PROBE_MAX_BYTES
         request = Request(
@@ -200,17 +225,17 @@ class Probes:
             # every phase's own timeout is off (``_timeouts``): a timeout is the deadline's
             # (whether the transport's timer or the clock read here ends first)
             if isinstance(exc, TimeoutError):
-                raise self.out_of_time(what, exc) from exc
+                raise self.out_of_time(what, exc, own) from exc
             raise
 
-    def get_models(self, base_url: str) -> Reply:
+    def get_models(self, base_url: str, *, within: float | None = PROBE_BUDGET) -> Reply:
         """The answer to ``GET {base_url}/models`` (the library's one ``GET /models``
-        probe; ``base_url`` on this server).
+        probe; ``base_url`` on this server), within ``within`` seconds and the time left.
 
         Raises:
             QwenEmbedError: no complete answer.
         """
-        return self.send("GET", f"{base_url.rstrip('/')}/models")
+        return self.send("GET", f"{base_url.rstrip('/')}/models", within=within)
 
 
 def discover_models(
@@ -237,16 +262,18 @@ def probe_http2(
     *,
     verify: bool | str = True,
     api_key: str | None = None,
-    timeout: float = 10.0,
+    timeout: float = PROBE_BUDGET,
     deadline: float | None = None,
 ) -> str | None:
     """The HTTP version a client asking for HTTP/2 gets: ``"HTTP/2"`` or ``"HTTP/1.1"``,
-    within ``timeout`` seconds (or by ``deadline``, a ``time.monotonic()`` value).
+    within ``timeout`` seconds (and by ``deadline``, a ``time.monotonic()`` value, when
+    that is sooner).
 
     Over ``https://`` h2 is offered by ALPN (the server picks). Over ``http://`` a
-    prior-knowledge h2c request is tried; ``None`` means it failed (no h2c).
+    prior-knowledge h2c request is tried; ``None`` means it failed (no h2c: an HTTP/1.1
+    answer to the preface, garbage, a close, or silence until the bound).
     """
-    budget = timeout if deadline is None else max(deadline - time.monotonic(), 0.0)
+    budget = timeout if deadline is None else min(timeout, max(deadline - time.monotonic(), 0.0))
     try:
         with Probes(
             base_url,
@@ -259,6 +286,28 @@ def probe_http2(
             return probes.get_models(base_url).http_version
     except QwenEmbedError:
         return None
+
+
+class Background:
+    """The probe ``fn(*args)`` (finding ``name``) on a daemon thread, with its own
+    sockets; `result` waits for its finding."""
+
+    def __init__(self, name: str, fn: Callable[..., CheckFinding], *args: Any) -> None:
+        self._name = name
+        self._out: list[CheckFinding] = []
+
+        def run() -> None:
+            try:
+                self._out.append(fn(*args))
+            except Exception as exc:  # a probe never raises: its failure is a finding
+                self._out.append(CheckFinding(name, "warn", f"{name} probe failed: {exc}"))
+
+        self._thread = threading.Thread(target=run, name=f"qwen-embed-check-{name}", daemon=True)
+        self._thread.start()
+
+    def result(self) -> CheckFinding:
+        self._thread.join()
+        return self._out[0]
 
 
 def _shut(sock: socket.socket | None) -> None:
@@ -274,6 +323,7 @@ def measure_idle_timeout(
     api_key: str | None = None,
     max_idle: float = 6.5,
     deadline: float | None = None,
+    budget: float = PROBE_BUDGET,
 ) -> float | None:
     """Seconds after which the server closes an idle keep-alive connection.
 
@@ -281,10 +331,11 @@ def measure_idle_timeout(
     to ``max_idle`` seconds for the server to close it, and returns the idle time at
     which it did (``0.0``: the server closed it with the answer; ``None``: still open
     after ``max_idle``, or an answer larger than ``PROBE_MAX_BYTES``, which is not read
-    to its end). The whole probe, the idle wait included, ends by ``deadline`` (a
+    to its end). The request (connect to the answer's end) takes at most ``budget``
+    seconds; the whole probe, the idle wait included, ends by ``deadline`` (a
     ``time.monotonic()`` value; default: ``CHECK_TIMEOUT`` seconds from now): the
-    connect timeout is the time left, and a watchdog shuts the socket down at the
-    deadline (a trickled head included).
+    connect timeout is the time the request has, and a watchdog shuts the socket down
+    when it is over (a trickled head included).
 
     Raises:
         OSError: the connection could not be made, the answer broke off, is not HTTP or
@@ -298,6 +349,9 @@ def measure_idle_timeout(
     left = deadline - time.monotonic()
     if left <= 0.001:
         raise OSError("no time left for the keep-alive probe (the check's --timeout)")
+    own = budget < left  # the request's own budget is the sooner bound
+    bound = f"its own budget of {budget:g} s" if own else "the check's --timeout"
+    left = min(left, budget)
     parts = urlsplit(base_url)
     host = parts.hostname or "127.0.0.1"
     conn: http.client.HTTPConnection
@@ -337,7 +391,7 @@ def measure_idle_timeout(
             # fire before the watchdog's thread runs; either way the deadline has passed
             if expired.is_set() or isinstance(exc, TimeoutError):
                 raise OSError(
-                    "GET /models did not end within the check's --timeout (keep-alive probe)"
+                    f"GET /models did not end within {bound} (keep-alive probe)"
                 ) from None
             if isinstance(exc, http.client.HTTPException):  # broke off or malformed
                 raise OSError(
