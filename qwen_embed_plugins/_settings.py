@@ -339,8 +339,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "Extra HTTP headers sent with every request (a gateway credential, a tenant "
         "header); per request, they never split the pool. Content-Type, Accept, Host and "
         "the other headers the client sets are refused, and Authorization with api_key. "
-        "Values of credential-like headers (Authorization, Cookie, *auth*, *api-key*, "
-        "*token*, *secret*) are masked in repr and dumps and never pickled.",
+        "Values of credential-like headers (Authorization, Proxy-Authorization, Cookie, "
+        "*auth*, *key* such as X-Api-Key, Ocp-Apim-Subscription-Key or x-functions-key, "
+        "*token*, *secret*, *session*) are masked in repr, dumps, logs and errors and "
+        "never pickled.",
     ),
     Setting(
         "extra_body",

@@ -19,11 +19,19 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.utils import secret_from_env
-from pydantic import ConfigDict, Field, SecretStr, model_validator
+from pydantic import ConfigDict, Field, InstanceOf, SecretStr, model_validator
 
-from .._config import ENV_API_KEY
+from .._config import ENV_API_KEY, KeyFunction
 from .._protocol import validate_texts
-from ._common import FlatSettings, Stock, describe, mask_inputs, resolve_names, setting
+from ._common import (
+    FlatSettings,
+    Stock,
+    describe,
+    mask_inputs,
+    resolve_names,
+    setting,
+    wrap_key,
+)
 
 __all__ = ["QwenPooledEmbeddings"]
 
@@ -95,8 +103,10 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
     Key init args — endpoint:
         base_url: str
             The OpenAI-compatible API root (env ``QWEN_EMBED_BASE_URL``).
-        api_key: SecretStr | None
-            Bearer token (env ``QWEN_EMBED_API_KEY``); never pickled.
+        api_key: SecretStr | Callable[[], str] | Callable[[], Awaitable[str]] | None
+            Bearer token (env ``QWEN_EMBED_API_KEY``), or a callable returning it,
+            called for each request (an async one serves the ``a*`` methods only);
+            never pickled.
         model: str
             Model name sent with every request (default
             ``"Qwen/Qwen3-Embedding-0.6B"``, env ``QWEN_EMBED_MODEL``).
@@ -194,8 +204,10 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
     Pickling and ``copy.deepcopy`` keep every field; the clients are rebuilt on first
     use in the process the instance lands in, on that process's pool. The API key is
     never written into a pickle: an unpickled instance that had a key re-reads
-    ``QWEN_EMBED_API_KEY`` from its environment (worker processes inherit it), and has
-    ``api_key=None`` if that variable is unset. ``copy.deepcopy`` keeps the key.
+    ``QWEN_EMBED_API_KEY`` from its environment (worker processes inherit it), unless it
+    is unpickled in this process or in one forked from it, where it finds the key
+    again; without either, its requests raise ``ConfigError`` naming that fix before
+    anything is sent. ``copy.deepcopy`` keeps the key.
 
     Raises (from the embed methods): ``InputError`` (a text is not a non-empty
     ``str``; nothing is sent), ``HTTPStatusError`` and subclasses, ``TransportError``,
@@ -205,9 +217,13 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
     # The flat settings (base_url, dimensions, timeouts, pool limits, ...) are
     # FlatSettings' fields (declared in _settings.SETTINGS); these three are declared here.
 
-    api_key: SecretStr | None = Field(
+    api_key: SecretStr | InstanceOf[KeyFunction] | None = Field(
         default_factory=secret_from_env(ENV_API_KEY, default=None),
-        description=describe("api_key"),
+        description=describe(
+            "api_key",
+            " Also a callable returning the key (sync, or async for the a* methods), "
+            "called for each request, as OpenAIEmbeddings takes it.",
+        ),
     )
 
     model: str = setting("model")
@@ -231,7 +247,7 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
         show_progress_bar: InitVar[bool] = False
         default_headers: InitVar[Mapping[str, str] | None] = None
         model_kwargs: InitVar[Mapping[str, Any] | None] = None
-        openai_api_key: InitVar[SecretStr | str | None] = None
+        openai_api_key: InitVar[SecretStr | str | Callable[[], Any] | None] = None
         openai_api_base: InitVar[str | None] = None
         openai_proxy: InitVar[str | None] = None
         check_embedding_ctx_length: InitVar[bool] = False
@@ -262,6 +278,8 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
         for name in ("api_key", "openai_api_key"):
             if isinstance(data.get(name), str):
                 data[name] = SecretStr(data[name])
+            elif name in data:
+                data[name] = wrap_key(data[name])  # a callable: a KeyFunction
         mask_inputs(data)  # URL credentials (proxy, base_url): pydantic keeps the input
         return resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
 
