@@ -100,7 +100,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "api_key",
         str | None,
         None,
-        "Bearer token; None for servers without auth. Never shown, logged, serialised or pickled.",
+        "Bearer token, or (in code) a callable returning it, called for each request (a "
+        "rotating token; an async one serves the async methods only); None for servers "
+        "without auth. Never shown, logged, serialised or pickled.",
         env="QWEN_EMBED_API_KEY",
         cli="--api-key",
     ),

@@ -156,7 +156,7 @@ def test_langchain_takes_a_callable_key(rec: RecordingServer, name: str) -> None
     assert _sent(rec) == key.given()
     assert key.calls == 3
     _one_pool(rec.base_url)
-    for shown in (repr(emb), str(emb.model_dump()), repr(emb.config)):
+    for shown in (repr(emb), str(emb.model_dump()), emb.model_dump_json(), repr(emb.config)):
         assert "rk-" not in shown
         assert "Rotating" not in shown
     data = pickle.dumps(emb)

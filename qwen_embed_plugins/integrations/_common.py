@@ -65,6 +65,7 @@ __all__ = [
     "Extras",
     "FlatSettings",
     "HeadersField",
+    "KeyFunctionSetting",
     "ProxySetting",
     "Stock",
     "build_config",
@@ -192,6 +193,15 @@ def wrap_key(value: Any) -> Any:
     if callable(value) and not isinstance(value, SecretStr | KeyFunction):
         return KeyFunction(value)
     return value
+
+
+KeyFunctionSetting = Annotated[
+    InstanceOf[KeyFunction],
+    PlainSerializer(lambda _: "**********", when_used="json"),
+    WithJsonSchema({"type": "string", "writeOnly": True}),
+]
+"""A callable ``api_key`` as an adapter's field holds it (``wrap_key``): a
+``KeyFunction``, dumped to JSON as the mask, as a ``SecretStr`` is."""
 
 
 def build_config(

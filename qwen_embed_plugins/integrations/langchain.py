@@ -19,12 +19,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 from langchain_core.embeddings import Embeddings
 from langchain_core.utils import secret_from_env
-from pydantic import ConfigDict, Field, InstanceOf, SecretStr, model_validator
+from pydantic import ConfigDict, Field, SecretStr, model_validator
 
-from .._config import ENV_API_KEY, KeyFunction
+from .._config import ENV_API_KEY
 from .._protocol import validate_texts
 from ._common import (
     FlatSettings,
+    KeyFunctionSetting,
     Stock,
     describe,
     mask_inputs,
@@ -217,7 +218,7 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
     # The flat settings (base_url, dimensions, timeouts, pool limits, ...) are
     # FlatSettings' fields (declared in _settings.SETTINGS); these three are declared here.
 
-    api_key: SecretStr | InstanceOf[KeyFunction] | None = Field(
+    api_key: SecretStr | KeyFunctionSetting | None = Field(
         default_factory=secret_from_env(ENV_API_KEY, default=None),
         description=describe(
             "api_key",

@@ -45,13 +45,13 @@ import llama_index.core.instrumentation as _instrumentation
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
 from llama_index.core.bridge.pydantic import Field, SecretStr, model_validator
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
-from pydantic import InstanceOf
 
 from .._client import AsyncEmbeddingClient, EmbeddingClient
-from .._config import KeyFunction, env_setting
+from .._config import env_setting
 from .._protocol import format_query, validate_text, validate_texts
 from ._common import (
     FlatSettings,
+    KeyFunctionSetting,
     Stock,
     describe,
     env_default,
@@ -249,7 +249,7 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     # FlatSettings' fields (declared in _settings.SETTINGS), with its model_config
     # (extra="forbid", inputs hidden in errors); these three are declared here.
 
-    api_key: SecretStr | str | InstanceOf[KeyFunction] | None = Field(
+    api_key: SecretStr | str | KeyFunctionSetting | None = Field(
         default=None,
         exclude=True,
         description=describe(
