@@ -383,3 +383,27 @@ def test_spawned_ingestion_workers_refuse_before_sending(
         out = pipeline.run(nodes=_nodes(), num_workers=2)
         assert all(len(n.embedding) == server.dim for n in out)
         assert server.stats()["responses"].get("401", 0) == 0
+
+
+def test_a_callable_key_over_plain_http_warns_or_is_refused(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The plain-HTTP rule of a fixed key holds for a callable one: ``insecure_key=
+    "error"`` refuses it at once, ``"warn"`` logs once when a call starts."""
+    remote = "http://192.0.2.1:9/v1"  # TEST-NET-1: never reached (the call fails first)
+    with pytest.raises(q.ConfigError, match="plain HTTP"):
+        EmbeddingConfig(base_url=remote, api_key=Rotating("http"), insecure_key="error")
+    caplog.set_level(logging.WARNING, logger="qwen_embed_plugins")
+    key = Rotating("http")
+    client = EmbeddingClient(
+        EmbeddingConfig(
+            base_url=remote,
+            api_key=key.acall,  # async: the sync call refuses before any connection
+            proxy=None,
+            trust_env=False,
+        )
+    )
+    with pytest.raises(q.ConfigError, match="async callable"):
+        client.embed_query("x")
+    assert "the API key goes over plain HTTP" in caplog.text
+    assert "rk-http" not in caplog.text
