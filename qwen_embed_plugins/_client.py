@@ -388,18 +388,23 @@ class EmbeddingClient(_ClientBase):
         h2c fallback, and closing it closes nothing shared.
         """
         if self._sdk is None:
-            self._sdk = _sdk.sync_openai(self._config, api_key=self._engine.requests.secret)
+            function = self._engine.requests.key_function  # a callable key: per request
+            key = self._engine.requests.secret if function is None else function.resolve
+            self._sdk = _sdk.sync_openai(self._config, api_key=key)
         sdk: openai.OpenAI = self._sdk
         return sdk
 
     # ----------------------------------------------------------------- internals
 
     def _exchange(self, op: Send) -> Reply:
-        key = op.replica.key
+        key, request = op.replica.key, op.request
+        function = self._engine.requests.key_function
+        if function is not None:  # a callable key: called for each request
+            request = self._engine.requests.keyed(request, function.resolve())
         try:
-            return pool.sync_transport(key).send(op.request)
+            return pool.sync_transport(key).send(request)
         except Retired:  # closed under us (close_all, reaper): once more, on the new one
-            return pool.sync_transport(key).send(op.request)
+            return pool.sync_transport(key).send(request)
 
     def _embed_one(self, text: str, *, query: bool) -> FloatArray:
         flow, delay = self._one(text, query=query)
@@ -544,18 +549,23 @@ class AsyncEmbeddingClient(_ClientBase):
         and the h2c fallback; closing it closes nothing shared.
         """
         if self._sdk is None:
-            self._sdk = _sdk.async_openai(self._config, api_key=self._engine.requests.secret)
+            function = self._engine.requests.key_function  # a callable key: per request
+            key = self._engine.requests.secret if function is None else function.aresolve
+            self._sdk = _sdk.async_openai(self._config, api_key=key)
         async_sdk: openai.AsyncOpenAI = self._sdk
         return async_sdk
 
     # ----------------------------------------------------------------- internals
 
     async def _exchange(self, op: Send) -> Reply:
-        key = op.replica.key
+        key, request = op.replica.key, op.request
+        function = self._engine.requests.key_function
+        if function is not None:  # a callable key: awaited for each request
+            request = self._engine.requests.keyed(request, await function.aresolve())
         try:
-            return await pool.async_transport(key).send(op.request)
+            return await pool.async_transport(key).send(request)
         except Retired:
-            return await pool.async_transport(key).send(op.request)
+            return await pool.async_transport(key).send(request)
 
     async def _embed_one(self, text: str, *, query: bool) -> FloatArray:
         flow, delay = self._one(text, query=query)

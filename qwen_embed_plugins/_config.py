@@ -13,7 +13,7 @@ Units: every duration is in seconds, every size in texts or connections, as name
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, Protocol
 from urllib.parse import urlsplit
@@ -34,6 +34,7 @@ from ._extras import (
     request_body,
     request_headers,
 )
+from ._keys import ENV_API_KEY, KeyFunction, MissingKey, Secret, checked_api_key
 from ._policy import Limits, Replaceable, RetryConfig, Timeouts, check_int
 from ._protocol import (
     DEFAULT_QUERY_TASK,
@@ -50,6 +51,7 @@ __all__ = [
     "CONCURRENCY_AUTO_REMOVED",
     "DEFAULT_MODEL",
     "DEFAULT_QUERY_TASK",
+    "ENV_API_KEY",
     "ENV_SETTINGS",
     "NOT_GIVEN",
     "OPENAI_VARIABLES",
@@ -58,7 +60,9 @@ __all__ = [
     "SERVER_NAMES",
     "EmbeddingConfig",
     "EncodingFormat",
+    "KeyFunction",
     "Limits",
+    "MissingKey",
     "NotGiven",
     "OnError",
     "PhaseTimeouts",
@@ -107,8 +111,6 @@ SERVER_NAMES: Final[tuple[str, ...]] = (
 OpenAI-compatible fallback. ``EmbeddingConfig(server=...)`` takes one of these or
 ``"auto"``."""
 
-ENV_API_KEY: Final = str(SETTING["api_key"].env)
-
 
 class NotGiven:
     """The type of ``NOT_GIVEN``: "argument not passed", distinct from ``None``.
@@ -136,52 +138,6 @@ class NotGiven:
 
 
 NOT_GIVEN: Final = NotGiven()
-
-
-class Secret:
-    """A secret string (the API key) that never shows itself.
-
-    ``repr`` and ``str`` print ``'**********'``. Pickling does NOT carry the value: an
-    unpickled ``Secret`` re-reads ``QWEN_EMBED_API_KEY`` from the environment of the
-    process it lands in (worker processes inherit it), so a pickle file never holds a key.
-    """
-
-    __slots__ = ("_value",)
-
-    def __init__(self, value: str) -> None:
-        self._value = value
-
-    def get_secret_value(self) -> str:
-        """The secret itself. Call only where it is sent (the Authorization header)."""
-        return self._value
-
-    def __repr__(self) -> str:
-        return "Secret('**********')"
-
-    def __str__(self) -> str:
-        return "**********"
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Secret) and other._value == self._value
-
-    def __hash__(self) -> int:
-        return hash(("Secret", self._value))
-
-    def __reduce__(self) -> tuple[Any, tuple[()]]:
-        return (_secret_from_env, ())
-
-    # copy/deepcopy stay in the process: keep the value (without these, deepcopy would
-    # go through __reduce__ and silently swap an explicit key for the environment's).
-    def __copy__(self) -> Secret:
-        return self
-
-    def __deepcopy__(self, memo: dict[int, Any]) -> Secret:
-        return self
-
-
-def _secret_from_env() -> Secret | None:
-    value = os.environ.get(ENV_API_KEY)
-    return Secret(value) if value else None
 
 
 CONCURRENCY_AUTO_REMOVED: Final = (
@@ -237,32 +193,26 @@ def _is_proxy_url(url: str) -> bool:
         return False
 
 
-def _resolved_api_key(api_key: Any) -> Secret | None:
-    """The API key as given (``str``, ``Secret``, ``None``) or from the environment
-    (``NOT_GIVEN``), checked (``_checked_api_key``)."""
+def _resolved_api_key(api_key: Any) -> Secret | KeyFunction | None:
+    """The API key as given (``str``, ``Secret``, a callable, ``KeyFunction``, ``None``)
+    or from the environment (``NOT_GIVEN``), checked (``_checked_api_key``); a callable
+    becomes a ``KeyFunction`` (one given as such is kept: its recent keys with it)."""
     if isinstance(api_key, NotGiven):
         api_key = env_setting("api_key")
     if isinstance(api_key, Secret):
         api_key = api_key.get_secret_value()
     if isinstance(api_key, str):
-        return _checked_api_key(api_key)
+        return checked_api_key(api_key)
+    if isinstance(api_key, KeyFunction):
+        return api_key
+    if callable(api_key):
+        return KeyFunction(api_key)
     if api_key is not None:
-        raise ConfigError("api_key must be a str, a Secret or None")
-    return None
-
-
-def _checked_api_key(value: str) -> Secret | None:
-    """Strip surrounding whitespace (a key read from a file ends with a newline) and refuse
-    keys an HTTP header cannot carry. The message never shows the key."""
-    value = value.strip()
-    if not value:
-        return None
-    if not value.isascii() or not value.isprintable() or any(c.isspace() for c in value):
         raise ConfigError(
-            "api_key contains whitespace, control or non-ASCII characters inside it, which "
-            "an HTTP Authorization header cannot carry; check how the key was read"
+            "api_key must be a str, a Secret, a callable returning the key (sync or "
+            f"async) or None, got {type(api_key).__name__}"
         )
-    return Secret(value)
+    return None
 
 
 # --------------------------------------------------------------------------- environment
@@ -441,8 +391,11 @@ class EmbeddingConfig(Replaceable):
             batch goes to the replica with the fewest requests in flight). Required;
             never defaults to a public API. A list is stored sorted (equal lists in any
             order share pools).
-        api_key: bearer token (``str`` or ``Secret``), ``None`` for servers without
-            auth. Hidden from ``repr``, logs, errors and pickles.
+        api_key: bearer token (``str`` or ``Secret``), a callable returning it (sync
+            ``Callable[[], str]`` or async ``Callable[[], Awaitable[str]]``, called for
+            each request: a rotating token; held as a ``KeyFunction``), or ``None`` for
+            servers without auth. Hidden from ``repr``, logs, errors and pickles (see
+            ``Secret`` for what an unpickled copy uses).
         model: the model name sent in every request (default
             ``Qwen/Qwen3-Embedding-0.6B``).
         dimensions: MRL output size in dimensions (``None`` = the model's full size).
@@ -512,9 +465,10 @@ class EmbeddingConfig(Replaceable):
             ``Content-Type``, ``Accept``, ``Content-Length``, ``Host`` and the other
             headers the client sets are refused, and so is ``Authorization`` together
             with ``api_key`` (without one, an ``Authorization`` header is sent as given,
-            e.g. ``Basic ...``). Values of credential-like headers (``Authorization``,
-            ``Cookie``, names with ``auth``, ``api-key``, ``token``, ``secret``,
-            ``password``) are hidden from ``repr``, logs and errors and never pickled.
+            e.g. ``Basic ...``). Values of credential-like headers (``is_secret_header``:
+            ``Authorization``, ``Cookie``, names with ``auth``, ``key`` such as
+            ``Ocp-Apim-Subscription-Key``, ``token``, ``secret``, ``password``, ...) are
+            hidden from ``repr``, logs and errors and never pickled.
             Stored as ``RequestHeaders``.
         extra_body: extra JSON fields merged into every request body (vLLM's
             ``truncate_prompt_tokens``, TEI's ``truncate``, Ollama's ``options``), or
@@ -526,7 +480,7 @@ class EmbeddingConfig(Replaceable):
     """
 
     base_url: str | tuple[str, ...] | list[str] | None = None
-    api_key: str | Secret | NotGiven | None = NOT_GIVEN
+    api_key: str | Secret | KeyFunction | Callable[[], Any] | NotGiven | None = NOT_GIVEN
     model: str | None = None
     # Not given (NOT_GIVEN): read from the environment in __post_init__; the declared
     # types are what the fields hold after it.
@@ -737,8 +691,15 @@ class EmbeddingConfig(Replaceable):
         return timeout
 
     def api_key_value(self) -> str | None:
-        """The API key as a plain string, or ``None``."""
+        """The API key as a plain string, or ``None`` (none, or a callable key: see
+        ``key_function``)."""
         return self.api_key.get_secret_value() if isinstance(self.api_key, Secret) else None
+
+    @property
+    def key_function(self) -> KeyFunction | None:
+        """The key callable (``api_key=<callable>``, called for each request), or
+        ``None`` for a fixed key or none."""
+        return self.api_key if isinstance(self.api_key, KeyFunction) else None
 
     @classmethod
     def from_env(cls, **overrides: Any) -> EmbeddingConfig:

@@ -198,7 +198,7 @@ class Engine:
         self.endpoint.check_open()
         retry = self.config.retry
         deadline = retry.query_deadline if query else retry.deadline
-        if not self._insecure_warned and self.requests.secret is not None:
+        if not self._insecure_warned and self.config.api_key is not None:  # or a callable
             self._warn_insecure()
         return Call(started=time.monotonic(), deadline=deadline, on_error=on_error)
 

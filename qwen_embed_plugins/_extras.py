@@ -26,7 +26,9 @@ __all__ = [
 ]
 
 
-_SECRET_HEADER = re.compile(r"auth|cookie|api[-_]?key|token|secret|password|credential", re.I)
+_SECRET_HEADER = re.compile(
+    r"auth|cookie|key|token|secret|passw|credential|bearer|signature|session", re.I
+)
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CLIENT_HEADERS: Final = frozenset(
     {
@@ -47,9 +49,14 @@ _MASK: Final = "**********"
 
 
 def is_secret_header(name: str) -> bool:
-    """Whether header ``name`` looks like a credential (``Authorization``, ``Cookie``, or a
-    name holding ``auth``, ``api-key``, ``token``, ``secret``, ``password`` or
-    ``credential``): its value is hidden from reprs, dumps, pickles, logs and errors."""
+    """Whether header ``name`` looks like a credential: a name holding (in any case)
+    ``auth`` (``Authorization``, ``Proxy-Authorization``, ``X-Auth-...``), ``cookie``,
+    ``key`` (``api-key``, ``X-Api-Key``, Azure API Management's
+    ``Ocp-Apim-Subscription-Key``, Azure Functions' ``x-functions-key``, any ``*-key``),
+    ``token``, ``secret``, ``passw``, ``credential``, ``bearer``, ``signature`` or
+    ``session``. The one rule for headers: its value is hidden from reprs, dumps,
+    pickles, logs, metrics and errors (a harmless header caught by it, e.g.
+    ``Idempotency-Key``, is only masked and re-asked for after a pickle)."""
     return _SECRET_HEADER.search(name) is not None
 
 

@@ -5,16 +5,19 @@ replica) with the client's headers, timeouts, the time left of the call and a re
 size cap fit for the batch; and turns a reply with an error status into this library's
 error, every server-supplied string scrubbed of the request's secrets. The API key is
 held in its ``Secret``: ``Authorization`` is built only when the transport reads the
-headers (``_Headers``), and no ``repr`` or ``vars()`` shows it.
+headers (``_Headers``), and no ``repr`` or ``vars()`` shows it. A callable key
+(``KeyFunction``) is called by the client's driver for each request it sends
+(``Requests.keyed``), so that a sync driver calls it and an async one awaits it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from . import _servers as servers
-from ._config import EmbeddingConfig, RequestBody, RequestHeaders
+from ._config import EmbeddingConfig, KeyFunction, RequestBody, RequestHeaders
 from ._learn import ReplicaState, eos_probe
 from ._protocol import encode_request
 from ._retry import parse_retry_after
@@ -41,6 +44,7 @@ class Requests:
         self.config = config
         self.model = model
         self._api_key = config.api_key  # a Secret: never shown by repr or vars()
+        self.key_function = config.key_function  # called per request by the drivers
         self.timeouts = config.timeouts
         self.headers = _Headers(self._api_key, config.headers)
         if isinstance(config.extra_body, RequestBody):
@@ -59,6 +63,8 @@ class Requests:
         and ``extra_body`` field values): scrubbed from anything the server sends back."""
         key, headers, body = self.secret, self.config.headers, self.config.extra_body
         found: tuple[str, ...] = () if key is None else (key,)
+        if self.key_function is not None:
+            found += self.key_function.recent()
         if isinstance(headers, RequestHeaders):
             found += headers.secret_values()
         if isinstance(body, RequestBody):
@@ -72,7 +78,7 @@ class Requests:
             t = self.timeouts
             found = self._contexts[replica.url] = ErrorContext(
                 url=replica.label,
-                secret=self._api_key,
+                secret=None if self.key_function is not None else self._api_key,
                 headers=self.config.headers,
                 body=self.config.extra_body,
                 connect=t.connect,
@@ -83,6 +89,16 @@ class Requests:
                 max_connections=self.config.limits.max_connections,
             )
         return found
+
+    def keyed(self, request: Request, key: str) -> Request:
+        """``request`` carrying ``key``: the value of the callable key for this one
+        request (``KeyFunction.resolve`` / ``aresolve``), in its ``Authorization``
+        header and among the secrets its errors are scrubbed of."""
+        return replace(
+            request,
+            headers=_Headers(key, self.config.headers),
+            ctx=replace(request.ctx, secret=key),
+        )
 
     def max_bytes(self, texts: int, state: ReplicaState) -> int:
         """The response size cap of a batch of ``texts`` texts (bytes)."""
@@ -173,7 +189,8 @@ class Requests:
 class _Headers(Mapping[str, str]):
     """The request headers of a client: its own, the configured ``headers`` (a secret one
     withheld from a pickle raises ``ConfigError`` here), and ``Authorization`` built from
-    the ``Secret`` only when the transport reads it. No secret appears in a ``repr``."""
+    the ``Secret`` (or a callable key's value for one request) only when the transport
+    reads it. No secret appears in a ``repr``."""
 
     __slots__ = ("_base", "_extra", "_key")
 
@@ -183,9 +200,13 @@ class _Headers(Mapping[str, str]):
         self._base = own if extra is None else {**extra, **own}  # never the same names
 
     def _all(self) -> dict[str, str]:
-        if self._key is None:
+        key = self._key
+        if key is None:
             return self._base
-        return {**self._base, "Authorization": f"Bearer {self._key.get_secret_value()}"}
+        if isinstance(key, KeyFunction):  # the drivers send ``Requests.keyed`` requests
+            raise RuntimeError("internal error: a callable key was not resolved")
+        value = key if isinstance(key, str) else key.get_secret_value()
+        return {**self._base, "Authorization": f"Bearer {value}"}
 
     def __getitem__(self, name: str) -> str:
         return self._all()[name]

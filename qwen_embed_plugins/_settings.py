@@ -100,7 +100,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "api_key",
         str | None,
         None,
-        "Bearer token; None for servers without auth. Never shown, logged, serialised or pickled.",
+        "Bearer token, or (in code) a callable returning it, called for each request (a "
+        "rotating token; an async one serves the async methods only); None for servers "
+        "without auth. Never shown, logged, serialised or pickled.",
         env="QWEN_EMBED_API_KEY",
         cli="--api-key",
     ),
@@ -339,8 +341,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "Extra HTTP headers sent with every request (a gateway credential, a tenant "
         "header); per request, they never split the pool. Content-Type, Accept, Host and "
         "the other headers the client sets are refused, and Authorization with api_key. "
-        "Values of credential-like headers (Authorization, Cookie, *auth*, *api-key*, "
-        "*token*, *secret*) are masked in repr and dumps and never pickled.",
+        "Values of credential-like headers (Authorization, Proxy-Authorization, Cookie, "
+        "*auth*, *key* such as X-Api-Key, Ocp-Apim-Subscription-Key or x-functions-key, "
+        "*token*, *secret*, *session*) are masked in repr, dumps, logs and errors and "
+        "never pickled.",
     ),
     Setting(
         "extra_body",

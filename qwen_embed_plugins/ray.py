@@ -206,6 +206,13 @@ def _client_config(
             "pickled); set QWEN_EMBED_PROXY to the proxy URL in the workers' environment "
             "instead (inherited by a local Ray instance, or pass runtime_env)"
         )
+    if config.key_function is not None:
+        raise ConfigError(
+            "embed_dataset: api_key as a callable cannot reach Ray workers (they may run "
+            "on other machines, and a callable's pickle can carry the credential it "
+            "wraps); pass the key as a str (shipped through Ray's object store, never "
+            "pickled) or set QWEN_EMBED_API_KEY in the workers' environment (runtime_env)"
+        )
     explicit = settings.get("api_key", NOT_GIVEN)
     key = config.api_key_value()
     headers = config.headers or {}

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import gc
 import io
 import pickle
 import re
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -315,17 +317,30 @@ def test_pickles_hold_neither_the_key_nor_clients(
 
 @pytest.mark.unit
 def test_the_key_an_unpickled_instance_has() -> None:
-    """Today's behaviour, on both: the key is re-read from the environment where the
-    instance is unpickled; a LangChain instance without a key stays without one, a
+    """Issue 30.6, on both: unpickled while the key lives in this process (or in one
+    forked from it), the copy has the key given in code; once no instance holds it (as
+    in another process), the environment's key; without one, every request raises
+    ``ConfigError`` naming ``QWEN_EMBED_API_KEY`` before anything is sent (never a
+    request without the key). A LangChain instance without a key stays without one, a
     LlamaIndex one always reads the environment (as its ``from_dict`` does)."""
     with pytest.MonkeyPatch.context() as env:
         for adapter in ADAPTERS:
-            keyed = adapter(base_url=UNUSED_URL, api_key=SECRET)
+            given = f"sk-gone-{uuid.uuid4().hex}"  # held by no other instance
+            keyed = adapter(base_url=UNUSED_URL, api_key=given)
             keyless = adapter(base_url=UNUSED_URL, api_key=None)
             env.delenv("QWEN_EMBED_API_KEY", raising=False)
-            assert pickle.loads(pickle.dumps(keyed)).api_key is None
+            data = pickle.dumps(keyed)
+            assert given.encode() not in data
+            assert pickle.loads(data).config.api_key_value() == given
+            del keyed
+            gc.collect()
+            lost = pickle.loads(data)
+            assert lost.config.api_key_value() is None
+            with pytest.raises(q.ConfigError, match="set QWEN_EMBED_API_KEY") as info:
+                _embed_one(lost)
+            assert "nothing was sent" in str(info.value)
             env.setenv("QWEN_EMBED_API_KEY", "sk-worker-env")
-            again = pickle.loads(pickle.dumps(keyed))
+            again = pickle.loads(data)
             assert again.config.api_key_value() == "sk-worker-env"
             restored = pickle.loads(pickle.dumps(keyless)).config.api_key_value()
             assert restored == (None if adapter is QwenPooledEmbeddings else "sk-worker-env")

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import pickle
 import threading
 import time
+import uuid
 from typing import Any
 
 import numpy as np
@@ -436,13 +438,28 @@ async def test_async_read_timeout_shorter_than_the_deadline_still_applies() -> N
 def test_pickle_rereads_key_from_environment(
     srv: EmbeddingServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    client = q.EmbeddingClient(base_url=srv.base_url, api_key=SECRET)
+    """The pickle holds no key: unpickled while the key lives in this process (or one
+    forked from it), the key given; once gone (as in another process), the
+    environment's; without one, a key that refuses every request (issue 30.6)."""
+    given = f"sk-client-{uuid.uuid4().hex}"  # held by no other instance
+    client = q.EmbeddingClient(base_url=srv.base_url, api_key=given)
     monkeypatch.setenv("QWEN_EMBED_API_KEY", "from-env-key")
-    clone = pickle.loads(pickle.dumps(client))
+    data = pickle.dumps(client)
+    assert given.encode() not in data
+    assert pickle.loads(data).config.api_key_value() == given
+    base_url = client.config.base_url
+    del client
+    gc.collect()
+    clone = pickle.loads(data)
     assert clone.config.api_key_value() == "from-env-key"
-    assert clone.config.base_url == client.config.base_url
+    assert clone.config.base_url == base_url
     monkeypatch.delenv("QWEN_EMBED_API_KEY")
-    assert pickle.loads(pickle.dumps(client)).config.api_key is None
+    lost = pickle.loads(data)
+    assert lost.config.api_key_value() is None
+    before = srv.requests
+    with pytest.raises(q.ConfigError, match="set QWEN_EMBED_API_KEY"):
+        lost.embed_query("never sent")
+    assert srv.requests == before
 
 
 def test_openai_sdk_shares_the_pool(srv: EmbeddingServer) -> None:

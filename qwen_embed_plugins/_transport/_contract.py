@@ -189,14 +189,18 @@ _no_secrets = _NoSecrets()
 
 def keep_out_of_logs(*secrets: str | None) -> None:
     """Scrub ``secrets`` from the HTTP libraries' log records (``quiet_header_loggers``)
-    from now on in this process."""
+    from now on in this process. The most recent ``_LOG_SECRETS`` are kept (a callable
+    key may give a new one for each request; each request adds its own again)."""
     known = STATE.log_secrets
     if all(not s or s in known for s in secrets):
         return
     with STATE.lock:
         known = STATE.log_secrets
         new = [s for s in dict.fromkeys(secrets) if s and s not in known]
-        STATE.log_secrets = (*known, *new)
+        STATE.log_secrets = (*known, *new)[-_LOG_SECRETS:]
+
+
+_LOG_SECRETS = 256
 
 
 def quiet_header_loggers(*secrets: str | None) -> None:

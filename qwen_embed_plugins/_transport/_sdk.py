@@ -27,6 +27,8 @@ import.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+from dataclasses import replace
 from typing import Any, cast
 
 import orjson
@@ -78,7 +80,7 @@ class _Exchanges:
         self.cap = config.max_response_bytes
         self.ctx = ErrorContext(
             url=config.pool_key.label,
-            secret=config.api_key,
+            secret=None if config.key_function is not None else config.api_key,
             connect=t.connect,
             read=t.read,
             write=t.write,
@@ -94,6 +96,9 @@ class _Exchanges:
             k: v for k, v in request.headers.multi_items() if k.lower() not in _DROPPED_REQUEST
         }
         cap = self.cap if self.cap is not None else sdk_cap(body)
+        ctx = self.ctx
+        if self.config.key_function is not None:  # this request's key, scrubbed too
+            ctx = replace(ctx, secret=_request_secret(request))
         return Request(
             request.method,
             str(request.url),
@@ -102,7 +107,7 @@ class _Exchanges:
             self.config.timeouts,
             self.total,
             cap,
-            self.ctx,
+            ctx,
         )
 
     def response(self, reply: Reply, request: Any) -> Any:
@@ -309,12 +314,14 @@ class AsyncSDKTransport(httpx.AsyncBaseTransport):
         """Nothing to close (the pool is shared; see ``aclose_all()``)."""
 
 
-def sync_openai(config: EmbeddingConfig, *, api_key: str | None) -> Any:
+def sync_openai(config: EmbeddingConfig, *, api_key: str | Callable[[], str] | None) -> Any:
     """An ``openai.OpenAI`` on ``config``'s pool, SDK retries off (``max_retries=0``),
-    sending ``config.headers`` with every request."""
+    sending ``config.headers`` with every request (``api_key``: the key, or a callable
+    the SDK calls for each request)."""
     import openai
 
-    client = httpx.Client(transport=SDKTransport(config, api_key), trust_env=False)
+    fixed = api_key if isinstance(api_key, str) else None
+    client = httpx.Client(transport=SDKTransport(config, fixed), trust_env=False)
     return openai.OpenAI(
         api_key=api_key or _NO_KEY,
         base_url=config.replicas[0],
@@ -324,12 +331,16 @@ def sync_openai(config: EmbeddingConfig, *, api_key: str | None) -> Any:
     )
 
 
-def async_openai(config: EmbeddingConfig, *, api_key: str | None) -> Any:
+def async_openai(
+    config: EmbeddingConfig, *, api_key: str | Callable[[], Awaitable[str]] | None
+) -> Any:
     """An ``openai.AsyncOpenAI`` on ``config``'s pools, SDK retries off, sending
-    ``config.headers`` with every request."""
+    ``config.headers`` with every request (``api_key``: the key, or an async callable
+    the SDK awaits for each request)."""
     import openai
 
-    client = httpx.AsyncClient(transport=AsyncSDKTransport(config, api_key), trust_env=False)
+    fixed = api_key if isinstance(api_key, str) else None
+    client = httpx.AsyncClient(transport=AsyncSDKTransport(config, fixed), trust_env=False)
     return openai.AsyncOpenAI(
         api_key=api_key or _NO_KEY,
         base_url=config.replicas[0],

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import pickle
 from collections.abc import Callable, Mapping
 from typing import Annotated, Any, ClassVar, Final, Literal, NamedTuple, Self
@@ -38,10 +37,10 @@ from pydantic import (
 
 from .._client import AsyncEmbeddingClient, EmbeddingClient, load_async_library
 from .._config import (
-    ENV_API_KEY,
     NOT_GIVEN,
     EmbeddingConfig,
     EncodingFormat,
+    KeyFunction,
     ProxyURL,
     RequestBody,
     RequestHeaders,
@@ -52,6 +51,7 @@ from .._config import (
     request_headers,
 )
 from .._flat import config_from
+from .._keys import Secret, key_token, restored_key
 from .._server_text import has_credentials, redact_url
 from .._settings import SETTING
 from ..errors import ConfigError
@@ -65,6 +65,7 @@ __all__ = [
     "Extras",
     "FlatSettings",
     "HeadersField",
+    "KeyFunctionSetting",
     "ProxySetting",
     "build_config",
     "coerce",
@@ -74,6 +75,7 @@ __all__ = [
     "mask_inputs",
     "mask_proxy",
     "setting",
+    "wrap_key",
 ]
 
 _log = logging.getLogger("qwen_embed_plugins")
@@ -180,8 +182,28 @@ class Extras(NamedTuple):
 NO_EXTRAS: Final = Extras()
 
 
+def wrap_key(value: Any) -> Any:
+    """An ``api_key`` value as an adapter holds it: a ``str`` as ``SecretStr`` (``""`` as
+    ``None``), a callable (sync or async, called for each request) as a
+    ``KeyFunction`` (its ``repr`` shows nothing of it), anything else unchanged."""
+    if isinstance(value, str):
+        return SecretStr(value) if value else None
+    if callable(value) and not isinstance(value, SecretStr | KeyFunction):
+        return KeyFunction(value)
+    return value
+
+
+KeyFunctionSetting = Annotated[
+    InstanceOf[KeyFunction],
+    PlainSerializer(lambda _: "**********", when_used="json"),
+    WithJsonSchema({"type": "string", "writeOnly": True}),
+]
+"""A callable ``api_key`` as an adapter's field holds it (``wrap_key``): a
+``KeyFunction``, dumped to JSON as the mask, as a ``SecretStr`` is."""
+
+
 def build_config(
-    values: Mapping[str, Any], *, api_key: str | None, extras: Extras = NO_EXTRAS
+    values: Mapping[str, Any], *, api_key: str | KeyFunction | None, extras: Extras = NO_EXTRAS
 ) -> EmbeddingConfig:
     """The core ``EmbeddingConfig`` of an adapter's flat field ``values`` (by the
     settings' names) and the ``extras`` of the ``config=`` it was given.
@@ -232,8 +254,8 @@ def coerce(name: str, value: Any) -> Any:
     Raises:
         ConfigError: an invalid ``headers`` or ``extra_body``.
     """
-    if name == "api_key" and isinstance(value, str):  # kept masked in repr and dumps
-        return SecretStr(value) if value else None
+    if name == "api_key":  # kept masked in repr and dumps
+        return wrap_key(value)
     if name == "headers":
         return request_headers(value)
     if name == "extra_body":
@@ -424,7 +446,7 @@ class FlatSettings(BaseModel):
         fields = self.__dict__
         return tuple(fields.get(name) for name in self._config_names())
 
-    def _key(self) -> str | None:
+    def _key(self) -> str | KeyFunction | None:
         key = self.__dict__.get("api_key")
         if isinstance(key, SecretStr):
             key = key.get_secret_value()
@@ -570,7 +592,10 @@ class FlatSettings(BaseModel):
     # ------------------------------------------------------------------ pickling
 
     def __getstate__(self) -> dict[Any, Any]:
-        """The fields without the API key and without clients (see the class docstring).
+        """The fields without the API key and without clients (see the class docstring):
+        for a key, only its token in this process (``_keys``), so that a copy unpickled
+        here or in a process forked from this one (LlamaIndex's worker processes under
+        ``fork``) finds it again.
 
         A field that cannot be pickled (e.g. a LlamaIndex callback handler holding a
         lock) is left out, with a warning, and takes its default in the copy, as
@@ -588,21 +613,22 @@ class FlatSettings(BaseModel):
                 continue
             fields[name] = value
         key = self._key()
-        if key is not None and key != os.environ.get(ENV_API_KEY):
-            _log.warning(
-                "%s: the API key is not pickled; the unpickled copy reads %s from its "
-                "environment, which does not hold this key",
-                owner,
-                ENV_API_KEY,
-            )
-        return {"fields": fields, "had_key": key is not None, "cache": self._cache}
+        token = None
+        if isinstance(key, KeyFunction):
+            token = key.token
+        elif key is not None:
+            token = key_token(key)  # the token of every live copy of this key
+        return {"fields": fields, "had_key": key is not None, "key": token, "cache": self._cache}
 
     def __setstate__(self, state: dict[Any, Any]) -> None:
         """Through ``__init__`` (as LlamaIndex's ``BaseComponent`` does), so the settings
-        are checked again and the API key comes from this process's environment."""
+        are checked again. The API key is the original when this process holds it (the
+        same process, or forked from it); else ``QWEN_EMBED_API_KEY`` from this
+        process's environment; else, if the pickled instance had a key, every request
+        raises ``ConfigError`` naming that fix before anything is sent."""
         fields = dict(state["fields"])
-        from_env = state["had_key"] or self._key_from_env == "always"
-        fields["api_key"] = env_setting("api_key") if from_env else None
+        key = restored_key(state.get("key"), bool(state["had_key"]), self._key_from_env == "always")
+        fields["api_key"] = key.get_secret_value() if isinstance(key, Secret) else key
         self.__init__(**fields)  # type: ignore[misc]
         self._cache = state["cache"]
         self._refresh()

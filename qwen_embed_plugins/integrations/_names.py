@@ -35,6 +35,8 @@ __all__ = [
 def _flat_value(config: EmbeddingConfig, name: str) -> Any:
     """Flat setting ``name`` of ``config``, as the adapters' field holds it."""
     if name == "api_key":
+        if config.key_function is not None:
+            return config.key_function
         key = config.api_key_value()
         return None if key is None else SecretStr(key)
     value = flat_value(config, name)

@@ -26,7 +26,15 @@ from .._protocol import validate_texts
 from .._results import EmbeddingList
 from .._settings import closest
 from ..errors import ConfigError
-from ._common import Clients, FlatSettings, describe, mask_inputs, setting
+from ._common import (
+    Clients,
+    FlatSettings,
+    KeyFunctionSetting,
+    describe,
+    mask_inputs,
+    setting,
+    wrap_key,
+)
 from ._names import REFUSED_HINTS, TIMEOUT, Stock, resolve_names, zero_filled
 
 __all__ = ["QwenPooledEmbeddings"]
@@ -112,8 +120,10 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
     Key init args — endpoint:
         base_url: str
             The OpenAI-compatible API root (env ``QWEN_EMBED_BASE_URL``).
-        api_key: SecretStr | None
-            Bearer token (env ``QWEN_EMBED_API_KEY``); never pickled.
+        api_key: SecretStr | Callable[[], str] | Callable[[], Awaitable[str]] | None
+            Bearer token (env ``QWEN_EMBED_API_KEY``), or a callable returning it,
+            called for each request (an async one serves the ``a*`` methods only);
+            never pickled.
         model: str
             Model name sent with every request (default
             ``"Qwen/Qwen3-Embedding-0.6B"``, env ``QWEN_EMBED_MODEL``).
@@ -213,8 +223,10 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
     Pickling and ``copy.deepcopy`` keep every field; the clients are rebuilt on first
     use in the process the instance lands in, on that process's pool. The API key is
     never written into a pickle: an unpickled instance that had a key re-reads
-    ``QWEN_EMBED_API_KEY`` from its environment (worker processes inherit it), and has
-    ``api_key=None`` if that variable is unset. ``copy.deepcopy`` keeps the key.
+    ``QWEN_EMBED_API_KEY`` from its environment (worker processes inherit it), unless it
+    is unpickled in this process or in one forked from it, where it finds the key
+    again; without either, its requests raise ``ConfigError`` naming that fix before
+    anything is sent. ``copy.deepcopy`` keeps the key.
 
     Raises (from the embed methods): ``InputError`` (a text is not a non-empty
     ``str``; nothing is sent), ``HTTPStatusError`` and subclasses, ``TransportError``,
@@ -224,9 +236,13 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
     # The flat settings (base_url, dimensions, timeouts, pool limits, ...) are
     # FlatSettings' fields (declared in _settings.SETTINGS); these three are declared here.
 
-    api_key: SecretStr | None = Field(
+    api_key: SecretStr | KeyFunctionSetting | None = Field(
         default_factory=secret_from_env(ENV_API_KEY, default=None),
-        description=describe("api_key"),
+        description=describe(
+            "api_key",
+            " Also a callable returning the key (sync, or async for the a* methods), "
+            "called for each request, as OpenAIEmbeddings takes it.",
+        ),
     )
 
     model: str = setting("model")
@@ -257,7 +273,7 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
         show_progress_bar: InitVar[bool] = False
         default_headers: InitVar[Mapping[str, str] | None] = None
         model_kwargs: InitVar[Mapping[str, Any] | None] = None
-        openai_api_key: InitVar[SecretStr | str | None] = None
+        openai_api_key: InitVar[SecretStr | str | Callable[[], Any] | None] = None
         openai_api_base: InitVar[str | None] = None
         openai_proxy: InitVar[str | None] = None
         check_embedding_ctx_length: InitVar[bool] = False
@@ -288,6 +304,8 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
         for name in ("api_key", "openai_api_key"):
             if isinstance(data.get(name), str):
                 data[name] = SecretStr(data[name])
+            elif name in data:
+                data[name] = wrap_key(data[name])  # a callable: a KeyFunction
         mask_inputs(data)  # URL credentials (proxy, base_url): pydantic keeps the input
         return resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
 

@@ -50,7 +50,14 @@ from .._client import AsyncEmbeddingClient, EmbeddingClient
 from .._config import OnError, TimeoutArg, env_setting
 from .._protocol import format_query, validate_text, validate_texts
 from .._results import EmbeddingList
-from ._common import FlatSettings, describe, env_default, mask_inputs
+from ._common import (
+    FlatSettings,
+    KeyFunctionSetting,
+    describe,
+    env_default,
+    mask_inputs,
+    wrap_key,
+)
 from ._names import TIMEOUT, Stock, resolve_names, zero_filled
 
 __all__ = ["QwenPooledEmbedding"]
@@ -244,11 +251,16 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     with every other client of the same endpoint and transport settings
     (``qwen_embed_plugins.pool_stats()`` shows them).
 
-    Serialisation: ``to_dict()`` / ``to_json()`` / pickles never hold the API key; a
-    copy made from them (``from_dict``, unpickling in an ingestion worker) reads
-    ``QWEN_EMBED_API_KEY`` from its own environment. So with
-    ``IngestionPipeline.run(num_workers=N)`` and an authenticated server, pass the key
-    through the environment.
+    Serialisation: ``to_dict()`` / ``to_json()`` / pickles never hold the API key (nor a
+    callable key). A pickle holds a token naming the key in this process: a copy
+    unpickled here or in a worker forked from this process
+    (``await IngestionPipeline.arun(num_workers=N)`` on Linux, whose workers fork) uses
+    the key given in code. Elsewhere (``from_dict``; ``IngestionPipeline.run(
+    num_workers=N)``, whose workers are always spawned; macOS, Windows) the copy reads
+    ``QWEN_EMBED_API_KEY`` from its own environment, and if the key was given in code
+    and that variable is unset, its requests raise ``ConfigError`` naming that fix
+    before anything is sent. So with worker processes and an authenticated server,
+    pass the key through the environment.
 
     Raises:
         ConfigError: (from the constructor or an assignment) a setting is out of range;
@@ -263,8 +275,14 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
     # FlatSettings' fields (declared in _settings.SETTINGS), with its model_config
     # (extra="forbid", inputs hidden in errors); these three are declared here.
 
-    api_key: SecretStr | str | None = Field(
-        default=None, exclude=True, description=describe("api_key")
+    api_key: SecretStr | str | KeyFunctionSetting | None = Field(
+        default=None,
+        exclude=True,
+        description=describe(
+            "api_key",
+            " Also a callable returning the key (sync, or async for the async methods), "
+            "called for each request.",
+        ),
     )
     model_name: str = Field(
         default_factory=env_default("model"),
@@ -327,8 +345,8 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         data = resolve_names(cls.__name__, data, cls.model_fields, _STOCK)
         if "api_key" not in data:
             data["api_key"] = env_setting("api_key")
-        if isinstance(data["api_key"], str):  # kept as a SecretStr: masked in repr
-            data["api_key"] = SecretStr(data["api_key"]) if data["api_key"] else None
+        # a str kept as a SecretStr (masked in repr), a callable as a KeyFunction
+        data["api_key"] = wrap_key(data["api_key"])
         if not data.get("model_name"):
             data["model_name"] = env_setting("model")  # else the declared default
         return data
