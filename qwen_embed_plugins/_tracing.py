@@ -21,8 +21,9 @@ turns them into spans when a tracer provider is set, and into nothing otherwise.
 
 Never recorded: texts, vectors, the API key, header values, error messages (a server's
 error text can quote the input). Without ``opentelemetry-api`` (the import is tried
-once), or with no tracer provider set (the API's default), a call costs one check and
-builds no attribute.
+once) a call costs one ``is None`` check; with the API but no tracer provider set (its
+default) the API's no-op span start; neither builds an attribute (bench/tracing_overhead.py
+measures both).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ except ImportError:  # pragma: no cover - exercised in a venv without the extra
 if TYPE_CHECKING:
     from types import TracebackType
 
-    from opentelemetry.trace import Span, Tracer, TracerProvider
+    from opentelemetry.trace import Span, Tracer
 
     from ._config import EmbeddingConfig
     from ._servers import Detection
@@ -91,7 +92,6 @@ class Call(Protocol):
     trace: CallTrace | None
 
 
-_tracers: dict[int, Tracer] = {}  # id(provider) -> its tracer of this library
 _where: dict[str, tuple[str, str | None, int | None]] = {}  # URL -> (url.full, host, port)
 
 
@@ -103,22 +103,11 @@ def _version() -> str | None:
         return None
 
 
-def _tracer(provider: TracerProvider) -> Tracer:
-    tracer = _tracers.get(id(provider))
-    if tracer is None:
-        tracer = _tracers[id(provider)] = provider.get_tracer(_NAME, _version())
-    return tracer
-
-
-def _recording_provider() -> TracerProvider | None:
-    """The global tracer provider, or ``None`` when there is none to record to (the API
-    missing, or its default no-op provider)."""
-    if _otel is None:
-        return None
-    provider = _otel.get_tracer_provider()
-    if isinstance(provider, _otel.ProxyTracerProvider | _otel.NoOpTracerProvider):
-        return None
-    return provider
+# The API's tracer for this library (made at the first call): a proxy that stays a no-op
+# until a provider is set, then delegates to it. ``_real`` is that provider's tracer, once
+# a span showed one set (a global provider is set once and never replaced).
+_PROXY: Tracer | None = None
+_real: Tracer | None = None
 
 
 def _place(url: str) -> tuple[str, str | None, int | None]:
@@ -297,10 +286,43 @@ _UNTRACED = _Untraced()
 
 def start_call(engine: Engine, call: Call, texts: int) -> None:
     """Open ``call``'s span (``call.trace``) when a tracer provider records it: a call of
-    ``texts`` texts through ``engine``, child of the caller's current span."""
-    provider = _recording_provider()
-    if provider is None:
+    ``texts`` texts through ``engine``, child of the caller's current span.
+
+    Until a span shows a provider set, the span is started bare through the API's proxy
+    tracer (with no provider: the API's shared invalid span, and nothing else is built)
+    and its attributes are set once it records; afterwards they are given at its start,
+    where a sampler sees them (as the GenAI conventions ask)."""
+    global _PROXY, _real
+    if _otel is None:  # the ``otel`` extra is not installed
         return
+    model = engine.model
+    name = f"embeddings {model}" if model else "embeddings"
+    tracer = _real
+    if tracer is None:
+        proxy = _PROXY
+        if proxy is None:
+            proxy = _PROXY = _otel.get_tracer(_NAME, _version())
+        span = proxy.start_span(name, kind=_otel.SpanKind.CLIENT)
+        if span is _otel.INVALID_SPAN:  # no provider (the API's default): nothing to do
+            return
+        provider = _otel.get_tracer_provider()
+        if isinstance(provider, _otel.ProxyTracerProvider | _otel.NoOpTracerProvider):
+            return  # none either: the no-op tracer handed back the current (remote) span
+        tracer = _real = provider.get_tracer(_NAME, _version())
+        if span.is_recording():
+            span.set_attributes(_call_attributes(engine, texts))
+    else:
+        attrs = _call_attributes(engine, texts)
+        span = tracer.start_span(name, kind=_otel.SpanKind.CLIENT, attributes=attrs)
+    if not span.is_recording():  # sampled out: nothing to add
+        return
+    trace = CallTrace(tracer, span, engine)
+    trace.call = call
+    call.trace = trace
+
+
+def _call_attributes(engine: Engine, texts: int) -> dict[str, Any]:
+    """The call span's attributes known at its start."""
     model = engine.model
     attrs: dict[str, Any] = {
         "gen_ai.operation.name": "embeddings",
@@ -316,14 +338,7 @@ def start_call(engine: Engine, call: Call, texts: int) -> None:
             attrs["server.address"] = host
         if port is not None:
             attrs["server.port"] = port
-    name = f"embeddings {model}" if model else "embeddings"
-    tracer = _tracer(provider)
-    span = tracer.start_span(name, kind=_otel.SpanKind.CLIENT, attributes=attrs)
-    if not span.is_recording():  # sampled out: nothing to add
-        return
-    trace = CallTrace(tracer, span, engine)
-    trace.call = call
-    call.trace = trace
+    return attrs
 
 
 def traced(call: Call) -> CallTrace | _Untraced:
@@ -337,9 +352,7 @@ def carrier() -> dict[str, str]:
     """The caller's current trace context as W3C headers (``traceparent``, ...), for a
     worker in another process (Ray) to parent its calls' spans; ``{}`` without a
     recording span."""
-    if _recording_provider() is None:
-        return {}
-    if not _otel.get_current_span().get_span_context().is_valid:
+    if _otel is None or not _otel.get_current_span().get_span_context().is_valid:
         return {}
     out: dict[str, str] = {}
     _propagate.inject(out)

@@ -17,6 +17,7 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -369,13 +370,18 @@ from qwen_embed_plugins import EmbeddingClient, _tracing
 from qwen_embed_plugins._run import Call
 from qwen_embed_tooling.testing import EmbeddingServer
 
-assert _tracing._recording_provider() is None
 with EmbeddingServer() as srv:
     client = EmbeddingClient(base_url=srv.base_url)
     assert len(client.embed_query("hello")) == srv.dim
     call = Call(started=0.0, deadline=None)
     _tracing.start_call(client._engine, call, 1)
     assert call.trace is None
+    # a parent from another process (as a Ray actor gets it): still nothing to record
+    parent = {{"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
+    with _tracing.attached(parent):
+        _tracing.start_call(client._engine, call, 1)
+        assert call.trace is None
+        assert len(client.embed_query("hello")) == srv.dim
 print("{label}", sys.modules.get("opentelemetry") is not None)
 """
 
@@ -394,3 +400,77 @@ def test_without_the_extra_or_a_provider_calls_work_and_trace_nothing(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == [label, imported]
+
+
+# --------------------------------------------------------------------------- Ray
+
+
+def _ray_worker_exports_spans() -> None:
+    """The Ray workers' ``worker_process_setup_hook`` (pickled by value): their tracer
+    provider writes each finished span as one JSON line to ``$QWEN_EMBED_TEST_SPANS``."""
+    import os
+
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import ConsoleSpanExporter, SimpleSpanProcessor
+
+    out = open(os.environ["QWEN_EMBED_TEST_SPANS"], "a", buffering=1)  # noqa: SIM115
+    provider = TracerProvider()
+    exporter = ConsoleSpanExporter(out=out, formatter=lambda s: s.to_json(indent=None) + "\n")
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+
+
+@pytest.mark.ray
+@pytest.mark.xdist_group("ray")  # one local Ray instance at a time, in one xdist worker
+@pytest.mark.filterwarnings("ignore::DeprecationWarning:ray.data.context")
+def test_ray_actor_calls_are_children_of_the_drivers_span(
+    spans: InMemorySpanExporter, srv: EmbeddingServer, tmp_path: Path
+) -> None:
+    """The driver's current span travels to the actors (W3C headers); the calls they
+    make, exported by their own process's provider, are its children."""
+    import json
+
+    ray = pytest.importorskip("ray", reason="needs the [ray] extra")
+    from ray import cloudpickle
+
+    from qwen_embed_plugins.ray import embed_dataset
+
+    written = tmp_path / "spans.jsonl"
+    if ray.is_initialized():  # pragma: no cover - a previous module left one running
+        ray.shutdown()
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    try:
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={
+                "worker_process_setup_hook": _ray_worker_exports_spans,
+                "env_vars": {"QWEN_EMBED_TEST_SPANS": str(written), "RAY_USAGE_STATS_ENABLED": "0"},
+            },
+        )
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        texts = [f"ray-row-{i}" for i in range(40)]
+        with TRACER.start_as_current_span("job") as job:
+            ds = ray.data.from_items([{"text": t} for t in texts])
+            rows = embed_dataset(ds, base_url=srv.base_url, model=MODEL).take_all()
+        assert len(rows) == len(texts)
+    finally:
+        ray.shutdown()
+        cloudpickle.unregister_pickle_by_value(sys.modules[__name__])
+    assert job.context is not None
+    found = [json.loads(line) for line in written.read_text(encoding="utf-8").splitlines()]
+    calls = [s for s in found if s["name"] == f"embeddings {MODEL}"]
+    assert calls
+    for call in calls:
+        assert call["context"]["trace_id"] == f"0x{job.context.trace_id:032x}"
+        assert call["parent_id"] == f"0x{job.context.span_id:016x}"
+        assert call["attributes"]["gen_ai.operation.name"] == "embeddings"
+    ids = {c["context"]["span_id"] for c in calls}
+    posts = [s for s in found if s["name"] == "POST"]
+    assert posts
+    assert all(p["parent_id"] in ids for p in posts)
+    assert sum(c["attributes"]["qwen_embed.texts"] for c in calls) == len(texts)
+    for line in written.read_text(encoding="utf-8").splitlines():
+        assert "ray-row-" not in line
