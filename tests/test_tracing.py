@@ -474,3 +474,52 @@ def test_ray_actor_calls_are_children_of_the_drivers_span(
     assert sum(c["attributes"]["qwen_embed.texts"] for c in calls) == len(texts)
     for line in written.read_text(encoding="utf-8").splitlines():
         assert "ray-row-" not in line
+
+
+# --------------------------------------------------------------------------- the docs
+
+DOC = Path(__file__).resolve().parent.parent / "docs" / "tracing.md"
+RUN_HERE = "<!-- run-by: tests/test_tracing.py -->"
+
+
+def _doc_blocks() -> list[tuple[int, str]]:
+    """The ```python blocks of docs/tracing.md marked to run here: each sets the
+    process-wide tracer provider, so each runs in a fresh process."""
+    lines = DOC.read_text(encoding="utf-8").splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        if lines[i].strip() == RUN_HERE and lines[i + 1].strip() == "```python":
+            end = lines.index("```", i + 2)
+            blocks.append((i + 2, "\n".join(lines[i + 2 : end]) + "\n"))
+            i = end
+        i += 1
+    return blocks
+
+
+def test_docs_have_the_two_pipelines() -> None:
+    blocks = [code for _, code in _doc_blocks()]
+    assert len(blocks) == 2
+    assert "langchain" in blocks[0]
+    assert "llama_index" in blocks[1]
+
+
+@pytest.mark.parametrize(("line", "code"), _doc_blocks(), ids=lambda v: str(v)[:12])
+def test_docs_block_runs(line: int, code: str, srv: EmbeddingServer, tmp_path: Path) -> None:
+    """Each marked block runs in a fresh interpreter against a loopback server
+    (placeholder hosts rewritten, as tests/test_docs.py does); every
+    ``print(...)  # text`` comment must match a printed line, in order."""
+    import os
+    import re
+
+    source = re.sub(r"https?://[A-Za-z0-9.\-]+(?::\d+)?/v1\b", srv.base_url, code)
+    script = tmp_path / f"tracing_md_{line}.py"
+    script.write_text(source, encoding="utf-8")
+    env = {**os.environ, "QWEN_EMBED_BASE_URL": srv.base_url}
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=False, env=env
+    )
+    assert out.returncode == 0, out.stderr
+    assert srv.requests > 0
+    printed = iter(s.strip() for s in out.stdout.splitlines())
+    for want in re.findall(r"^\s*print\(.*\)\s+#\s*(.+?)\s*$", code, re.M):
+        assert any(s == want for s in printed), (want, out.stdout)
