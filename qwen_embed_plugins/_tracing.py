@@ -1,7 +1,9 @@
 """OpenTelemetry spans of embedding calls (the ``otel`` extra: ``opentelemetry-api``).
 
-A second observer of the events ``_metrics`` counts: the engine reports where a call
-starts and ends and where each HTTP exchange starts, is answered and ends; this module
+A second observer of the events ``_metrics`` counts: the clients report where a call
+starts and ends (``start_call``, ``traced``: ``_client``, above every surface), the
+engine where each HTTP exchange starts, is answered and ends (``CallTrace.request``,
+``RequestTrace.answered`` / ``end``: ``_engine``, beside the metrics' calls); this module
 turns them into spans when a tracer provider is set, and into nothing otherwise.
 
 - One span per embedding call (``embed_documents``, ``embed_query``, ... on every
