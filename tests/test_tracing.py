@@ -219,6 +219,25 @@ def test_a_retry_is_two_child_spans(spans: InMemorySpanExporter, srv: EmbeddingS
     assert "error.type" not in (second.attributes or {})
 
 
+def test_requests_to_replicas_name_their_server(
+    spans: InMemorySpanExporter, srv: EmbeddingServer
+) -> None:
+    """An endpoint of two replicas: the call span names no server (it has two), each
+    request span names the replica it went to."""
+    with EmbeddingServer() as other:
+        client = q.EmbeddingClient(
+            base_url=[srv.base_url, other.base_url], model=MODEL, batch_size=1
+        )
+        client.embed_documents([f"replica-text-{i}" for i in range(8)])
+        assert srv.requests > 0
+        assert other.requests > 0
+    (call,) = _calls(spans)
+    assert "server.address" not in (call.attributes or {})
+    ports = [(r.attributes or {})["server.port"] for r in _requests(spans, call)]
+    assert len(ports) == 8
+    assert set(ports) == {srv.port, other.port}
+
+
 def test_a_failed_call_has_error_type(spans: InMemorySpanExporter, srv: EmbeddingServer) -> None:
     srv.inject_status(401, count=10)
     client = q.EmbeddingClient(base_url=srv.base_url, model=MODEL, api_key=KEY, retry=FAST)
