@@ -53,6 +53,7 @@ from ._run import (
     run_windowed,
 )
 from ._servers import Detection
+from ._tracing import start_call, traced
 from ._transport import Reply, Retired, _sdk
 from .errors import (
     ConfigError,
@@ -177,13 +178,14 @@ class _ClientBase:
         ``None`` until the first answer when ``server="auto"``."""
         return self._engine.detection()
 
-    def _one(self, text: str, *, query: bool) -> tuple[Callable[[], Flow], float | None]:
-        """A call of one text: a new flow for it each time it runs (twice when hedged),
-        and how long to wait before hedging it (``None``: no hedge)."""
+    def _one(self, text: str, *, query: bool) -> tuple[Call, Callable[[], Flow], float | None]:
+        """A call of one text: the call, a new flow for it each time it runs (twice when
+        hedged), and how long to wait before hedging it (``None``: no hedge)."""
         engine = self._engine
         call = engine.new_call(query=query)
+        start_call(engine, call, 1)
         delay = engine.endpoint.p95() if query and self._config.hedge else None
-        return (lambda: engine.batch_flow(call, [text], [0])), delay
+        return call, (lambda: engine.batch_flow(call, [text], [0])), delay
 
     def _start(
         self,
@@ -203,6 +205,7 @@ class _ClientBase:
         plan, batches = self._plan(inputs.texts)
         counts = batch_counts(plan) if progress is not None else None
         indices = caller_indices(plan, inputs)
+        start_call(engine, call, len(inputs.texts))  # ended by the driver (``traced``)
         return _Run(engine, call, plan, batches, Sink(plan, lists=lists), indices, progress, counts)
 
     def _plan(self, texts: list[str]) -> tuple[BatchPlan, Batches]:
@@ -407,15 +410,16 @@ class EmbeddingClient(_ClientBase):
             return pool.sync_transport(key).send(request)
 
     def _embed_one(self, text: str, *, query: bool) -> FloatArray:
-        flow, delay = self._one(text, query=query)
+        call, flow, delay = self._one(text, query=query)
 
         def one(abandon: threading.Event | None = None) -> FloatArray:
             return _row(run_sync(flow(), self._exchange, abandon))
 
-        if delay is None:
-            return one()
-        row: FloatArray = hedged(one, delay, self._engine.endpoint.hedges)
-        return row
+        with traced(call):
+            if delay is None:
+                return one()
+            row: FloatArray = hedged(one, delay, self._engine.endpoint.hedges)
+            return row
 
     def _embed(
         self,
@@ -434,7 +438,8 @@ class EmbeddingClient(_ClientBase):
         def job(b: int) -> None:
             run.done(b, run_sync(run.flow(b), send))
 
-        run_windowed(run.batches, job, run.limit, run.call)
+        with traced(run.call):
+            run_windowed(run.batches, job, run.limit, run.call)
         return run.sink
 
 
@@ -568,15 +573,16 @@ class AsyncEmbeddingClient(_ClientBase):
             return await pool.async_transport(key).send(request)
 
     async def _embed_one(self, text: str, *, query: bool) -> FloatArray:
-        flow, delay = self._one(text, query=query)
-        if delay is None:  # the common path: no extra coroutine per query
-            return _row(await run_async(flow(), self._exchange))
+        call, flow, delay = self._one(text, query=query)
+        with traced(call):
+            if delay is None:  # the common path: no extra coroutine per query
+                return _row(await run_async(flow(), self._exchange))
 
-        async def one() -> FloatArray:
-            return _row(await run_async(flow(), self._exchange))
+            async def one() -> FloatArray:
+                return _row(await run_async(flow(), self._exchange))
 
-        row: FloatArray = await ahedged(one, delay, self._engine.endpoint.hedges)
-        return row
+            row: FloatArray = await ahedged(one, delay, self._engine.endpoint.hedges)
+            return row
 
     async def _embed(
         self,
@@ -595,5 +601,6 @@ class AsyncEmbeddingClient(_ClientBase):
         async def job(b: int) -> None:
             run.done(b, await run_async(run.flow(b), send))
 
-        await arun_windowed(run.batches, job, run.limit, run.call)
+        with traced(run.call):
+            await arun_windowed(run.batches, job, run.limit, run.call)
         return run.sink

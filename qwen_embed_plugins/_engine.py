@@ -65,6 +65,7 @@ from ._retry import (
     replica_suspect,
 )
 from ._run import Call, Flow, Part, Send, Sleep
+from ._tracing import RequestTrace
 from ._transport import Reply, Request
 from .errors import (
     BadRequestError,
@@ -135,6 +136,7 @@ class _Attempt:
     status: int | None = None
     fresh: bool = True  # on a connection opened for it
     error: QwenEmbedError | None = None
+    span: RequestTrace | None = None  # its OpenTelemetry span, when the call is traced
 
     def failed(self, error: QwenEmbedError, outcome: str, fresh: bool) -> None:
         self.error, self.outcome, self.fresh = error, outcome, fresh
@@ -263,6 +265,8 @@ class Engine:
                 replica.begin()
                 replica.metrics.request_started()
                 now.started, now.sent = time.perf_counter(), True
+                if call.trace is not None:
+                    now.span = call.trace.request(now.request.url, now.fmt, len(texts), run.attempt)
                 try:
                     reply: Reply = yield Send(replica, now.request)
                 except QwenEmbedError as exc:
@@ -359,6 +363,8 @@ class Engine:
         replica, state = now.replica, now.state
         replica.succeeded(time.perf_counter() - now.started)
         replica.recovered()
+        if now.span is not None:
+            now.span.answered(reply.http_version, payload, rows.shape[1])
         learn.learn_bare(state, replica, now.bare, len(texts))
         for other, why in run.failed_on.items():
             if other is not replica:  # it failed where this one did not
@@ -384,6 +390,8 @@ class Engine:
             state.batch.retesting = False
         elapsed = time.perf_counter() - now.started
         replica.metrics.request_finished(outcome, elapsed, texts if outcome == "ok" else 0)
+        if now.span is not None:
+            now.span.end(outcome, now.status, now.error)
         if self.config.batch_size == "auto" and (outcome == "ok" or now.error is not None):
             took = (now.answered or now.started + elapsed) - now.started
             batching.observe_answer(state.batch.sizer, texts, took, now.error)

@@ -26,6 +26,7 @@ from .errors import QwenEmbedError
 if TYPE_CHECKING:
     from ._balance import HedgeBudget, Replica
     from ._protocol import FloatArray
+    from ._tracing import CallTrace
 
 __all__ = [
     "Abandoned",
@@ -94,6 +95,7 @@ class Call:
         dim: the vector size of the call's first answer (``agree_dim``), ``None`` before.
         server_errors: the errors that end the call whatever its inputs (a server never
             reached, a control request that failed too): raised first.
+        trace: the call's OpenTelemetry span (``_tracing``), ``None`` when not traced.
     """
 
     started: float
@@ -105,6 +107,7 @@ class Call:
     last_ok: float = float("-inf")
     dim: int | None = None
     server_errors: set[QwenEmbedError] = field(default_factory=set)
+    trace: CallTrace | None = None
 
     def agree_dim(self, size: int) -> int:
         """The call's vector size: ``size`` if this is the first answer, else the first

@@ -50,6 +50,11 @@ creates one, so the key is not sent that way). Without ``api_key=``, each worker
 ``QWEN_EMBED_API_KEY`` from its own environment (on a local Ray instance started by this
 module, workers inherit the driver's; on a cluster set it in the nodes' environment).
 
+Tracing (the ``otel`` extra): the driver's current OpenTelemetry span, when one records,
+travels to the actors as W3C trace headers (``_tracing.carrier``), and each batch's
+calls are its children there; the actors export their spans through the tracer provider
+of their own process (set it in a ``worker_process_setup_hook``; docs/tracing.md).
+
 Needs the ``ray`` extra (from a checkout: ``pip install -e ".[ray]"``).
 """
 
@@ -83,6 +88,7 @@ from ._config import (
 from ._corpus import dataset_files
 from ._flat import config_from
 from ._protocol import validate_text
+from ._tracing import attached, carrier
 from .errors import BadRequestError, ConfigError, InputError
 
 # Nothing may phone home: Ray's usage statistics are off unless the user set the variable
@@ -309,7 +315,9 @@ class _EmbedBatch:
         on_error: OnError,
         needs_key: bool,
         api_key: _WorkerKey | None = None,
+        trace: dict[str, str] | None = None,
     ) -> None:
+        self._trace = trace  # the driver's trace context (W3C headers): the calls' parent
         if api_key is not None:
             config = api_key.restore(config)
         if needs_key and config.api_key_value() is None:
@@ -334,6 +342,10 @@ class _EmbedBatch:
         return self._dim
 
     def __call__(self, batch: pa.Table) -> pa.Table:
+        with attached(self._trace):  # the calls' spans: children of the driver's span
+            return self._table(batch)
+
+    def _table(self, batch: pa.Table) -> pa.Table:
         if self._column not in batch.column_names:
             raise InputError(
                 f"column {self._column!r} is not in the dataset; columns: {batch.column_names}"
@@ -461,6 +473,7 @@ def embed_dataset(
             "on_error": on_error,
             "needs_key": needs_key,
             "api_key": api_key,
+            "trace": carrier(),
         },
         batch_size=batch_size,
         batch_format="pyarrow",  # Arrow in, Arrow out: no pandas/numpy conversion

@@ -96,7 +96,7 @@ install_venv() { # install_venv VENV MAJOR GROUPS...
   # the library with every runtime extra, the tooling (tooling/, qwen-embed-tooling) and
   # the development groups, in one resolve
   "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-    -e ".[langchain,llama-index,cli,prometheus,ray]" -e ./tooling "${args[@]}" \
+    -e ".[langchain,llama-index,cli,prometheus,ray,otel]" -e ./tooling "${args[@]}" \
     "openai>=$major,<$((major + 1))"
 }
 

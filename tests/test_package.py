@@ -120,7 +120,7 @@ def test_only_http_module_imports_the_http_library() -> None:
 
 # Runtime groups: what the package's modules may import. The tool extras (test, docs,
 # lint) are for developing the package and are not imported by it.
-_RUNTIME_GROUPS = ("langchain", "llama-index", "cli", "prometheus", "ray")
+_RUNTIME_GROUPS = ("langchain", "llama-index", "cli", "prometheus", "ray", "otel")
 # Imported but rightly not declared by this project:
 _NOT_DECLARED = {
     "httpx2": "the HTTP library of openai 3.x, which requires it; _http.py imports it only "
