@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     print(
         f"client CPU per query, sync, one at a time, {args.queries} queries x "
-        f"{args.rounds} rounds (medians)"
+        f"{args.rounds} rounds (medians)\n"
     )
     print("| variant | CPU us/query | / core | + us over core |")
     print("| --- | ---: | ---: | ---: |")

@@ -247,7 +247,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(
         f"cold start, HTTPS + {args.rtt_ms:g} ms RTT, {args.requests} queries, "
         f"concurrency {args.concurrency} ({mode}), trust {args.trust}, "
-        f"medians of {args.rounds} fresh processes each"
+        f"medians of {args.rounds} fresh processes each\n"
     )
     print("| client | construct ms | first ms | p50 ms | p95 ms | max ms | wall s |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")

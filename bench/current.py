@@ -10,10 +10,11 @@ so; the tables are medians over rounds. Prints, ready to paste into the page, th
 the machine and load, and each step's command and tables; also writes them to
 ``bench/results/current.md``.
 
-The repeat counts are the smallest that gave stable ratios on the 2-core machine the
-page was written on (3 rounds; 5 fresh processes per variant for the cold start; 7
-rounds for the adapters' per-query cost): differences under ~10% between two runs are
-noise there.
+The repeat counts are chosen to fit ~20 minutes on 2 loaded cores: 3 rounds for the
+CPU floors, 2 for throughput (its 10,000-text constant model and the capacity grid take
+~5 minutes a round under load), 2 repeats of the seed's table, 5 fresh processes per
+variant for the cold start, 7 rounds for the adapters' per-query cost. Differences under
+~10% between two runs are noise on such a machine.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ STEPS: list[tuple[str, list[str], list[str]]] = [
     ),
     (
         "Throughput with default settings vs the stock adapters",
-        ["throughput.py", "--models", "constant,gpu_dynamic", "--rounds", "3"],
+        ["throughput.py", "--models", "constant,gpu_dynamic", "--rounds", "2"],
         ["throughput.py", "--models", "constant,gpu_dynamic", "--quick"],
     ),
     (
