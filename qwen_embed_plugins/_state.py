@@ -64,6 +64,7 @@ class ProcessState:
     # (possibly on a client's background thread: _contract.prepare_ssl_contexts)
     ssl_contexts: dict[tuple[bool | str, bool, bool], ssl.SSLContext] = field(default_factory=dict)
     ssl_lock: threading.Lock = field(default_factory=threading.Lock)
+    ssl_pending: set[tuple[bool | str, bool, bool]] = field(default_factory=set)
     # threads, started on first use
     reaper: threading.Thread | None = None
     executor: ThreadPoolExecutor | None = None
@@ -104,6 +105,7 @@ class ProcessState:
         # threads do not exist in the child (started again on first use).
         self.lock = threading.RLock()
         self.ssl_lock = threading.Lock()
+        self.ssl_pending.clear()  # their threads are not in the child
         self.reaper = self.executor = None
         self.slot_gates.clear()
         for m in self.metrics.values():

@@ -48,6 +48,20 @@ def test_building_a_client_prepares_the_tls_context_of_each_https_replica(
     assert [k for k in STATE.ssl_contexts if k[0] == ca] == [(ca, False, False)]
 
 
+def test_clients_built_at_once_share_one_build(tmp_path: Path) -> None:
+    # a bundle that takes a while to load (certifi's roots 30 times): the clients below
+    # are built while the first build runs, and must not start builds of their own
+    ca = _bundle(tmp_path, Path(certifi.where()).read_text(encoding="utf-8") * 30)
+    before = {t.ident for t in threading.enumerate()}
+    for _ in range(50):
+        EmbeddingClient(base_url="https://a.invalid/v1", model="m", verify=ca)
+    started = [t for t in threading.enumerate() if t.ident not in before]
+    assert len([t for t in started if t.name == "qwen-embed-tls"]) <= 1
+    _join_tls_threads()
+    assert (ca, False, False) in STATE.ssl_contexts
+    assert not STATE.ssl_pending
+
+
 def test_a_cleartext_endpoint_starts_no_thread(tmp_path: Path) -> None:
     before = {t.ident for t in threading.enumerate()}
     EmbeddingClient(base_url="http://127.0.0.1:9/v1", model="m", verify=_bundle(tmp_path))

@@ -262,10 +262,16 @@ def prepare_ssl_contexts(settings: Iterable[tuple[bool | str, bool, bool]]) -> N
     """Build the SSL contexts of ``settings`` (``(verify, http2, cleartext)`` each, as
     ``ssl_context`` takes them) on a background thread, so that the first request on
     an ``https://`` endpoint does not pay for loading the CA bundle. Returns at once:
-    nothing to do when every context exists or is cleartext; else one daemon thread.
-    A setting that fails to build (a missing CA file) is left to the first request,
-    which raises the error where the caller sees it."""
-    todo = [s for s in dict.fromkeys(settings) if not s[2] and s not in STATE.ssl_contexts]
+    nothing to do when every context exists, is being built or is cleartext; else one
+    daemon thread (many clients built at once start one). A setting that fails to build
+    (a file that is not a CA bundle) is left to the first request, which raises the
+    error where the caller sees it."""
+    wanted = [s for s in dict.fromkeys(settings) if not s[2] and s not in STATE.ssl_contexts]
+    if not wanted:
+        return
+    with STATE.lock:
+        todo = [s for s in wanted if s not in STATE.ssl_pending]
+        STATE.ssl_pending.update(todo)
     if not todo:
         return
 
@@ -275,6 +281,8 @@ def prepare_ssl_contexts(settings: Iterable[tuple[bool | str, bool, bool]]) -> N
             # the request that needs it builds it again and raises there
             with contextlib.suppress(Exception):
                 ssl_context(verify, http2=http2, cleartext=cleartext)
+        with STATE.lock:
+            STATE.ssl_pending.difference_update(todo)
 
     threading.Thread(target=build, name="qwen-embed-tls", daemon=True).start()
 
