@@ -55,6 +55,7 @@ from ._run import (
 from ._servers import Detection
 from ._tracing import start_call, traced
 from ._transport import Reply, Retired, _sdk
+from ._transport._contract import prepare_ssl_contexts
 from .errors import (
     ConfigError,
 )
@@ -91,6 +92,16 @@ def load_async_library() -> None:
     async path slower than the sync one. A sync ``EmbeddingClient`` does not load it.
     """
     import aiohttp  # noqa: F401  (cheap once loaded: a sys.modules lookup)
+
+
+def prepare_tls(config: EmbeddingConfig) -> None:
+    """Start building the SSL contexts of ``config``'s ``https://`` replicas on a
+    background thread (``_contract.prepare_ssl_contexts``), so that the first request
+    does not load the CA bundle (10-20 ms of CPU for certifi's roots). Called when a
+    client or adapter is built; returns at once and opens no connection."""
+    prepare_ssl_contexts(
+        (config.verify, bool(config.http2), url.startswith("http://")) for url in config.replicas
+    )
 
 
 # --------------------------------------------------------------------------- base
@@ -151,6 +162,7 @@ class _ClientBase:
         self._query_task = config.query_task  # resolved once (the config is frozen)
         self._engine = Engine(config)
         self._sdk: Any = None  # the openai SDK object, built on first use
+        prepare_tls(config)
 
     _exchange: Callable[[Send], Any]
 

@@ -60,8 +60,11 @@ class ProcessState:
     # scrubbed from those libraries' log records; kept by reset() and in a forked child
     # (clients made before still send them). Replaced, never mutated: read without the lock
     log_secrets: tuple[str, ...] = ()
-    # transport.py: one SSL context per (verify, http2, cleartext)
+    # transport.py: one SSL context per (verify, http2, cleartext), built under ssl_lock
+    # (possibly on a client's background thread: _contract.prepare_ssl_contexts)
     ssl_contexts: dict[tuple[bool | str, bool, bool], ssl.SSLContext] = field(default_factory=dict)
+    ssl_lock: threading.Lock = field(default_factory=threading.Lock)
+    ssl_pending: set[tuple[bool | str, bool, bool]] = field(default_factory=set)
     # threads, started on first use
     reaper: threading.Thread | None = None
     executor: ThreadPoolExecutor | None = None
@@ -101,6 +104,8 @@ class ProcessState:
         # A lock held by another thread at fork time would stay locked in the child;
         # threads do not exist in the child (started again on first use).
         self.lock = threading.RLock()
+        self.ssl_lock = threading.Lock()
+        self.ssl_pending.clear()  # their threads are not in the child
         self.reaper = self.executor = None
         self.slot_gates.clear()
         for m in self.metrics.values():

@@ -43,12 +43,13 @@ the config; see ``EmbeddingConfig.proxy_for``), so the transports route the same
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import ssl
 import threading
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -233,12 +234,13 @@ def quiet_header_loggers(*secrets: str | None) -> None:
 def ssl_context(verify: bool | str, *, http2: bool, cleartext: bool) -> ssl.SSLContext:
     """One SSL context per process per setting (loading the CA bundle is the bulk of a
     fresh ``openai.OpenAI()``'s set-up). CAs from certifi unless ``verify`` names a
-    bundle."""
+    bundle. Built under its own lock, not the state lock: a build (10-20 ms of CPU for
+    certifi's roots) never holds up a pool look-up (``prepare_ssl_contexts``)."""
     cache_key = (verify, http2, cleartext)
     ctx = STATE.ssl_contexts.get(cache_key)
     if ctx is not None:
         return ctx
-    with STATE.lock:
+    with STATE.ssl_lock:
         ctx = STATE.ssl_contexts.get(cache_key)
         if ctx is None:
             if cleartext:
@@ -258,6 +260,35 @@ def ssl_context(verify: bool | str, *, http2: bool, cleartext: bool) -> ssl.SSLC
                 ctx.set_alpn_protocols(["h2", "http/1.1"])
             STATE.ssl_contexts[cache_key] = ctx
         return ctx
+
+
+def prepare_ssl_contexts(settings: Iterable[tuple[bool | str, bool, bool]]) -> None:
+    """Build the SSL contexts of ``settings`` (``(verify, http2, cleartext)`` each, as
+    ``ssl_context`` takes them) on a background thread, so that the first request on
+    an ``https://`` endpoint does not pay for loading the CA bundle. Returns at once:
+    nothing to do when every context exists, is being built or is cleartext; else one
+    daemon thread (many clients built at once start one). A setting that fails to build
+    (a file that is not a CA bundle) is left to the first request, which raises the
+    error where the caller sees it."""
+    wanted = [s for s in dict.fromkeys(settings) if not s[2] and s not in STATE.ssl_contexts]
+    if not wanted:
+        return
+    with STATE.lock:
+        todo = [s for s in wanted if s not in STATE.ssl_pending]
+        STATE.ssl_pending.update(todo)
+    if not todo:
+        return
+
+    def build() -> None:
+        time.sleep(0)  # hand the GIL back first: the constructor that started us returns
+        for verify, http2, cleartext in todo:
+            # the request that needs it builds it again and raises there
+            with contextlib.suppress(Exception):
+                ssl_context(verify, http2=http2, cleartext=cleartext)
+        with STATE.lock:
+            STATE.ssl_pending.difference_update(todo)
+
+    threading.Thread(target=build, name="qwen-embed-tls", daemon=True).start()
 
 
 # --------------------------------------------------------------------------- body limits

@@ -35,7 +35,7 @@ from pydantic import (
     model_validator,
 )
 
-from .._client import AsyncEmbeddingClient, EmbeddingClient, load_async_library
+from .._client import AsyncEmbeddingClient, EmbeddingClient, load_async_library, prepare_tls
 from .._config import (
     NOT_GIVEN,
     EmbeddingConfig,
@@ -471,6 +471,7 @@ class FlatSettings(BaseModel):
         # event loop inside the first one (nor inside the first sync call, which builds
         # the async client with the sync one)
         load_async_library()
+        prepare_tls(config)  # the first request's TLS set-up, in the background
         # __dict__ directly: no __setattr__ (it would refresh again)
         base = config.base_url
         self.__dict__["base_url"] = list(base) if isinstance(base, tuple) else base

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 import llama_index.core.instrumentation as _instrumentation
 from llama_index.core.base.embeddings.base import BaseEmbedding, Embedding
-from llama_index.core.bridge.pydantic import Field, SecretStr, model_validator
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, SecretStr, model_validator
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 
 from .._client import AsyncEmbeddingClient, EmbeddingClient
@@ -306,6 +306,8 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         "WARNING per batch), so every node still gets an embedding. Single-text calls "
         "always raise.",
     )
+    # to_payload's memo: (the base_url field's value, its endpoint label)
+    _endpoint_label: tuple[Any, str | None] = PrivateAttr(default=(None, None))
 
     _stock: ClassVar[Stock] = _STOCK
     _model_field: ClassVar[str] = "model_name"
@@ -373,7 +375,13 @@ class QwenPooledEmbedding(FlatSettings, BaseEmbedding):
         """What LlamaIndex puts in embedding events: no credentials, the endpoint as
         scheme://host:port/path."""
         payload: dict[str, Any] = super().to_payload()
-        payload["base_url"] = self.config.endpoint
+        # LlamaIndex asks for it on every call: the endpoint label is worked out again
+        # only when the base_url field holds another object (a new value)
+        base, label = self._endpoint_label
+        if base is not self.base_url or label is None:
+            label = self.config.endpoint  # the config may resolve the field
+            self._endpoint_label = (self.base_url, label)
+        payload["base_url"] = label
         payload["dimensions"] = self.dimensions
         payload["max_concurrency"] = self.max_concurrency
         return payload
