@@ -194,7 +194,8 @@ class Bisector:
         the cause). It fails too -> the server is down whatever the input: an outage,
         retried with backoff until the call's deadline; then (or at once, for a failure
         that is not retryable) ``exc`` is raised without an input index, in both
-        ``on_error`` modes."""
+        ``on_error`` modes. The replica is then down: one request at a time probes it
+        (``Replica.went_down``), so the control's retries wait for the probe's verdict."""
         replica = self.endpoint.replica_of(exc)
         if replica is not None:
             replica.metrics.fallback("control_requests")
@@ -216,9 +217,11 @@ class Bisector:
                 break
             delay = min(delay, _CONTROL_WAIT_MAX)  # a tiny probe: the job resumes soon after
             where = self.endpoint.replica_of(failed) or replica
-            if where is not None:
-                where.retried(failed, delay)
-            yield Sleep(delay)
+            if where is None:
+                yield Sleep(delay)
+                continue
+            where.went_down(failed)  # fails whatever the input: its probe paces the retries
+            where.retried(failed, 0.0, bound=rs.bound())
         if failed is not exc and failed in call.server_errors:
             raise failed
         note = (

@@ -182,7 +182,7 @@ class _ClientBase:
         and how long to wait before hedging it (``None``: no hedge)."""
         engine = self._engine
         call = engine.new_call(query=query)
-        delay = engine.endpoint.p95() if query and self._config.hedge else None
+        delay = engine.endpoint.p95(texts=1) if query and self._config.hedge else None
         return (lambda: engine.batch_flow(call, [text], [0])), delay
 
     def _start(

@@ -2,10 +2,10 @@
 and async drivers, and the windows that keep a call's batches in flight.
 
 A flow (``_engine``) is a generator that yields ``Send`` (perform this exchange on this
-replica) and ``Sleep`` (wait); ``run_sync`` performs them with blocking I/O,
-``run_async`` with awaits. ``run_windowed`` / ``arun_windowed`` run a call's batches
-with at most ``limit`` in flight; ``hedged`` / ``ahedged`` race a second copy of a
-slow single-query flow.
+replica), ``Sleep`` (wait) and ``Hold`` (take a gate: wait for a replica's probe);
+``run_sync`` performs them with blocking I/O, ``run_async`` with awaits.
+``run_windowed`` / ``arun_windowed`` run a call's batches with at most ``limit`` in
+flight; ``hedged`` / ``ahedged`` race a second copy of a slow single-query flow.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._config import OnError
 from ._state import STATE
-from ._transport import Reply, Request
+from ._transport import ProcessGate, Reply, Request
 from .errors import QwenEmbedError
 
 if TYPE_CHECKING:
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Abandoned",
     "Call",
+    "Hold",
     "Part",
     "Send",
     "Sleep",
@@ -65,7 +66,19 @@ class Sleep:
         self.seconds = seconds
 
 
-Op = Send | Sleep
+class Hold:
+    """Operation: take ``gate`` (a ``ProcessGate``), waiting at most ``timeout`` seconds
+    (``None``: no limit) without polling; the flow receives whether it got it, and
+    releases it itself."""
+
+    __slots__ = ("gate", "timeout")
+
+    def __init__(self, gate: ProcessGate, timeout: float | None) -> None:
+        self.gate = gate
+        self.timeout = timeout
+
+
+Op = Send | Sleep | Hold
 Flow = Generator[Op, Any, Any]
 
 
@@ -168,6 +181,8 @@ def run_sync(
                     value = send(op)
                 except QwenEmbedError as exc:
                     error = exc
+            elif type(op) is Hold:
+                value = op.gate.acquire(op.timeout)
             else:
                 if type(op) is not Sleep:
                     raise TypeError(f"a flow yielded {op!r}")
@@ -195,6 +210,8 @@ async def run_async(flow: Flow, send: Callable[[Send], Any]) -> Any:
                     value = await send(op)
                 except QwenEmbedError as exc:
                     error = exc
+            elif type(op) is Hold:
+                value = await op.gate.aacquire(op.timeout)
             else:
                 if type(op) is not Sleep:
                     raise TypeError(f"a flow yielded {op!r}")

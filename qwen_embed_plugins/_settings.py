@@ -224,12 +224,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     ),
     Setting(
         "max_retries",
-        int,
-        3,
-        "Retries after the first attempt for failures that are not outages (default 3); "
-        "outages (refused connections, 429, 502-504) are retried until the deadline; 0 "
-        "turns retries off entirely.",
-        into="retry.max_attempts",
+        int | None,
+        None,
+        "Retries per request after its first attempt, whatever the cause, outages "
+        "included (0 = never retry). None (default): 3 retries for failures that are not "
+        "outages; outages (refused connections, 429, 502-504) are retried until the "
+        "deadline, one probe at a time.",
+        into="retry.max_retries",
     ),
     Setting(
         "deadline",
