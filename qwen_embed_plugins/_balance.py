@@ -17,8 +17,9 @@ while every replica has been failing for at least ``open_after`` seconds; calls 
 way keep retrying within their deadline, so a restart shorter than that costs time,
 not the run.
 
-An outage costs the server almost nothing. A replica that fails with a health signal, or
-whose control request failed too (the server fails whatever the input), is *down*: until
+An outage costs the server almost nothing. The replica of a one-replica endpoint that
+fails with a health signal, or whose control request failed too (the server fails
+whatever the input), is *down*: until
 it answers again, one request at a time probes it (``Replica.gate``, a one-slot
 ``ProcessGate`` shared by threads and every event loop), each probe after a backoff that
 doubles up to ``PROBE_CAP`` seconds (``Replica.probe_wait``); every other request waits
@@ -62,6 +63,9 @@ _EWMA_ALPHA = 0.2
 _LATENCY_WINDOW = 512
 PROBE_CAP = 4.0
 """The longest wait between two probes of a replica that is down, in seconds."""
+SUSPECT_RUN = 3
+"""Requests in a row (not pieces of one bisection) failing in a way one input may cause
+(500, 424, a dropped connection), with no success between, that put a replica down."""
 RETRY_RATIO = 0.2
 """Retries a replica gets, as a share of its recent requests (``Budget``)."""
 RETRY_FLOOR = 10
@@ -185,6 +189,7 @@ class Replica:
         time probes it (``gate``) until it answers again."""
         self.down_error: QwenEmbedError | None = None
         self.probes = 0  # probes started since it went down
+        self.suspects = 0  # requests failed in a row in a way one input may cause
         self.last_probe = 0.0  # monotonic time the latest probe ended
         self.gate = ProcessGate(1)
         self.retries = Budget(RETRY_RATIO, floor=RETRY_FLOOR, window=RETRY_WINDOW)
@@ -205,7 +210,7 @@ class Replica:
             self.ejected_until = 0.0
             self.probing = self.answered = self.down = False
             self.last_error = self.down_error = None
-            self.probes = 0
+            self.probes = self.suspects = 0
             self.states.clear()
             self.latencies.clear()
             self.single_latencies.clear()
@@ -272,9 +277,25 @@ class Replica:
 
     def up(self) -> None:
         """It answered (a success, or an answer that shows it alive): not down."""
-        if self.down:
+        if self.down or self.suspects:
             with self._lock:
-                self.down, self.probes = False, 0
+                self.down, self.probes, self.suspects = False, 0, 0
+
+    def suspect(self, exc: QwenEmbedError) -> None:
+        """A request (not a piece of a bisection) failed with ``exc``, which one input
+        may cause (500, 424, a dropped connection): ``SUSPECT_RUN`` of them in a row with
+        no success between put it down (``went_down``): their bisections then wait for
+        one probe instead of all running at once."""
+        with self._lock:
+            self.suspects += 1
+            run = self.suspects
+        if run >= SUSPECT_RUN:
+            self.went_down(
+                exc.with_context(
+                    note=f" ({run} requests in a row failed with no success between: the "
+                    "server fails whatever the input)"
+                )
+            )
 
     def alive(self, exc: QwenEmbedError) -> None:
         """A request to it failed with ``exc``: an HTTP answer below 500 other than 429
@@ -505,8 +526,6 @@ class Endpoint:
             replica = self.replicas[(turn + offset) % n]
             if replica in avoided or not replica.available(now) or replica.probing:
                 continue  # a replica being probed takes no other request meanwhile
-            if replica.down:
-                continue  # down: its probe's verdict first (chosen only when no other is)
             if replica.ejected_until:
                 best = replica  # its cooldown is over: probe it now
                 break
@@ -515,7 +534,7 @@ class Endpoint:
                 best, best_rank = replica, rank
         if best is None:
             candidates = [r for r in self.replicas if r not in avoided] or list(self.replicas)
-            best = min(candidates, key=lambda r: (r.ejected_until, r.down))
+            best = min(candidates, key=lambda r: r.ejected_until)
         if best.ejected_until and best.ejected_until <= now:
             with best._lock:
                 best.probing = True

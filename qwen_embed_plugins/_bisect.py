@@ -41,6 +41,10 @@ _log = logging.getLogger("qwen_embed_plugins")
 
 _CONTROL_TEXT = "hello"  # a control request's input: any server embeds it
 _CONTROL_WAIT_MAX = 1.0  # seconds: the longest wait between control requests in an outage
+_CONTROL_NOTE = (
+    " (a control request with a known-good text failed too ({}): the server fails "
+    "whatever the input)"
+)
 
 
 @dataclass
@@ -220,14 +224,16 @@ class Bisector:
             if where is None:
                 yield Sleep(delay)
                 continue
-            where.went_down(failed)  # fails whatever the input: its probe paces the retries
+            if len(self.endpoint.replicas) > 1:
+                where.retried(failed, delay, bound=rs.bound())
+                yield Sleep(delay)
+                continue
+            # fails whatever the input: down, its probe paces the retries
+            where.went_down(failed.with_context(note=_CONTROL_NOTE.format(type(failed).__name__)))
             where.retried(failed, 0.0, bound=rs.bound())
         if failed is not exc and failed in call.server_errors:
             raise failed
-        note = (
-            " (a control request with a known-good text failed too "
-            f"({type(failed).__name__}): the server fails whatever the input)"
-        )
+        note = _CONTROL_NOTE.format(type(failed).__name__)
         error = exc if note in str(exc) else exc.with_context(note=note)
         call.stop = True
         call.server_errors.add(error)

@@ -256,6 +256,7 @@ class Engine:
         run = _Retry(
             self.config.retry, call.started, call.deadline, len(self.endpoint.replicas) > 1
         )
+        retrying: tuple[Replica, QwenEmbedError, float] | None = None  # counted once made
         while True:
             run.attempt += 1
             replica = run.pin if run.pin is not None else self._choose(run)
@@ -264,9 +265,13 @@ class Engine:
             now: _Attempt | None = None
             held = False  # this request probes the replica, down (its gate held)
             try:
-                if replica.down:
+                if replica.down and not run.multi:  # several: ejection and its probe
                     held = yield from self._wait_probe(run, replica, call)
                 now = self._attempt(run, replica, call, texts)
+                if retrying is not None:
+                    failed_on, why, waited = retrying
+                    failed_on.retried(why, waited, bound=run.rs.bound())
+                    retrying = None
                 replica.begin()
                 replica.metrics.request_started()
                 now.started, now.sent = time.perf_counter(), True
@@ -294,8 +299,14 @@ class Engine:
             if error is None:  # cannot happen
                 raise RuntimeError("internal error: error is None")
             self.endpoint.failed(replica, error)
-            if classify(error) == "outage" or is_health_failure(error):
+            if run.multi:
+                pass  # several replicas: ejection and its probe (``Endpoint.choose``)
+            elif classify(error) == "outage" or is_health_failure(error):
                 replica.went_down(error)  # whatever the request: probed, one at a time
+            elif (
+                run._rs is None and not bisecting and maybe_input(error) and replica_suspect(error)
+            ):
+                replica.suspect(error)  # a request's first failure; several in a row: down
             error = run.previous = _cause(error, run.previous, call)
             self._learn_failure(run, now, error)
             if self._new_options(run, now, error) or self._same_replica_trial(
@@ -303,7 +314,7 @@ class Engine:
             ):
                 continue
             delay = self._next_step(run, now, error, call, bisectable or bisecting, bisecting)
-            replica.retried(error, delay, bound=run.rs.bound())
+            retrying = (replica, error, delay)
             if delay > 0:
                 yield Sleep(delay)
 
@@ -336,8 +347,8 @@ class Engine:
 
     def _outage_outlasted(self, run: _Retry, replica: Replica, call: Call) -> QwenEmbedError:
         """The error that ends a call whose deadline passed while ``replica`` was down:
-        the last failure seen (this request's, else the replica's), saying so."""
-        error = run.previous or replica.down_error
+        the failure that put it down (else this request's last one), saying so."""
+        error = replica.down_error or run.previous
         if error is None:  # cannot happen: a replica goes down with its error
             raise RuntimeError("internal error: a replica down without an error")
         error = error.with_context(
@@ -550,7 +561,7 @@ class Engine:
         delay = self.endpoint.first_contact(
             error, call.started, delay, self.config.retry.wait_for_server
         )
-        if delay is not None and replica.down:
+        if delay is not None and replica.down and not run.multi:
             delay = 0.0  # down: its probe paces the retries (``_wait_probe``)
         elif delay and not replica.retries.allow():
             # over the replica's retry budget (process-wide): not retried
