@@ -319,8 +319,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "hedge",
         bool,
         False,
-        "Hedge single queries: a second copy after the endpoint's p95 latency, first answer "
-        "wins, at most 5% extra requests (default False).",
+        "Hedge single queries: a second copy after the p95 latency of the endpoint's "
+        "single-text requests (bulk batches apart), first answer wins, at most 5% extra "
+        "requests (default False).",
     ),
     Setting(
         "server",
