@@ -26,7 +26,8 @@ doubles up to ``PROBE_CAP`` seconds (``Replica.probe_wait``); every other reques
 for the probe's verdict, woken by it. Retries to a replica that is not down stay within
 its ``Budget`` (``Replica.retries``): at most ``RETRY_RATIO`` of its recent requests plus
 ``RETRY_FLOOR`` per ``RETRY_WINDOW`` seconds, across the process (as Finagle's
-``RetryBudget`` and gRPC's retry throttling); a retry over it is not made.
+``RetryBudget`` and gRPC's retry throttling); a retry over it is not made (outage retries,
+paced by the probe or by backoff and ejection, are not counted).
 """
 
 from __future__ import annotations
@@ -152,10 +153,6 @@ class Budget:
             self._seen.clear()
             self._spent.clear()
             self.queries = self.hedges = self.wins = 0
-
-
-HedgeBudget = Budget
-"""The hedging budget's former name (``Budget``: 5% of the queries seen by default)."""
 
 
 class Replica:

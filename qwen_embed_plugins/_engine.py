@@ -563,8 +563,9 @@ class Engine:
         )
         if delay is not None and replica.down and not run.multi:
             delay = 0.0  # down: its probe paces the retries (``_wait_probe``)
-        elif delay and not replica.retries.allow():
-            # over the replica's retry budget (process-wide): not retried
+        elif delay and classify(error) != "outage" and not replica.retries.allow():
+            # over the replica's retry budget (process-wide): not retried (an outage with
+            # several replicas is paced by its backoff and ejection, until the deadline)
             rs.ended_by = "budget"
             delay = None
         if delay is None:

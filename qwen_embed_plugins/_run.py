@@ -24,7 +24,7 @@ from ._transport import ProcessGate, Reply, Request
 from .errors import QwenEmbedError
 
 if TYPE_CHECKING:
-    from ._balance import HedgeBudget, Replica
+    from ._balance import Budget, Replica
     from ._protocol import FloatArray
 
 __all__ = [
@@ -327,7 +327,7 @@ async def arun_windowed(
 # --------------------------------------------------------------------------- hedging
 
 
-def hedged(first: Callable[[threading.Event], Any], delay: float, budget: HedgeBudget) -> Any:
+def hedged(first: Callable[[threading.Event], Any], delay: float, budget: Budget) -> Any:
     """Run ``first(abandon)``; if it has not finished after ``delay`` seconds and the
     budget allows, run a second copy and return whichever answers first (a failed copy
     waits for the other). The slower copy is then abandoned: a blocking request under way
@@ -360,7 +360,7 @@ def hedged(first: Callable[[threading.Event], Any], delay: float, budget: HedgeB
     raise error
 
 
-async def ahedged(first: Callable[[], Any], delay: float, budget: HedgeBudget) -> Any:
+async def ahedged(first: Callable[[], Any], delay: float, budget: Budget) -> Any:
     """The async ``hedged``: the slower copy is cancelled (its connection closed)."""
     budget.seen()
     one = asyncio.ensure_future(first())
