@@ -16,37 +16,143 @@ fast (``CircuitOpenError``, naming each replica's last failure) only for a new c
 while every replica has been failing for at least ``open_after`` seconds; calls under
 way keep retrying within their deadline, so a restart shorter than that costs time,
 not the run.
+
+An outage costs the server almost nothing. The replica of a one-replica endpoint that
+fails with a health signal, or whose control request failed too (the server fails
+whatever the input), is *down*: until
+it answers again, one request at a time probes it (``Replica.gate``, a one-slot
+``ProcessGate`` shared by threads and every event loop), each probe after a backoff that
+doubles up to ``PROBE_CAP`` seconds (``Replica.probe_wait``); every other request waits
+for the probe's verdict, woken by it. Retries to a replica that is not down stay within
+its ``Budget`` (``Replica.retries``): at most ``RETRY_RATIO`` of its recent requests plus
+``RETRY_FLOOR`` per ``RETRY_WINDOW`` seconds, across the process (as Finagle's
+``RetryBudget`` and gRPC's retry throttling); a retry over it is not made (outage retries,
+paced by the probe or by backoff and ejection, are not counted).
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
+import random
 import threading
 import time
 from collections import deque
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 
-from ._config import EmbeddingConfig, PoolKey
+from ._config import EmbeddingConfig, PoolKey, RetryConfig
 from ._learn import ReplicaState
 from ._metrics import EndpointMetrics
 from ._retry import is_health_failure, retry_reason
 from ._state import STATE
+from ._transport import ProcessGate
 from .errors import (
     CircuitOpenError,
     ConnectError,
     ConnectTimeout,
+    HTTPStatusError,
     NetworkError,
     QwenEmbedError,
     TransportError,
 )
 
-__all__ = ["Endpoint", "HedgeBudget", "Replica", "endpoint_for", "replica_for"]
+__all__ = ["Budget", "Endpoint", "Replica", "endpoint_for", "replica_for"]
 
 _log = logging.getLogger("qwen_embed_plugins")
 
 _EWMA_ALPHA = 0.2
 _LATENCY_WINDOW = 512
+PROBE_CAP = 4.0
+"""The longest wait between two probes of a replica that is down, in seconds."""
+SUSPECT_RUN = 3
+"""Requests in a row (not pieces of one bisection) failing in a way one input may cause
+(500, 424, a dropped connection), with no success between, that put a replica down."""
+RETRY_RATIO = 0.2
+"""Retries a replica gets, as a share of its recent requests (``Budget``)."""
+RETRY_FLOOR = 10
+"""Retries a replica gets per ``RETRY_WINDOW`` whatever its traffic (``Budget``)."""
+RETRY_WINDOW = 10.0
+"""Seconds of requests a retry budget counts (``Budget``)."""
+
+
+class Budget:
+    """Caps extra requests (retries, hedges) at ``ratio`` of the requests seen plus
+    ``floor``: one is allowed while ``spent + 1 <= ratio * seen + floor``, counted over
+    the last ``window`` seconds (``None``: since the start). Thread-safe.
+
+    Args:
+        ratio: extra requests per request seen (0.05: 5%).
+        floor: extra requests allowed per window whatever the traffic.
+        window: seconds counted (``None``: everything since the start).
+        clock: the monotonic clock, in seconds (tests give their own).
+
+    Attributes:
+        queries: requests seen (in the window, as last counted).
+        hedges: extra requests allowed (in the window, as last counted).
+        wins: hedges that answered first (``won``).
+    """
+
+    def __init__(
+        self,
+        ratio: float = 0.05,
+        *,
+        floor: int = 0,
+        window: float | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.ratio = ratio
+        self.floor = floor
+        self.window = window
+        self.clock = clock
+        self.queries = 0
+        self.hedges = 0
+        self.wins = 0
+        self._seen: deque[float] = deque()  # monotonic times, with a window only
+        self._spent: deque[float] = deque()
+        self._lock = threading.Lock()
+
+    def _expire(self, now: float) -> None:
+        # with self._lock held
+        if self.window is None:
+            return
+        oldest = now - self.window
+        for times in (self._seen, self._spent):
+            while times and times[0] < oldest:
+                times.popleft()
+        self.queries, self.hedges = len(self._seen), len(self._spent)
+
+    def seen(self) -> None:
+        """A request was made (it earns ``ratio`` of an extra one)."""
+        with self._lock:
+            if self.window is None:
+                self.queries += 1
+                return
+            now = self.clock()
+            self._seen.append(now)
+            self._expire(now)
+
+    def allow(self) -> bool:
+        """Whether one more extra request fits (then it is counted as spent)."""
+        with self._lock:
+            now = self.clock() if self.window is not None else 0.0
+            self._expire(now)
+            if self.hedges + 1 > self.ratio * self.queries + self.floor:
+                return False
+            self.hedges += 1
+            if self.window is not None:
+                self._spent.append(now)
+            return True
+
+    def won(self) -> None:
+        with self._lock:
+            self.wins += 1
+
+    def clear(self) -> None:
+        """Forget every request and extra request counted."""
+        with self._lock:
+            self._seen.clear()
+            self._spent.clear()
+            self.queries = self.hedges = self.wins = 0
 
 
 class Replica:
@@ -72,6 +178,19 @@ class Replica:
         self.ejections = 0
         self.states: dict[str, ReplicaState] = {}
         self.latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        """Recent latencies of requests of several texts, in seconds."""
+        self.single_latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        """Recent latencies of single-text requests (queries), in seconds."""
+        self.down = False
+        """Down (a health failure, or a control request failed too): one request at a
+        time probes it (``gate``) until it answers again."""
+        self.down_error: QwenEmbedError | None = None
+        self.probes = 0  # probes started since it went down
+        self.suspects = 0  # requests failed in a row in a way one input may cause
+        self.last_probe = 0.0  # monotonic time the latest probe ended
+        self.gate = ProcessGate(1)
+        self.retries = Budget(RETRY_RATIO, floor=RETRY_FLOOR, window=RETRY_WINDOW)
+        """Retries to it, across the process (``Budget``)."""
         self.answered = False
         """Whether any HTTP answer (whatever its status) came from it in this process:
         until then, connection failures fail a call after ``RetryConfig.wait_for_server``."""
@@ -86,10 +205,13 @@ class Replica:
             self.failures = self.ejections = self.episode_retries = 0
             self.streak_started = self.episode_started = None
             self.ejected_until = 0.0
-            self.probing = self.answered = False
-            self.last_error = None
+            self.probing = self.answered = self.down = False
+            self.last_error = self.down_error = None
+            self.probes = self.suspects = 0
             self.states.clear()
             self.latencies.clear()
+            self.single_latencies.clear()
+        self.retries.clear()
 
     def state(self, model: str) -> ReplicaState:
         """The learned state of this replica for ``model``."""
@@ -107,9 +229,10 @@ class Replica:
         with self._lock:
             self.in_flight -= 1
 
-    def succeeded(self, seconds: float) -> None:
-        """An answer arrived (any status that shows the server alive) in ``seconds``."""
-        self.latencies.append(seconds)
+    def succeeded(self, seconds: float, texts: int = 2) -> None:
+        """An answer arrived (any status that shows the server alive) in ``seconds``, to
+        a request of ``texts`` texts (single-text latencies are kept apart: ``p95``)."""
+        (self.single_latencies if texts == 1 else self.latencies).append(seconds)
         ewma = self.ewma
         self.ewma = seconds if ewma is None else ewma + _EWMA_ALPHA * (seconds - ewma)
         if self.failures or self.probing or self.ejected_until:
@@ -139,10 +262,72 @@ class Replica:
                 self.ejected_until = now + cooldown
                 self.probing = False
 
-    def retried(self, exc: QwenEmbedError, delay: float) -> None:
+    def went_down(self, exc: QwenEmbedError) -> None:
+        """It failed whatever the request (``exc``: an outage or a health failure, or a
+        control request's failure): down until it answers (``up``); one request at a
+        time probes it (``gate``, ``probe_wait``)."""
+        with self._lock:
+            if not self.down:
+                self.down, self.probes = True, 0
+            self.down_error = exc
+            self.last_probe = time.monotonic()
+
+    def up(self) -> None:
+        """It answered (a success, or an answer that shows it alive): not down."""
+        if self.down or self.suspects:
+            with self._lock:
+                self.down, self.probes, self.suspects = False, 0, 0
+
+    def suspect(self, exc: QwenEmbedError) -> None:
+        """A request (not a piece of a bisection) failed with ``exc``, which one input
+        may cause (500, 424, a dropped connection): ``SUSPECT_RUN`` of them in a row with
+        no success between put it down (``went_down``): their bisections then wait for
+        one probe instead of all running at once."""
+        with self._lock:
+            self.suspects += 1
+            run = self.suspects
+        if run >= SUSPECT_RUN:
+            self.went_down(
+                exc.with_context(
+                    note=f" ({run} requests in a row failed with no success between: the "
+                    "server fails whatever the input)"
+                )
+            )
+
+    def alive(self, exc: QwenEmbedError) -> None:
+        """A request to it failed with ``exc``: an HTTP answer below 500 other than 429
+        shows it alive whatever it said (``up``)."""
+        if isinstance(exc, HTTPStatusError) and exc.status < 500 and exc.status != 429:
+            self.up()
+
+    def probe_wait(self, policy: RetryConfig, rng: random.Random | None = None) -> float:
+        """Seconds to wait before the next probe of this replica, down (its caller holds
+        ``gate``): a backoff that doubles from ``policy.backoff_initial`` per probe up to
+        ``min(policy.backoff_max, PROBE_CAP)`` (half of it jittered), at least the
+        ``Retry-After`` it last sent (up to ``policy.retry_after_max``), less the time
+        since its last failure."""
+        with self._lock:
+            retry, self.probes = self.probes, self.probes + 1
+            since = time.monotonic() - self.last_probe
+            said = self.down_error
+        cap = min(policy.backoff_max, PROBE_CAP, policy.backoff_initial * 2.0 ** min(retry, 60))
+        wait = cap / 2.0 + (rng or random).uniform(0.0, cap / 2.0)
+        server_wait = said.retry_after if isinstance(said, HTTPStatusError) else None
+        if server_wait is not None and server_wait > 0.0:
+            wait = max(wait, min(server_wait, policy.retry_after_max))
+        return max(0.0, wait - since)
+
+    def probed(self) -> None:
+        """A probe ended (its verdict recorded): the next one waits from now."""
+        with self._lock:
+            self.last_probe = time.monotonic()
+
+    def retried(self, exc: QwenEmbedError, delay: float, *, bound: str = "") -> None:
         """A request to it failed with ``exc`` and is retried after ``delay`` seconds:
         counted, logged at DEBUG, and one WARNING when this starts an outage episode (the
-        first retry since its last success; ``recovered`` logs its end)."""
+        first retry since its last success; ``recovered`` logs its end). ``bound``: what
+        will end the retries, when a count does (``"at most 3 attempts"``); else they go
+        on until it answers (within the call's deadline)."""
         reason = retry_reason(exc) or "unknown"
         stale = delay == 0.0 and isinstance(exc, NetworkError) and not exc.refused
         self.metrics.retry(reason, stale=stale)
@@ -156,9 +341,10 @@ class Replica:
             self.episode_started = time.monotonic()
             self.episode_retries = 1
         _log.warning(
-            "%s failed (%s); retrying until it answers (further retries are logged at DEBUG): %s",
+            "%s failed (%s); retrying %s (further retries are logged at DEBUG): %s",
             self.label,
             reason,
+            bound or "until it answers or the deadline passes",
             exc,
             extra={"qwen_embed_episode": "start"},
         )
@@ -189,10 +375,11 @@ class Replica:
         started = self.streak_started
         return 0.0 if started is None else now - started
 
-    def p95(self) -> float | None:
-        """The 95th percentile of recent request latencies, in seconds (``None``:
-        fewer than 20 samples)."""
-        samples = list(self.latencies)
+    def p95(self, texts: int = 2) -> float | None:
+        """The 95th percentile of the latencies of recent requests like one of ``texts``
+        texts (single-text requests apart from batches), in seconds (``None``: fewer than
+        20 samples)."""
+        samples = list(self.single_latencies if texts == 1 else self.latencies)
         if len(samples) < 20:
             return None
         samples.sort()
@@ -211,33 +398,6 @@ def replica_for(key: PoolKey) -> Replica:
         if found is None:
             found = STATE.replicas[key] = Replica(key, pool_metrics(key))
         return found
-
-
-class HedgeBudget:
-    """Caps hedged requests at ``ratio`` of the queries seen (default 5%): a hedge is
-    allowed while ``hedges + 1 <= ratio * queries``. Thread-safe."""
-
-    def __init__(self, ratio: float = 0.05) -> None:
-        self.ratio = ratio
-        self.queries = 0
-        self.hedges = 0
-        self.wins = 0
-        self._lock = threading.Lock()
-
-    def seen(self) -> None:
-        with self._lock:
-            self.queries += 1
-
-    def allow(self) -> bool:
-        with self._lock:
-            if self.hedges + 1 <= self.ratio * self.queries:
-                self.hedges += 1
-                return True
-            return False
-
-    def won(self) -> None:
-        with self._lock:
-            self.wins += 1
 
 
 class Endpoint:
@@ -260,7 +420,7 @@ class Endpoint:
         self.threshold = threshold
         self._turn = itertools.count()
         self.opened = 0
-        self.hedges = HedgeBudget()
+        self.hedges = Budget()
 
     def check_open(self) -> None:
         """At the start of a call: raise ``CircuitOpenError`` when every replica has
@@ -380,9 +540,10 @@ class Endpoint:
     def failed(self, replica: Replica, exc: BaseException, *, health: bool = False) -> None:
         replica.failed(exc, eject_after=self.eject_after, cooldown=self.cooldown, health=health)
 
-    def p95(self) -> float | None:
-        """The endpoint's recent 95th-percentile latency (seconds), over its replicas."""
-        values = [p for r in self.replicas if (p := r.p95()) is not None]
+    def p95(self, texts: int = 2) -> float | None:
+        """The endpoint's recent 95th-percentile latency (seconds) of requests like one of
+        ``texts`` texts (``Replica.p95``), over its replicas."""
+        values = [p for r in self.replicas if (p := r.p95(texts)) is not None]
         return min(values) if values else None
 
 

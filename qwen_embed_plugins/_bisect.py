@@ -41,6 +41,10 @@ _log = logging.getLogger("qwen_embed_plugins")
 
 _CONTROL_TEXT = "hello"  # a control request's input: any server embeds it
 _CONTROL_WAIT_MAX = 1.0  # seconds: the longest wait between control requests in an outage
+_CONTROL_NOTE = (
+    " (a control request with a known-good text failed too ({}): the server fails "
+    "whatever the input)"
+)
 
 
 @dataclass
@@ -194,7 +198,8 @@ class Bisector:
         the cause). It fails too -> the server is down whatever the input: an outage,
         retried with backoff until the call's deadline; then (or at once, for a failure
         that is not retryable) ``exc`` is raised without an input index, in both
-        ``on_error`` modes."""
+        ``on_error`` modes. The replica is then down: one request at a time probes it
+        (``Replica.went_down``), so the control's retries wait for the probe's verdict."""
         replica = self.endpoint.replica_of(exc)
         if replica is not None:
             replica.metrics.fallback("control_requests")
@@ -216,15 +221,19 @@ class Bisector:
                 break
             delay = min(delay, _CONTROL_WAIT_MAX)  # a tiny probe: the job resumes soon after
             where = self.endpoint.replica_of(failed) or replica
-            if where is not None:
-                where.retried(failed, delay)
-            yield Sleep(delay)
+            if where is None:
+                yield Sleep(delay)
+                continue
+            if len(self.endpoint.replicas) > 1:
+                where.retried(failed, delay, bound=rs.bound())
+                yield Sleep(delay)
+                continue
+            # fails whatever the input: down, its probe paces the retries
+            where.went_down(failed.with_context(note=_CONTROL_NOTE.format(type(failed).__name__)))
+            where.retried(failed, 0.0, bound=rs.bound())
         if failed is not exc and failed in call.server_errors:
             raise failed
-        note = (
-            " (a control request with a known-good text failed too "
-            f"({type(failed).__name__}): the server fails whatever the input)"
-        )
+        note = _CONTROL_NOTE.format(type(failed).__name__)
         error = exc if note in str(exc) else exc.with_context(note=note)
         call.stop = True
         call.server_errors.add(error)

@@ -196,7 +196,7 @@ class _ClientBase:
         engine = self._engine
         call = engine.new_call(query=query)
         start_call(engine, call, 1)
-        delay = engine.endpoint.p95() if query and self._config.hedge else None
+        delay = engine.endpoint.p95(texts=1) if query and self._config.hedge else None
         return call, (lambda: engine.batch_flow(call, [text], [0])), delay
 
     def _start(

@@ -12,7 +12,10 @@ A batch flow decides:
 - which replica gets the request (``balance``), and resends a failed request at once on
   another replica;
 - retries (``retry``: outages until the call's deadline, other failures
-  ``max_attempts`` times, stale keep-alive and refused HTTP/2 streams at once); a
+  ``max_attempts`` times, stale keep-alive and refused HTTP/2 streams at once; an
+  explicit ``max_retries`` bounds them all; retries to a replica that is up within its
+  budget); a replica that is down takes one request at a time, its probe, and every
+  other request waits for the probe's verdict (``_wait_probe``); a
   connection failure while no replica has ever answered only within
   ``RetryConfig.wait_for_server`` (a wrong URL fails fast, naming it);
 - adaptations learned per replica: base64 -> float (on a refusal, or a 5xx a float
@@ -55,6 +58,7 @@ from ._learn import ReplicaState
 from ._protocol import bad_rows, decode_rows, parse_body, size_errors
 from ._requests import Requests
 from ._retry import (
+    MIN_ATTEMPT_SECONDS,
     RetryState,
     ambiguous,
     classify,
@@ -64,7 +68,7 @@ from ._retry import (
     named_position,
     replica_suspect,
 )
-from ._run import Call, Flow, Part, Send, Sleep
+from ._run import Call, Flow, Hold, Part, Send, Sleep
 from ._tracing import RequestTrace
 from ._transport import Reply, Request
 from .errors import (
@@ -254,19 +258,29 @@ class Engine:
         run = _Retry(
             self.config.retry, call.started, call.deadline, len(self.endpoint.replicas) > 1
         )
+        retrying: tuple[Replica, QwenEmbedError, float] | None = None  # counted once made
         while True:
             run.attempt += 1
             replica = run.pin if run.pin is not None else self._choose(run)
             run.pin = None
             probe = replica.probing  # chosen as the probe of an ejected replica
             now: _Attempt | None = None
+            held = False  # this request probes the replica, down (its gate held)
             try:
+                if replica.down and not run.multi:  # several: ejection and its probe
+                    held = yield from self._wait_probe(run, replica, call)
                 now = self._attempt(run, replica, call, texts)
+                if retrying is not None:
+                    failed_on, why, waited = retrying
+                    failed_on.retried(why, waited, bound=run.rs.bound())
+                    retrying = None
                 replica.begin()
                 replica.metrics.request_started()
                 now.started, now.sent = time.perf_counter(), True
                 if call.trace is not None:
                     now.span = call.trace.request(now.request.url, now.fmt, len(texts), run.attempt)
+                if run._rs is None:
+                    replica.retries.seen()  # a first attempt: earns retries (``Budget``)
                 try:
                     reply: Reply = yield Send(replica, now.request)
                 except QwenEmbedError as exc:
@@ -275,15 +289,28 @@ class Engine:
                     decoded = self._interpret(now, reply, indices)
                     if decoded is not None:
                         return self._succeeded(run, now, reply, texts, indices, *decoded)
+                if now.error is not None:
+                    replica.alive(now.error)  # the probe's verdict, before the next one
             finally:
                 if now is not None and now.sent:
                     self._account(now, len(texts), run.attempt)
                 if probe:
                     replica.probing = False  # sent or not: another request may probe it
+                if held:
+                    replica.probed()
+                    replica.gate.release()
             error = now.error
             if error is None:  # cannot happen
                 raise RuntimeError("internal error: error is None")
             self.endpoint.failed(replica, error)
+            if run.multi:
+                pass  # several replicas: ejection and its probe (``Endpoint.choose``)
+            elif classify(error) == "outage" or is_health_failure(error):
+                replica.went_down(error)  # whatever the request: probed, one at a time
+            elif (
+                run._rs is None and not bisecting and maybe_input(error) and replica_suspect(error)
+            ):
+                replica.suspect(error)  # a request's first failure; several in a row: down
             error = run.previous = _cause(error, run.previous, call)
             self._learn_failure(run, now, error)
             if self._new_options(run, now, error) or self._same_replica_trial(
@@ -291,11 +318,52 @@ class Engine:
             ):
                 continue
             delay = self._next_step(run, now, error, call, bisectable or bisecting, bisecting)
-            replica.retried(error, delay)
+            retrying = (replica, error, delay)
             if delay > 0:
                 yield Sleep(delay)
 
     # ------------------------------------------------ request_flow's decisions
+
+    def _wait_probe(self, run: _Retry, replica: Replica, call: Call) -> Flow:
+        """``replica`` is down: wait (``Hold``, woken without polling) for its gate, held
+        by the one request that probes it. Returns ``True`` holding the gate (this request
+        is the probe, sent after ``Replica.probe_wait``) or ``False`` (it answered
+        meanwhile). Raises the outage's error, which ends the call, when the call's
+        deadline comes first."""
+        left = call.remaining()
+        got = yield Hold(replica.gate, None if left is None else max(0.0, left))
+        if not got:
+            raise self._outage_outlasted(run, replica, call)
+        if not replica.down:
+            replica.gate.release()  # the probe succeeded: go (the next waiter follows)
+            return False
+        try:
+            wait = replica.probe_wait(self.config.retry)
+            left = call.remaining()
+            if left is not None and wait + MIN_ATTEMPT_SECONDS >= left:
+                raise self._outage_outlasted(run, replica, call)
+            if wait > 0:
+                yield Sleep(wait)
+        except BaseException:
+            replica.gate.release()
+            raise
+        return True
+
+    def _outage_outlasted(self, run: _Retry, replica: Replica, call: Call) -> QwenEmbedError:
+        """The error that ends a call whose deadline passed while ``replica`` was down:
+        the failure that put it down (else this request's last one), saying so."""
+        error = replica.down_error or run.previous
+        if error is None:  # cannot happen: a replica goes down with its error
+            raise RuntimeError("internal error: a replica down without an error")
+        error = error.with_context(
+            replica=replica.label,
+            attempts=run.attempt - 1,
+            note=f" (gave up: the call's deadline of {call.deadline:g} s is spent while "
+            f"{replica.label} is down)",
+        )
+        call.stop = True
+        call.server_errors.add(error)
+        return error
 
     def _choose(self, run: _Retry) -> Replica:
         """The replica for the next attempt: not one this batch failed on (nor the one an
@@ -361,7 +429,8 @@ class Engine:
         """Learn from a good answer (health, base64, bare strings, the native size, h2c,
         truncation, a retested limit); ``request_flow``'s result."""
         replica, state = now.replica, now.state
-        replica.succeeded(time.perf_counter() - now.started)
+        replica.succeeded(time.perf_counter() - now.started, len(texts))
+        replica.up()
         replica.recovered()
         if now.span is not None:
             now.span.answered(reply.http_version, payload, rows.shape[1])
@@ -496,12 +565,22 @@ class Engine:
             # batch's size, is the likelier cause: bisect (or, for a single text, it is
             # that text's error)
             raise error.with_context(replica=replica.label, attempts=run.attempt)
-        delay = run.rs.next_delay(error, now=time.monotonic(), fresh_connection=now.fresh)
+        rs = run.rs
+        delay = rs.next_delay(error, now=time.monotonic(), fresh_connection=now.fresh)
         delay = self.endpoint.first_contact(
             error, call.started, delay, self.config.retry.wait_for_server
         )
+        if delay is not None and replica.down and not run.multi:
+            delay = 0.0  # down: its probe paces the retries (``_wait_probe``)
+        elif delay and classify(error) != "outage" and not replica.retries.allow():
+            # over the replica's retry budget (process-wide): not retried (an outage with
+            # several replicas is paced by its backoff and ejection, until the deadline)
+            rs.ended_by = "budget"
+            delay = None
         if delay is None:
-            error = error.with_context(replica=replica.label, attempts=run.attempt)
+            error = error.with_context(
+                replica=replica.label, attempts=run.attempt, note=self._bound_note(rs, replica)
+            )
             if run.multi and classify(error) != "fatal":
                 error = self.endpoint.name_failures(error)
             raise self._unreachable(error, call)
@@ -512,6 +591,20 @@ class Engine:
             ):
                 delay = 0.0  # another replica can take it now
         return delay
+
+    @staticmethod
+    def _bound_note(rs: RetryState, replica: Replica) -> str:
+        """Which bound ended a request's retries, in words for its error (``""``: the
+        failure was not retried)."""
+        if rs.ended_by != "budget":
+            return rs.ended()
+        budget = replica.retries
+        return (
+            f" (not retried: the retry budget of {replica.label} is spent: "
+            f"{budget.hedges} retries for {budget.queries} requests in the last "
+            f"{budget.window:g} s; retries are capped at {budget.ratio:.0%} of requests "
+            f"plus {budget.floor})"
+        )
 
     def _other_replica_free(self, run: _Retry, call: Call) -> bool:
         """Whether a replica this batch has not failed on can take it now, in time."""
@@ -560,6 +653,8 @@ class Engine:
                 return (yield from self.batch_flow(call, texts, indices, bis))
             return input_failed(call, Part(), 0, indices[0], exc, bis)
         except QwenEmbedError as exc:
+            if exc in call.server_errors:
+                raise  # it ends the call, whatever the input
             if len(texts) > 1 and maybe_input(exc):
                 named = named_position(exc, len(texts))
                 if named is not None:

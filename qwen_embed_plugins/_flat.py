@@ -22,16 +22,18 @@ CONFIG_FIELDS: Final = frozenset(field.name for field in dataclasses.fields(Embe
 """``EmbeddingConfig``'s own fields: the core clients take them next to the flat names."""
 
 
-def _attempts(retries: Any) -> int:
-    """``max_retries`` as ``RetryConfig.max_attempts`` (the first attempt added)."""
+def _retries(retries: Any) -> int | None:
+    """``max_retries`` checked under its flat name (``RetryConfig.max_retries``)."""
+    if retries is None:
+        return None
     if isinstance(retries, bool) or not isinstance(retries, int) or not 0 <= retries <= 99:
         raise ConfigError(f"max_retries must be an integer in [0, 99], got {retries!r}")
-    return retries + 1
+    return retries
 
 
-# A flat setting whose value differs from what the config holds: (to, from) the core.
+# A flat setting checked or converted on its way (to, from) the core.
 _CONVERT: Final[dict[str, tuple[Callable[[Any], Any], Callable[[Any], Any]]]] = {
-    "max_retries": (_attempts, lambda attempts: attempts - 1),
+    "max_retries": (_retries, lambda retries: retries),
 }
 
 

@@ -153,13 +153,18 @@ class RetryConfig(Replaceable):
 
     Two budgets. An *outage* (connection refused or timed out, 502/503/504, 429) is
     retried with capped exponential backoff until the call's deadline, so a server
-    restart or a rate-limit window shorter than the deadline costs time, not the run.
+    restart or a rate-limit window shorter than the deadline costs time, not the run
+    (while a replica is down, one request at a time probes it: ``_balance``).
     Other retryable failures (500, a connection dropped after the request was sent, a
-    read timeout) get at most ``max_attempts`` attempts.
+    read timeout) get at most ``max_attempts`` attempts. An explicit ``max_retries``
+    replaces both: every request gets at most that many retries, whatever the cause.
 
     Attributes:
+        max_retries: retries per request after its first attempt whatever the cause,
+            outages included (``None``, the default: ``max_attempts`` for failures
+            that are not outages, the deadline for outages; 0 = never retry).
         max_attempts: attempts per request for failures that are not outages, the
-            first included (default 4; 1 = never retry them).
+            first included (default 4; 1 = never retry, outages included).
         backoff_initial: the first backoff cap in seconds (default 0.25 s); the cap
             doubles each attempt and the wait is drawn uniformly in [0, cap] (full jitter).
         backoff_max: the largest backoff cap in seconds (default 8.0 s).
@@ -185,7 +190,8 @@ class RetryConfig(Replaceable):
             bounds it. Once a replica has answered, an outage gets the whole deadline.
     """
 
-    max_attempts: int = DEFAULT["max_retries"] + 1  # the first attempt and the retries
+    max_retries: int | None = DEFAULT["max_retries"]
+    max_attempts: int = 4  # the first attempt and the retries
     backoff_initial: float = 0.25
     backoff_max: float = 8.0
     retry_after_max: float = 30.0
@@ -198,6 +204,8 @@ class RetryConfig(Replaceable):
 
     def __post_init__(self) -> None:
         check_int("RetryConfig", "max_attempts", self.max_attempts, 1, 100)
+        if self.max_retries is not None:
+            check_int("RetryConfig", "max_retries", self.max_retries, 0, 99)
         check_int(
             "RetryConfig", "circuit_failure_threshold", self.circuit_failure_threshold, 0, 1_000_000
         )

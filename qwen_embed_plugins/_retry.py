@@ -24,6 +24,11 @@ kinds (``classify``):
 - ``"fatal"``: everything else (400, 401, 403, 404, 413, 422, a context-length error,
   a malformed 200, a local ``PoolTimeout``, a TLS certificate failure): not retried.
 
+An explicit ``RetryConfig.max_retries`` (the flat ``max_retries``) bounds every request
+to that many retries whatever the kind (outages and refused streams included); left
+``None``, the budgets above apply. ``RetryState.ended_by`` says which bound ended the
+retries (``ended``: the words an error adds).
+
 Only endpoint ill health feeds the circuit breaker (``balance``) (``is_health_failure``): connect
 errors and timeouts, read timeouts with no response, 502/503/504. Never 4xx, 429 (back
 off instead), a local ``PoolTimeout``, a refused stream, or a 500 (one input's fault as
@@ -215,6 +220,10 @@ class RetryState:
         refused: refused HTTP/2 streams resent.
         stale_resent: the one immediate resend after a stale keep-alive connection
             was used.
+        failures: failed attempts of every kind (what ``policy.max_retries`` bounds).
+        ended_by: the bound that ended the retries (``"max_retries"``,
+            ``"max_attempts"``, ``"deadline"``), ``None`` while they go on or when the
+            failure was not retryable.
     """
 
     policy: RetryConfig
@@ -224,6 +233,8 @@ class RetryState:
     outages: int = 0
     refused: int = 0
     stale_resent: bool = False
+    failures: int = 0
+    ended_by: str | None = None
 
     def __post_init__(self) -> None:
         if self.deadline is None:
@@ -264,7 +275,13 @@ class RetryState:
             return None
         if outage and kind == "transient":
             kind = "outage"
+        self.failures += 1
+        bound = self.policy.max_retries
+        if bound is not None and self.failures > bound:
+            self.ended_by = "max_retries"  # an explicit bound: whatever the kind
+            return None
         if self.policy.max_attempts <= 1 and kind != "refused":
+            self.ended_by = "max_attempts"
             return None  # retries turned off, outages included
         if kind == "refused":
             # never processed: resending is always safe and is no failed attempt
@@ -288,6 +305,7 @@ class RetryState:
         else:
             self.attempts += 1
             if self.attempts >= self.policy.max_attempts:
+                self.ended_by = "max_attempts"
                 return None
             retry = self.attempts - 1
         delay = backoff_delay(retry, self.policy, rng)
@@ -297,8 +315,30 @@ class RetryState:
             delay = max(delay, min(server_wait, self.policy.retry_after_max))
         left = self.remaining(now)
         if left is not None and delay + MIN_ATTEMPT_SECONDS >= left:
+            self.ended_by = "deadline"
             return None  # no time left for an attempt after the wait
         return delay
+
+    def ended(self) -> str:
+        """Words saying which bound ended the retries (``""``: none did), for an error."""
+        policy = self.policy
+        if self.ended_by == "max_retries":
+            return f" (gave up after {self.failures} attempts: max_retries={policy.max_retries})"
+        if self.ended_by == "max_attempts":
+            return (
+                f" (gave up after {self.attempts} attempts: "
+                f"RetryConfig.max_attempts={policy.max_attempts})"
+            )
+        if self.ended_by == "deadline" and self.deadline is not None:
+            return f" (gave up: the call's deadline of {self.deadline:g} s is spent)"
+        return ""
+
+    def bound(self) -> str:
+        """What will end these retries when a count does, for the log (``""``: the
+        deadline only)."""
+        if self.policy.max_retries is not None:
+            return f"at most {self.policy.max_retries} times (max_retries)"
+        return ""
 
 
 # --------------------------------------------------------------------------- whose fault

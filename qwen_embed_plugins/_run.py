@@ -2,10 +2,10 @@
 and async drivers, and the windows that keep a call's batches in flight.
 
 A flow (``_engine``) is a generator that yields ``Send`` (perform this exchange on this
-replica) and ``Sleep`` (wait); ``run_sync`` performs them with blocking I/O,
-``run_async`` with awaits. ``run_windowed`` / ``arun_windowed`` run a call's batches
-with at most ``limit`` in flight; ``hedged`` / ``ahedged`` race a second copy of a
-slow single-query flow.
+replica), ``Sleep`` (wait) and ``Hold`` (take a gate: wait for a replica's probe);
+``run_sync`` performs them with blocking I/O, ``run_async`` with awaits.
+``run_windowed`` / ``arun_windowed`` run a call's batches with at most ``limit`` in
+flight; ``hedged`` / ``ahedged`` race a second copy of a slow single-query flow.
 """
 
 from __future__ import annotations
@@ -20,17 +20,18 @@ from typing import TYPE_CHECKING, Any
 
 from ._config import OnError
 from ._state import STATE
-from ._transport import Reply, Request
+from ._transport import ProcessGate, Reply, Request
 from .errors import QwenEmbedError
 
 if TYPE_CHECKING:
-    from ._balance import HedgeBudget, Replica
+    from ._balance import Budget, Replica
     from ._protocol import FloatArray
     from ._tracing import CallTrace
 
 __all__ = [
     "Abandoned",
     "Call",
+    "Hold",
     "Part",
     "Send",
     "Sleep",
@@ -66,7 +67,19 @@ class Sleep:
         self.seconds = seconds
 
 
-Op = Send | Sleep
+class Hold:
+    """Operation: take ``gate`` (a ``ProcessGate``), waiting at most ``timeout`` seconds
+    (``None``: no limit) without polling; the flow receives whether it got it, and
+    releases it itself."""
+
+    __slots__ = ("gate", "timeout")
+
+    def __init__(self, gate: ProcessGate, timeout: float | None) -> None:
+        self.gate = gate
+        self.timeout = timeout
+
+
+Op = Send | Sleep | Hold
 Flow = Generator[Op, Any, Any]
 
 
@@ -171,6 +184,8 @@ def run_sync(
                     value = send(op)
                 except QwenEmbedError as exc:
                     error = exc
+            elif type(op) is Hold:
+                value = op.gate.acquire(op.timeout)
             else:
                 if type(op) is not Sleep:
                     raise TypeError(f"a flow yielded {op!r}")
@@ -198,6 +213,8 @@ async def run_async(flow: Flow, send: Callable[[Send], Any]) -> Any:
                     value = await send(op)
                 except QwenEmbedError as exc:
                     error = exc
+            elif type(op) is Hold:
+                value = await op.gate.aacquire(op.timeout)
             else:
                 if type(op) is not Sleep:
                     raise TypeError(f"a flow yielded {op!r}")
@@ -313,7 +330,7 @@ async def arun_windowed(
 # --------------------------------------------------------------------------- hedging
 
 
-def hedged(first: Callable[[threading.Event], Any], delay: float, budget: HedgeBudget) -> Any:
+def hedged(first: Callable[[threading.Event], Any], delay: float, budget: Budget) -> Any:
     """Run ``first(abandon)``; if it has not finished after ``delay`` seconds and the
     budget allows, run a second copy and return whichever answers first (a failed copy
     waits for the other). The slower copy is then abandoned: a blocking request under way
@@ -346,7 +363,7 @@ def hedged(first: Callable[[threading.Event], Any], delay: float, budget: HedgeB
     raise error
 
 
-async def ahedged(first: Callable[[], Any], delay: float, budget: HedgeBudget) -> Any:
+async def ahedged(first: Callable[[], Any], delay: float, budget: Budget) -> Any:
     """The async ``hedged``: the slower copy is cancelled (its connection closed)."""
     budget.seen()
     one = asyncio.ensure_future(first())

@@ -226,12 +226,13 @@ SETTINGS: Final[tuple[Setting, ...]] = (
     ),
     Setting(
         "max_retries",
-        int,
-        3,
-        "Retries after the first attempt for failures that are not outages (default 3); "
-        "outages (refused connections, 429, 502-504) are retried until the deadline; 0 "
-        "turns retries off entirely.",
-        into="retry.max_attempts",
+        int | None,
+        None,
+        "Retries per request after its first attempt, whatever the cause, outages "
+        "included (0 = never retry). None (default): 3 retries for failures that are not "
+        "outages; outages (refused connections, 429, 502-504) are retried until the "
+        "deadline, one probe at a time.",
+        into="retry.max_retries",
     ),
     Setting(
         "deadline",
@@ -320,8 +321,9 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         "hedge",
         bool,
         False,
-        "Hedge single queries: a second copy after the endpoint's p95 latency, first answer "
-        "wins, at most 5% extra requests (default False).",
+        "Hedge single queries: a second copy after the p95 latency of the endpoint's "
+        "single-text requests (bulk batches apart), first answer wins, at most 5% extra "
+        "requests (default False).",
     ),
     Setting(
         "server",

@@ -88,7 +88,7 @@ def _config(base_url: str, **changes: Any) -> q.EmbeddingConfig:
             max_connections_per_process=9,
         ),
         "retry": q.RetryConfig(
-            max_attempts=2, backoff_initial=0.01, backoff_max=0.02, deadline=50.0
+            max_retries=1, max_attempts=2, backoff_initial=0.01, backoff_max=0.02, deadline=50.0
         ),
         "http2": False,
         "proxy": None,
@@ -171,7 +171,7 @@ def test_a_flat_field_given_with_config_overrides_it(adapter: type[Adapter]) -> 
         dimensions=128,
         # timeout=: every phase and the total; read_timeout= given too overrides its part
         timeout=q.Timeouts(connect=5.0, read=2.0, write=5.0, pool=5.0, total=5.0),
-        retry=config.retry.replace(max_attempts=1),
+        retry=config.retry.replace(max_retries=0),
     )
     # the adapter's own names for model / batch size, and their aliases
     names = (

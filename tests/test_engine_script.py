@@ -17,7 +17,7 @@ import pytest
 
 import qwen_embed_plugins as q
 from qwen_embed_plugins._engine import Engine
-from qwen_embed_plugins._run import Call, Flow, Part, Send, Sleep, run_async, run_sync
+from qwen_embed_plugins._run import Call, Flow, Hold, Part, Send, Sleep, run_async, run_sync
 from qwen_embed_plugins._transport import Reply, Request
 from qwen_embed_plugins.errors import QwenEmbedError, total_timeout_error
 
@@ -31,8 +31,9 @@ Answer = Callable[[Request, int], "Reply | QwenEmbedError"]
 
 class Script:
     """Runs a flow as ``run_sync`` does, answering each ``Send`` with ``answer(request,
-    number)`` (a ``Reply``, or an error thrown into the flow as a transport raises it)
-    and recording each ``Sleep`` instead of sleeping."""
+    number)`` (a ``Reply``, or an error thrown into the flow as a transport raises it),
+    recording each ``Sleep`` instead of sleeping, and taking each ``Hold``'s gate at
+    once (one flow: nothing else holds it)."""
 
     def __init__(self, answer: Answer) -> None:
         self.answer = answer
@@ -51,6 +52,9 @@ class Script:
                 value = error = None
                 if isinstance(op, Sleep):
                     self.sleeps.append(op.seconds)
+                    continue
+                if isinstance(op, Hold):  # a replica's probe gate: one flow, never waits
+                    value = op.gate.acquire(0.0)
                     continue
                 assert isinstance(op, Send), op
                 self.inputs.append(orjson.loads(op.request.body)["input"])

@@ -229,7 +229,7 @@ def test_fields_map_one_to_one_onto_the_core_config(tmp_path: Path) -> None:
         limits=q.Limits(max_connections=7, max_keepalive_connections=3, keepalive_expiry=2.5),
         http2=True,
         verify=str(ca),
-        retry=q.RetryConfig(max_attempts=1),
+        retry=q.RetryConfig(max_retries=0),
     )
 
 

@@ -169,7 +169,7 @@ def test_a_flat_name_changes_only_its_attribute_of_a_part_given_with_it() -> Non
     timeouts = q.Timeouts(connect=1.0, read=2.0, write=3.0, pool=4.0, total=5.0)
     client = q.EmbeddingClient(base_url=URL, timeout=timeouts, read_timeout=9.0, max_retries=0)
     assert client.config.timeouts == timeouts.replace(read=9.0)
-    assert client.config.retry.max_attempts == 1
+    assert client.config.retry.max_retries == 0
     base = q.EmbeddingConfig(base_url=URL, limits=q.Limits(max_connections=3))
     other = q.EmbeddingClient(base, keepalive_expiry=1.0).config
     assert other.limits == q.Limits(max_connections=3, keepalive_expiry=1.0)

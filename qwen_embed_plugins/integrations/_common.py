@@ -167,7 +167,7 @@ class Extras(NamedTuple):
     """The parts of a ``config=`` that no flat field holds (the defaults without one).
 
     Attributes:
-        retry: its ``RetryConfig``: backoff and circuit breaker (``max_attempts``,
+        retry: its ``RetryConfig``: backoff and circuit breaker (``max_retries``,
             ``deadline`` and ``query_deadline`` come from the flat fields).
         max_response_bytes: its largest response body, in bytes.
         no_proxy: it said ``proxy=None``, "never a proxy" (the flat ``proxy=None``
@@ -393,7 +393,7 @@ class FlatSettings(BaseModel):
     write_timeout: float | None = setting("write_timeout")
     pool_timeout: float | None = setting("pool_timeout")
     total_timeout: float | None = setting("total_timeout")
-    max_retries: int = setting("max_retries")
+    max_retries: int | None = setting("max_retries")
     deadline: float | None = setting("deadline")
     query_deadline: float | None = setting("query_deadline")
 
