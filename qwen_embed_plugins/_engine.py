@@ -62,9 +62,11 @@ from ._retry import (
     is_health_failure,
     maybe_input,
     named_position,
+    refusal,
     replica_suspect,
 )
 from ._run import Call, Flow, Part, Send, Sleep
+from ._server_text import stated_limit
 from ._transport import Reply, Request
 from .errors import (
     BadRequestError,
@@ -237,10 +239,12 @@ class Engine:
         *,
         bisectable: bool,
         bisecting: bool = False,
+        control: bool = False,
     ) -> Flow:
         """Send one batch until it is answered, with retries (within a bisection, a
-        failure one input may cause is not retried: its batch already showed it twice);
-        returns
+        failure one input may cause is not retried: its batch already showed it twice;
+        a ``control`` request that is refused (a 4xx) is not tried in other forms: the
+        server refuses whatever the input); returns
         ``(rows n x dim, squared norms, bad rows, replica, state, dimensions sent)``.
 
         Each attempt: the replica and its limits (``_attempt``: raises
@@ -282,8 +286,9 @@ class Engine:
             self.endpoint.failed(replica, error)
             error = run.previous = _cause(error, run.previous, call)
             self._learn_failure(run, now, error)
-            if self._new_options(run, now, error) or self._same_replica_trial(
-                run, now, error, texts
+            if self._new_options(run, now, error) or (
+                not (control and refusal(error))
+                and self._same_replica_trial(run, now, error, texts)
             ):
                 continue
             delay = self._next_step(run, now, error, call, bisectable or bisecting, bisecting)
@@ -544,11 +549,13 @@ class Engine:
                 part.merge(sub, start)
             return part
         except BatchTooLargeError as exc:
-            if len(texts) > 1:
-                # Learn the stated (or halved) limit, then send the same texts again:
-                # the replica's limit now splits them (``batching.Split``).
+            if len(texts) > 1 and (exc.tokens or exc.limit is not None):
+                # Learn the stated (or, for tokens, halved) limit, then send the same
+                # texts again: the replica's limit now splits them (``batching.Split``).
                 self._learn_limit(exc, texts)
                 return (yield from self.batch_flow(call, texts, indices, bis))
+            if len(texts) > 1:  # too large, no number: a refused batch (``_refused``)
+                return (yield from self._refused(call, texts, indices, exc, bis))
             return input_failed(call, Part(), 0, indices[0], exc, bis)
         except QwenEmbedError as exc:
             if len(texts) > 1 and maybe_input(exc):
@@ -556,10 +563,43 @@ class Engine:
                 if named is not None:
                     return (yield from self.bisector.without(call, texts, indices, named, exc, bis))
                 return (yield from self.bisector.bisect(call, texts, indices, exc, bis))
+            if len(texts) > 1 and refusal(exc):
+                return (yield from self._refused(call, texts, indices, exc, bis))
             found = yield from self._single_failed(call, texts, indices, exc, bis, since)
             if isinstance(found, Part):
                 return found
         return (yield from self._delivered(call, indices, bis, *found))
+
+    def _refused(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        exc: QwenEmbedError,
+        bis: Bisection | None,
+    ) -> Flow:
+        """The server refused a batch of several texts (``exc``: a 4xx, or an answer
+        that does not fit the batch: ``refusal``), whatever its wording. A limit it
+        states below what was sent (``stated_limit``: texts, tokens, bytes, characters)
+        is learned for the replica and the same texts sent again within it; otherwise,
+        once a control request shows the server working (``Bisector.control``; a
+        control refused too fails the call with the server's message), the batch is
+        bisected until the refused texts stand alone (``Bisector.bisect``)."""
+        said = exc.message if isinstance(exc, HTTPStatusError) else str(exc)
+        stated = stated_limit(said)
+        if stated is not None and stated.unit == "texts" and stated.value >= len(texts):
+            stated = None  # not this batch's count: the number is about something else
+        if stated is not None and not stated.per_input:
+            replica = self.endpoint.replica_of(exc)
+            split = False
+            for target in [replica] if replica is not None else self.endpoint.replicas:
+                batch = target.state(self.model).batch
+                split |= learn.learn_cap(batch, target, stated.unit, stated.value, texts)
+            if split:  # the replica's cap now splits the texts (``batching.Split``)
+                return (yield from self.batch_flow(call, texts, indices, bis))
+        if call.last_ok == float("-inf"):
+            yield from self.bisector.control(call, indices[0], exc)
+        return (yield from self.bisector.bisect(call, texts, indices, exc, bis))
 
     def _single_failed(
         self,
@@ -576,6 +616,15 @@ class Engine:
         result."""
         if len(texts) != 1 or not input_error(exc):
             raise exc
+        if refusal(exc):
+            # a 4xx (its bare-string form refused too, when tried): final. A refusal
+            # naming nothing is the input's once the server is seen working (a control
+            # request, when nothing succeeded in this call); never sent again.
+            if ambiguous(exc) and call.last_ok == float("-inf"):
+                if bis is not None:
+                    bis.input_failed = True
+                yield from self.bisector.control(call, indices[0], exc)
+            return input_failed(call, Part(), 0, indices[0], exc, bis)
         if not ambiguous(exc):
             return input_failed(call, Part(), 0, indices[0], exc, bis)
         if bis is not None:
@@ -631,10 +680,10 @@ class Engine:
 
     def _learn_limit(self, exc: BatchTooLargeError, texts: Sequence[str]) -> None:
         """The replica ``exc`` names (else every replica) refused ``texts`` for their
-        size: learn its limit (``batching.learn_stated_limit``)."""
+        size: learn its limit (``learn.learn_stated_limit``)."""
         replica = self.endpoint.replica_of(exc)
         for target in [replica] if replica is not None else self.endpoint.replicas:
-            batching.learn_stated_limit(target.state(self.model).batch, target, exc, texts)
+            learn.learn_stated_limit(target.state(self.model).batch, target, exc, texts)
 
     def _eos_check(self, replica: Replica, state: ReplicaState) -> Flow:
         """llama.cpp: check once whether the server appends ``<|endoftext|>`` (the token
