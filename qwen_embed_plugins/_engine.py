@@ -15,17 +15,21 @@ A batch flow decides:
   ``max_attempts`` times, stale keep-alive and refused HTTP/2 streams at once); a
   connection failure while no replica has ever answered only within
   ``RetryConfig.wait_for_server`` (a wrong URL fails fast, naming it);
-- adaptations learned per replica: base64 -> float (on a refusal, or a 5xx a float
-  retry does not reproduce), client-side ``dimensions``, a batch or token limit stated
-  in a refusal, a bare string ``input`` for a server refusing one-item lists, a missing
-  ``/v1`` prefix (Infinity), h2c -> HTTP/1.1;
+- adaptations learned per replica (each logged once): base64 -> float (on a refusal
+  of it or of the field, or a 5xx a float retry does not reproduce), client-side
+  ``dimensions``, a limit stated in a refusal in any wording (texts, tokens, bytes,
+  characters: ``_server_text.stated_limit``), a bare string ``input`` for a server
+  refusing one-item lists, a missing ``/v1`` prefix (Infinity), h2c -> HTTP/1.1;
 - bisection: a batch that fails in a way one input can cause (500, a connection
-  dropped after the request was sent, a 400 that names no input) is split and the
-  halves resent until the failing input(s) are isolated; every other text is embedded,
-  and the error names the caller's index. A single text is blamed only when it fails
-  again after the server was seen working (a control request shows it; a control that
-  fails too is an outage, waited out until the deadline). A batch whose every half
-  succeeds failed for its size: the replica's batch limit is learned;
+  dropped after the request was sent, a context-length refusal), or that the server
+  refused whatever its wording (any 4xx but the endpoint's own, an answer that does
+  not fit it: ``_refused``, once a control request shows the server working), is split
+  and the halves resent until the failing input(s) are isolated; every other text is
+  embedded, and the error names the caller's index. A single text's 500 or dropped
+  connection is blamed only when it fails again after the server was seen working (a
+  control request shows it; a control that fails too is an outage, waited out until
+  the deadline); its 4xx is final once its bare-string form is refused too. A batch
+  whose every half succeeds failed for its size: the replica's batch limit is learned;
 - what reaches the caller: ``on_error="raise"`` raises the first bad input's error
   (the lowest index), ``"skip"`` leaves ``None`` in its slot and reports the error.
 
@@ -616,7 +620,7 @@ class Engine:
         result."""
         if len(texts) != 1 or not input_error(exc):
             raise exc
-        if refusal(exc):
+        if isinstance(exc, HTTPStatusError) and refusal(exc):
             # a 4xx (its bare-string form refused too, when tried): final. A refusal
             # naming nothing is the input's once the server is seen working (a control
             # request, when nothing succeeded in this call); never sent again.

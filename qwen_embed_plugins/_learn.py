@@ -7,8 +7,9 @@ tried: ``float_may_help``, ``no_base64``); a one-item ``input`` list refused (a 
 string tried: ``try_bare``, ``learn_bare``); Infinity's routes at the root
 (``learn_root_path``); MRL slicing and normalisation, with ``dimensions`` ignored
 (``finish``); silent truncation (``usage``: ``check_usage``); the llama.cpp
-``<|endoftext|>`` check (``eos_probe``, ``eos_answer``). What is learned about batch
-sizes is in ``_batching`` (``ReplicaState.batch``).
+``<|endoftext|>`` check (``eos_probe``, ``eos_answer``); the batch caps a refusal
+teaches (``learn_stated_limit``, ``learn_cap``, ``learn_refused_size``,
+``learn_inferred_limit``), kept in ``_batching.BatchState`` (``ReplicaState.batch``).
 
 Plain functions: the engine (``_engine.Engine``) calls them with what they need, the
 replica's state among it; no I/O here.
@@ -328,7 +329,9 @@ def learn_cap(
         )
         return True
     sent = sum(text_bytes(t) for t in texts)
-    room = stated - _BODY_ROOM if stated is not None and unit == "bytes" else stated
+    room = stated
+    if stated is not None and unit == "bytes":  # the body's other fields take some room
+        room = stated - min(_BODY_ROOM, stated // 10)
     cap = room if room is not None and 0 < room < sent else sent // 2
     cap = max(1, int(cap * 0.9))  # JSON escapes: a margin
     if batch.size_limit is not None and cap >= batch.size_limit:

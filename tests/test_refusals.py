@@ -290,7 +290,7 @@ def test_float_is_sent_without_the_field() -> None:
                     {"loc": ["body", "encoding_format"], "msg": "Extra inputs are not permitted"}
                 ]
             },
-        ),  # noqa: E501
+        ),
         (400, {"error": {"message": "Unrecognized request argument supplied: encoding_format"}}),
     ],
 )
