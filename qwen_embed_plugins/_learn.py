@@ -349,13 +349,14 @@ def learn_cap(
 
 
 def learn_refused_size(batch: BatchState, replica: ReplicaView, took: int, sent: int) -> None:
-    """A batch of ``sent`` texts that ``replica`` refused (a 4xx or a short answer, its
-    limit unstated) went through in pieces, the largest of ``took`` texts: it refuses
-    batches of that size; at most ``took`` texts per request from now on (kept for good,
-    logged once)."""
+    """A batch of ``sent`` texts that ``replica`` refused (a 4xx, its limit unstated)
+    went through in pieces, the largest of ``took`` texts: it refuses batches of that
+    size; at most ``took`` texts per request from now on, logged once. Retested like an
+    inferred limit (``_batching.BatchState.limit_inferred``): a one-off refusal does not
+    cap the replica for good."""
     if batch.limit is not None and took >= batch.limit:
         return
-    batch.limit, batch.limit_inferred = took, False
+    batch.limit, batch.limit_inferred, batch.ok_since_limit = took, True, 0
     replica.metrics.fallback("batch_limit")
     _log.warning(
         "%s refused a batch of %d texts but took batches of %d: sending at most %d "
