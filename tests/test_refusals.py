@@ -387,13 +387,15 @@ def test_llama_box_500_context_wording_is_a_context_length_error() -> None:
     [
         ("this model does not support the dimensions parameter", "dimensions"),
         ("Value should have at most 2 items after validation, not 4", "texts per request"),
+        ("list index out of range", "bare string"),  # SGLang 0.4.6: 500 to ["text"]
     ],
 )
 def test_one_line_and_one_refusal_per_request_in_flight(
     message: str, lesson: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Three batches in flight when the server refuses each (``dimensions``, a batch
-    cap): one WARNING for the replica, one refused request per batch in flight."""
+    cap, a one-item list): one WARNING for the replica, one refused request per batch
+    in flight."""
     eng = engine(FAST, dimensions=2)
     refused: list[Any] = []
     gate = asyncio.Event()
@@ -406,20 +408,25 @@ def test_one_line_and_one_refusal_per_request_in_flight(
         if arrived == 3:
             gate.set()
         await gate.wait()  # every batch is in flight before any answer
+        if lesson == "bare string" and isinstance(doc["input"], list):
+            refused.append(doc)
+            return status(500, message)
         if ("dimensions" in doc and lesson == "dimensions") or (
-            lesson != "dimensions" and len(doc["input"]) > 2
+            lesson == "texts per request" and len(doc["input"]) > 2
         ):
             refused.append(doc)
             return status(400, message)
         return ok(op.request)
 
+    size = 1 if lesson == "bare string" else 4
+
     async def main() -> list[Part]:
         call = eng.new_call(query=False)
-        flows = [batch(eng, call, [f"b{k} t{i}" for i in range(4)]) for k in range(3)]
+        flows = [batch(eng, call, [f"b{k} t{i}" for i in range(size)]) for k in range(3)]
         return list(await asyncio.gather(*(run_async(f, send) for f in flows)))
 
     with caplog.at_level(logging.WARNING, logger="qwen_embed_plugins"):
         parts = asyncio.run(main())
-    assert all(sorted(rows_of(p, 4)) == [0, 1, 2, 3] for p in parts)
+    assert all(sorted(rows_of(p, size)) == list(range(size)) for p in parts)
     assert len(refused) == 3
     assert len([r for r in caplog.records if lesson in r.getMessage()]) == 1
