@@ -8,7 +8,8 @@
   time as its window frees a slot; one wave for a call that fits one, equal batches in
   the last wave of a long call.
 - **Learned caps** (``BatchState``, per replica and model): limits a server stated or
-  dropped batches showed (retested), and those a plan respects up front.
+  dropped batches showed (retested; learned by ``_learn``), and those a plan respects
+  up front.
 - **Token splitting** (``split_by_tokens``, ``split_runs``, ``Split``).
 
 Everything here is I/O-free and shared by the sync and async clients.
@@ -50,8 +51,6 @@ __all__ = [
     "Split",
     "auto_batch_size",
     "check_limits",
-    "learn_inferred_limit",
-    "learn_stated_limit",
     "limit_held",
     "observe_answer",
     "plan_batches",
@@ -60,6 +59,7 @@ __all__ = [
     "retest_failed",
     "split_by_tokens",
     "split_runs",
+    "text_bytes",
 ]
 
 _log = logging.getLogger("qwen_embed_plugins")
@@ -403,6 +403,8 @@ class BatchState:
     Attributes:
         limit: the most texts per request it accepts, once learned (texts).
         token_limit: the most tokens per request it accepts, once learned (tokens).
+        size_limit: the most UTF-8 bytes of texts per request it accepts, once learned
+            from a stated byte (request body) or character limit (bytes; ``text_bytes``).
         limit_inferred: ``limit`` was inferred from dropped batches (the server said
             nothing; e.g. out of memory for a while) rather than stated by the server:
             after ``retest_every`` successful requests one batch above it is let through;
@@ -419,6 +421,7 @@ class BatchState:
 
     limit: int | None = None
     token_limit: int | None = None
+    size_limit: int | None = None
     limit_inferred: bool = False
     size_failures: list[int] = field(default_factory=list)
     ok_since_limit: int = 0
@@ -435,22 +438,35 @@ class BatchState:
 
 
 class Split(Exception):
-    """The chosen replica accepts fewer texts (or tokens) per request than this batch."""
+    """The chosen replica accepts fewer texts (or tokens, or bytes) per request than this
+    batch."""
 
-    def __init__(self, count: int | None = None, tokens: int | None = None) -> None:
+    def __init__(
+        self, count: int | None = None, tokens: int | None = None, size: int | None = None
+    ) -> None:
         super().__init__()
         self.count = count
         self.tokens = tokens
+        self.size = size
+
+
+def text_bytes(text: str) -> int:
+    """What ``text`` adds to a request body, in bytes: its UTF-8 size and its quotes and
+    comma (JSON escapes aside)."""
+    return (len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))) + 3
 
 
 def split_runs(split: Split, texts: Sequence[str]) -> list[tuple[int, int]]:
     """The ``(start, stop)`` pieces of ``texts`` within the limit ``split`` names: at most
-    ``split.count`` texts, or about ``split.tokens`` estimated tokens (halves when the
-    token split cannot cut it)."""
+    ``split.count`` texts, about ``split.tokens`` estimated tokens, or ``split.size``
+    bytes (``text_bytes``; halves when the split cannot cut it)."""
     n = len(texts)
     if split.count is not None:
         return [(i, min(i + split.count, n)) for i in range(0, n, split.count)]
-    runs = split_by_tokens([estimate_tokens(t) for t in texts], 0, n, split.tokens, n)
+    if split.size is not None:
+        runs = split_by_tokens([text_bytes(t) for t in texts], 0, n, split.size, n)
+    else:
+        runs = split_by_tokens([estimate_tokens(t) for t in texts], 0, n, split.tokens, n)
     return runs if len(runs) > 1 else [(0, n // 2), (n // 2, n)]
 
 
@@ -506,67 +522,10 @@ def check_limits(
     tokens = batch.token_limit or configured
     if tokens is not None and len(texts) > 1 and sum(map(estimate_tokens, texts)) > tokens:
         raise Split(tokens=tokens)
+    size = batch.size_limit
+    if size is not None and len(texts) > 1 and sum(map(text_bytes, texts)) > size:
+        raise Split(size=size)
     return retest
-
-
-def learn_stated_limit(
-    batch: BatchState, replica: ReplicaView, exc: BatchTooLargeError, texts: Sequence[str]
-) -> None:
-    """``replica`` refused ``texts`` for their size (``exc``): learn the limit it stated
-    (in tokens or texts), or half the batch when it stated none; kept for good."""
-    if exc.tokens:
-        sent = sum(estimate_tokens(t) for t in texts)
-        cap = exc.token_limit if exc.token_limit and exc.token_limit < sent else sent // 2
-        cap = max(1, int(cap * 0.9))  # estimates are not exact: keep a margin
-        if batch.token_limit is None or cap < batch.token_limit:
-            batch.token_limit = cap
-            replica.metrics.fallback("token_limit")
-            _log.warning(
-                "%s accepts at most %s tokens per request; splitting batches at "
-                "about %d estimated tokens",
-                replica.label,
-                exc.token_limit or "fewer",
-                cap,
-            )
-    else:
-        limit = exc.limit if exc.limit is not None and exc.limit < len(texts) else None
-        limit = limit or max(1, len(texts) // 2)
-        if batch.limit is None or limit < batch.limit:
-            batch.limit = limit
-            batch.limit_inferred = False  # stated (or refused): kept for good
-            replica.metrics.fallback("batch_limit")
-            _log.warning(
-                "%s accepts at most %d texts per request; splitting batches",
-                replica.label,
-                limit,
-            )
-
-
-def learn_inferred_limit(
-    batch: BatchState, replica: ReplicaView, took: int, sent: int, error: QwenEmbedError
-) -> None:
-    """A batch of ``sent`` texts that ``replica`` dropped (``error``) went through in
-    pieces, the largest it took of ``took`` texts: the batch failed for its size (a
-    server that drops requests above some size, e.g. out of memory). The second time
-    (once could be chance), ``took`` becomes the replica's inferred limit, retested
-    later (it may have been a spell)."""
-    batch.size_failures.append(took)
-    if len(batch.size_failures) < 2:
-        return  # once could be chance: wait for a second batch to say so
-    if batch.limit is None or took < batch.limit:
-        batch.limit = took
-        batch.limit_inferred = True  # retested later: it may have been a spell
-        batch.ok_since_limit = 0
-        replica.metrics.fallback("batch_limit")
-        _log.warning(
-            "%s failed a batch of %d texts (%s) but took batches of %d: "
-            "sending at most %d texts per request from now on",
-            replica.label,
-            sent,
-            type(error).__name__,
-            took,
-            took,
-        )
 
 
 def retest_failed(batch: BatchState, replica: ReplicaView, error: QwenEmbedError) -> None:

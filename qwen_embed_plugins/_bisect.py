@@ -2,13 +2,16 @@
 of a batch, built by ``_engine.Engine`` with the flows it recurses into.
 
 A batch that fails in a way one input can cause (500, a connection dropped after the
-request was sent, a 400 that names no input) is split and the halves resent until the
-failing input(s) are isolated (``bisect``); a 400 naming its input fails that one and
-sends the others (``without``). A single text is blamed only when it fails again after
+request was sent, a context-length refusal), or that the server refused whatever its
+wording (a 4xx, an answer that does not fit it: ``_retry.refusal``, once a control
+request shows the server working), is split and the halves resent until the failing
+input(s) are isolated (``bisect``); a refused batch whose every piece then goes through
+teaches the replica's cap (``_learn.learn_refused_size``); a 400 naming its input fails
+that one and sends the others (``without``). A single text is blamed only when it fails again after
 the server was seen working (``once_more``: a control request shows it, ``control``; a
 control that fails too is an outage, waited out until the deadline). A batch whose every
 half succeeds failed for its size: the replica's batch limit is learned
-(``_batching.learn_inferred_limit``). What reaches the caller (``input_failed``):
+(``_learn.learn_inferred_limit``). What reaches the caller (``input_failed``):
 ``on_error="raise"`` raises the first bad input's error (the lowest index), ``"skip"``
 leaves ``None`` in its slot and reports the error.
 """
@@ -22,12 +25,14 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ._balance import Endpoint, Replica
-from ._batching import learn_inferred_limit
 from ._config import RetryConfig
-from ._retry import RetryState
+from ._learn import learn_cap, learn_inferred_limit, learn_refused_size
+from ._retry import RetryState, ambiguous, input_error, refusal
 from ._run import Call, Flow, Part, Sleep
+from ._server_text import context_refusal, stated_limit
 from .errors import (
     BadRequestError,
+    ContextLengthError,
     HTTPStatusError,
     NetworkError,
     QwenEmbedError,
@@ -82,6 +87,7 @@ class RequestFlow(Protocol):
         *,
         bisectable: bool,
         bisecting: bool = False,
+        control: bool = False,
     ) -> Flow: ...
 
 
@@ -143,6 +149,21 @@ class Bisector:
             if replica is not None and took:
                 batch = replica.state(self.model).batch
                 learn_inferred_limit(batch, replica, took, len(texts), first)
+        elif (
+            top
+            and isinstance(first, HTTPStatusError)
+            and refusal(first)
+            and not bis.input_failed
+            and bis.max_ok
+            and not call.stop
+        ):
+            # Refused whole (a 4xx), taken in pieces (a limit the server did not state):
+            # a refusal is no spell, so the largest piece is the replica's cap at once.
+            replica = self.endpoint.replica_of(first)
+            took = bis.ok_on.get(replica, 0) if replica is not None else bis.max_ok
+            for target in [replica] if replica is not None else self.endpoint.replicas:
+                if took:
+                    learn_refused_size(target.state(self.model).batch, target, took, len(texts))
         return part
 
     def without(
@@ -207,7 +228,7 @@ class Bisector:
         while True:
             try:
                 yield from self.request_flow(
-                    call, [_CONTROL_TEXT], [index], bisectable=False, bisecting=True
+                    call, [_CONTROL_TEXT], [index], bisectable=False, bisecting=True, control=True
                 )
             except QwenEmbedError as control:
                 failed = control
@@ -239,6 +260,72 @@ class Bisector:
         call.server_errors.add(error)
         raise error
 
+    def refused(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        exc: QwenEmbedError,
+        bis: Bisection | None,
+    ) -> Flow:
+        """The server refused a batch of several texts (``exc``: a 4xx, or an answer
+        that does not fit the batch: ``refusal``), whatever its wording. A limit it
+        states below what was sent (``stated_limit``: texts, tokens, bytes, characters)
+        is learned for the replica and the same texts sent again within it; otherwise,
+        once a control request shows the server working (``control``; a
+        control refused too fails the call with the server's message), the batch is
+        bisected until the refused texts stand alone (``bisect``)."""
+        said = exc.message if isinstance(exc, HTTPStatusError) else str(exc)
+        stated = stated_limit(said)
+        if stated is not None and stated.unit == "texts" and stated.value >= len(texts):
+            stated = None  # not this batch's count: the number is about something else
+        if stated is not None and not stated.per_input:
+            replica = self.endpoint.replica_of(exc)
+            split = False
+            for target in [replica] if replica is not None else self.endpoint.replicas:
+                batch = target.state(self.model).batch
+                split |= learn_cap(batch, target, stated.unit, stated.value, texts)
+            if split:  # the replica's cap now splits the texts (``batching.Split``)
+                return (yield from self.batch_flow(call, texts, indices, bis))
+        if call.last_ok == float("-inf"):
+            yield from self.control(call, indices[0], exc)
+        return (yield from self.bisect(call, texts, indices, exc, bis))
+
+    def single_failed(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        exc: QwenEmbedError,
+        bis: Bisection | None,
+        since: float,
+    ) -> Flow:
+        """A batch that cannot be bisected failed with ``exc``: re-raised unless it is a
+        single text's error; that text's failed ``Part``, or (an error the server may
+        have caused whatever the input: ``once_more``) ``request_flow``'s
+        result."""
+        if len(texts) != 1 or not input_error(exc):
+            raise exc
+        if isinstance(exc, HTTPStatusError) and refusal(exc):
+            # a 4xx (its bare-string form refused too, when tried): final. A refusal
+            # naming nothing is the input's once the server is seen working (a control
+            # request, when nothing succeeded in this call); never sent again.
+            if ambiguous(exc) and call.last_ok == float("-inf"):
+                if bis is not None:
+                    bis.input_failed = True
+                yield from self.control(call, indices[0], exc)
+            return input_failed(call, Part(), 0, indices[0], exc, bis)
+        if not ambiguous(exc):
+            return input_failed(call, Part(), 0, indices[0], exc, bis)
+        if bis is not None:
+            bis.input_failed = True  # not a batch that failed for its size
+        try:
+            return (yield from self.once_more(call, texts, indices, exc, since))
+        except QwenEmbedError as again:
+            if again in call.server_errors or not input_error(again):
+                raise
+            return input_failed(call, Part(), 0, indices[0], again, bis)
+
 
 def input_failed(
     call: Call,
@@ -265,7 +352,21 @@ def input_failed(
 
 def _pinned(exc: QwenEmbedError, index: int) -> QwenEmbedError:
     """``exc`` with the caller's input index (said in its message once): a new error, or
-    ``exc`` when it has both already."""
+    ``exc`` when it has both already; a ``ContextLengthError`` (of the same status and
+    fields) when the server's message says the input is over the model's context in any
+    wording (``context_refusal``: llama-box's 400 and 500 among them; a per-input limit
+    it states: ``stated_limit``)."""
+    said = exc.message if isinstance(exc, HTTPStatusError) else ""
+    stated = stated_limit(said)
+    if (
+        isinstance(exc, HTTPStatusError)
+        and not isinstance(exc, ContextLengthError)
+        and (context_refusal(said) or (stated is not None and stated.per_input))
+    ):
+        typed = ContextLengthError(str(exc), status=exc.status, server_message=exc.message)
+        typed.__dict__.update(vars(exc))
+        typed.__cause__, typed.__context__ = exc.__cause__, exc.__context__
+        exc = typed.with_traceback(exc.__traceback__)
     note = (
         f" [input index {index} of this call]"
         if isinstance(exc, HTTPStatusError | ResponseError | TransportError)

@@ -473,7 +473,9 @@ class EmbeddingConfig(Replaceable):
         extra_body: extra JSON fields merged into every request body (vLLM's
             ``truncate_prompt_tokens``, TEI's ``truncate``, Ollama's ``options``), or
             ``None``. ``input``, ``model``, ``encoding_format`` and ``dimensions`` are
-            the client's own and refused. Values under credential-like field names
+            the client's own and refused, except ``encoding_format`` or ``dimensions``
+            set to ``None``: that field is never sent (float vectors; ``dimensions``
+            applied client-side). Values under credential-like field names
             (``is_secret_field``: ``api_key``, ``access_token``, ``password``, ... at any
             depth) are hidden from ``repr``, logs and errors and never pickled.
             Stored as ``RequestBody``.

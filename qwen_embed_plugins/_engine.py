@@ -18,17 +18,21 @@ A batch flow decides:
   other request waits for the probe's verdict (``_wait_probe``); a
   connection failure while no replica has ever answered only within
   ``RetryConfig.wait_for_server`` (a wrong URL fails fast, naming it);
-- adaptations learned per replica: base64 -> float (on a refusal, or a 5xx a float
-  retry does not reproduce), client-side ``dimensions``, a batch or token limit stated
-  in a refusal, a bare string ``input`` for a server refusing one-item lists, a missing
-  ``/v1`` prefix (Infinity), h2c -> HTTP/1.1;
+- adaptations learned per replica (each logged once): base64 -> float (on a refusal
+  of it or of the field, or a 5xx a float retry does not reproduce), client-side
+  ``dimensions``, a limit stated in a refusal in any wording (texts, tokens, bytes,
+  characters: ``_server_text.stated_limit``), a bare string ``input`` for a server
+  refusing one-item lists, a missing ``/v1`` prefix (Infinity), h2c -> HTTP/1.1;
 - bisection: a batch that fails in a way one input can cause (500, a connection
-  dropped after the request was sent, a 400 that names no input) is split and the
-  halves resent until the failing input(s) are isolated; every other text is embedded,
-  and the error names the caller's index. A single text is blamed only when it fails
-  again after the server was seen working (a control request shows it; a control that
-  fails too is an outage, waited out until the deadline). A batch whose every half
-  succeeds failed for its size: the replica's batch limit is learned;
+  dropped after the request was sent, a context-length refusal), or that the server
+  refused whatever its wording (any 4xx but the endpoint's own, an answer that does
+  not fit it: ``_refused``, once a control request shows the server working), is split
+  and the halves resent until the failing input(s) are isolated; every other text is
+  embedded, and the error names the caller's index. A single text's 500 or dropped
+  connection is blamed only when it fails again after the server was seen working (a
+  control request shows it; a control that fails too is an outage, waited out until
+  the deadline); its 4xx is final once its bare-string form is refused too. A batch
+  whose every half succeeds failed for its size: the replica's batch limit is learned;
 - what reaches the caller: ``on_error="raise"`` raises the first bad input's error
   (the lowest index), ``"skip"`` leaves ``None`` in its slot and reports the error.
 
@@ -60,12 +64,11 @@ from ._requests import Requests
 from ._retry import (
     MIN_ATTEMPT_SECONDS,
     RetryState,
-    ambiguous,
     classify,
-    input_error,
     is_health_failure,
     maybe_input,
     named_position,
+    refusal,
     replica_suspect,
 )
 from ._run import Call, Flow, Hold, Part, Send, Sleep
@@ -243,10 +246,12 @@ class Engine:
         *,
         bisectable: bool,
         bisecting: bool = False,
+        control: bool = False,
     ) -> Flow:
         """Send one batch until it is answered, with retries (within a bisection, a
-        failure one input may cause is not retried: its batch already showed it twice);
-        returns
+        failure one input may cause is not retried: its batch already showed it twice;
+        a ``control`` request that is refused (a 4xx) is not tried in other forms: the
+        server refuses whatever the input); returns
         ``(rows n x dim, squared norms, bad rows, replica, state, dimensions sent)``.
 
         Each attempt: the replica and its limits (``_attempt``: raises
@@ -313,8 +318,9 @@ class Engine:
                 replica.suspect(error)  # a request's first failure; several in a row: down
             error = run.previous = _cause(error, run.previous, call)
             self._learn_failure(run, now, error)
-            if self._new_options(run, now, error) or self._same_replica_trial(
-                run, now, error, texts
+            if self._new_options(run, now, error) or (
+                not (control and refusal(error))
+                and self._same_replica_trial(run, now, error, texts)
             ):
                 continue
             delay = self._next_step(run, now, error, call, bisectable or bisecting, bisecting)
@@ -646,11 +652,13 @@ class Engine:
                 part.merge(sub, start)
             return part
         except BatchTooLargeError as exc:
-            if len(texts) > 1:
-                # Learn the stated (or halved) limit, then send the same texts again:
-                # the replica's limit now splits them (``batching.Split``).
+            if len(texts) > 1 and (exc.tokens or exc.limit is not None):
+                # Learn the stated (or, for tokens, halved) limit, then send the same
+                # texts again: the replica's limit now splits them (``batching.Split``).
                 self._learn_limit(exc, texts)
                 return (yield from self.batch_flow(call, texts, indices, bis))
+            if len(texts) > 1:  # too large, no number: a refused batch (``Bisector.refused``)
+                return (yield from self.bisector.refused(call, texts, indices, exc, bis))
             return input_failed(call, Part(), 0, indices[0], exc, bis)
         except QwenEmbedError as exc:
             if exc in call.server_errors:
@@ -660,36 +668,12 @@ class Engine:
                 if named is not None:
                     return (yield from self.bisector.without(call, texts, indices, named, exc, bis))
                 return (yield from self.bisector.bisect(call, texts, indices, exc, bis))
-            found = yield from self._single_failed(call, texts, indices, exc, bis, since)
+            if len(texts) > 1 and refusal(exc):
+                return (yield from self.bisector.refused(call, texts, indices, exc, bis))
+            found = yield from self.bisector.single_failed(call, texts, indices, exc, bis, since)
             if isinstance(found, Part):
                 return found
         return (yield from self._delivered(call, indices, bis, *found))
-
-    def _single_failed(
-        self,
-        call: Call,
-        texts: Sequence[str],
-        indices: Sequence[int],
-        exc: QwenEmbedError,
-        bis: Bisection | None,
-        since: float,
-    ) -> Flow:
-        """A batch that cannot be bisected failed with ``exc``: re-raised unless it is a
-        single text's error; that text's failed ``Part``, or (an error the server may
-        have caused whatever the input: ``Bisector.once_more``) ``request_flow``'s
-        result."""
-        if len(texts) != 1 or not input_error(exc):
-            raise exc
-        if not ambiguous(exc):
-            return input_failed(call, Part(), 0, indices[0], exc, bis)
-        if bis is not None:
-            bis.input_failed = True  # not a batch that failed for its size
-        try:
-            return (yield from self.bisector.once_more(call, texts, indices, exc, since))
-        except QwenEmbedError as again:
-            if again in call.server_errors or not input_error(again):
-                raise
-            return input_failed(call, Part(), 0, indices[0], again, bis)
 
     def _delivered(
         self,
@@ -735,10 +719,10 @@ class Engine:
 
     def _learn_limit(self, exc: BatchTooLargeError, texts: Sequence[str]) -> None:
         """The replica ``exc`` names (else every replica) refused ``texts`` for their
-        size: learn its limit (``batching.learn_stated_limit``)."""
+        size: learn its limit (``learn.learn_stated_limit``)."""
         replica = self.endpoint.replica_of(exc)
         for target in [replica] if replica is not None else self.endpoint.replicas:
-            batching.learn_stated_limit(target.state(self.model).batch, target, exc, texts)
+            learn.learn_stated_limit(target.state(self.model).batch, target, exc, texts)
 
     def _eos_check(self, replica: Replica, state: ReplicaState) -> Flow:
         """llama.cpp: check once whether the server appends ``<|endoftext|>`` (the token

@@ -16,6 +16,7 @@ import orjson
 from .errors import ConfigError
 
 __all__ = [
+    "DROPPABLE_BODY_KEYS",
     "RESERVED_BODY_KEYS",
     "RequestBody",
     "RequestHeaders",
@@ -44,6 +45,8 @@ _CLIENT_HEADERS: Final = frozenset(
     }
 )
 RESERVED_BODY_KEYS: Final = frozenset({"input", "model", "encoding_format", "dimensions"})
+DROPPABLE_BODY_KEYS: Final = frozenset({"encoding_format", "dimensions"})
+"""The client's own body fields that ``extra_body`` may drop with ``None``."""
 """Request body fields the client writes itself: ``extra_body`` may not hold them."""
 _MASK: Final = "**********"
 
@@ -339,7 +342,8 @@ def request_body(value: object) -> RequestBody | None:
     Raises:
         ConfigError: not a mapping with ``str`` keys, not JSON-serialisable, or it holds
             a field the client writes itself (``input``, ``model``, ``encoding_format``,
-            ``dimensions``; the message names it).
+            ``dimensions``; the message names it), except ``encoding_format`` or
+            ``dimensions`` set to ``None``: that field is then never sent.
     """
     if value is None:
         return None
@@ -350,6 +354,8 @@ def request_body(value: object) -> RequestBody | None:
     for key in value:
         if not isinstance(key, str):
             raise ConfigError(f"extra_body: field names must be str, got {key!r}")
+        if key in DROPPABLE_BODY_KEYS and value[key] is None:
+            continue  # the client never sends that field (``EmbeddingConfig.extra_body``)
         if key in RESERVED_BODY_KEYS:
             hint = " (use dimensions=)" if key == "dimensions" else ""
             raise ConfigError(

@@ -7,8 +7,9 @@ tried: ``float_may_help``, ``no_base64``); a one-item ``input`` list refused (a 
 string tried: ``try_bare``, ``learn_bare``); Infinity's routes at the root
 (``learn_root_path``); MRL slicing and normalisation, with ``dimensions`` ignored
 (``finish``); silent truncation (``usage``: ``check_usage``); the llama.cpp
-``<|endoftext|>`` check (``eos_probe``, ``eos_answer``). What is learned about batch
-sizes is in ``_batching`` (``ReplicaState.batch``).
+``<|endoftext|>`` check (``eos_probe``, ``eos_answer``); the batch caps a refusal
+teaches (``learn_stated_limit``, ``learn_cap``, ``learn_refused_size``,
+``learn_inferred_limit``), kept in ``_batching.BatchState`` (``ReplicaState.batch``).
 
 Plain functions: the engine (``_engine.Engine``) calls them with what they need, the
 replica's state among it; no I/O here.
@@ -27,7 +28,7 @@ import numpy as np
 import orjson
 
 from . import _servers as servers
-from ._batching import BatchState, ReplicaView
+from ._batching import BatchState, ReplicaView, text_bytes
 from ._config import EmbeddingConfig, known_model_dims
 from ._protocol import (
     FloatArray,
@@ -37,6 +38,7 @@ from ._protocol import (
     usage_prompt_tokens,
 )
 from ._retry import BACKEND_STATUS, classify
+from ._server_text import LimitUnit
 from .errors import (
     AuthenticationError,
     BadRequestError,
@@ -60,7 +62,11 @@ __all__ = [
     "float_may_help",
     "identify",
     "learn_bare",
+    "learn_cap",
+    "learn_inferred_limit",
+    "learn_refused_size",
     "learn_root_path",
+    "learn_stated_limit",
     "no_base64",
     "profile",
     "try_bare",
@@ -71,8 +77,16 @@ _log = logging.getLogger("qwen_embed_plugins")
 
 _BASE64_REFUSED = re.compile(r"base64|encoding[_ ]format", re.I)
 _DIMENSIONS_REFUSED = re.compile(r"dimension|matryoshka|mrl", re.I)
+_UNKNOWN_FIELD = re.compile(
+    r"extra (?:fields?|inputs?|keys?|param\w*) (?:are |is )?not (?:permitted|allowed)"
+    r"|(?:unknown|unrecognized|unrecognised|unexpected|unsupported) "
+    r"(?:request )?(?:field|param\w*|argument|key|propert\w*)"
+    r"|additional propert\w* (?:are |is )?not allowed|not a valid (?:field|param\w*)",
+    re.I,
+)
 _EOS_ID = 151643  # Qwen2/Qwen3 <|endoftext|> (qwen.tiktoken / tokenizer_config.json)
 _MAX_WARNINGS = 5
+_BODY_ROOM = 512  # bytes of a request body besides its texts (model, fields, brackets)
 
 
 @dataclass
@@ -125,13 +139,18 @@ def profile(state: ReplicaState, url: str) -> servers.ServerProfile:
 def wire(
     config: EmbeddingConfig, model: str, state: ReplicaState, profile: servers.ServerProfile
 ) -> tuple[str, int | None]:
-    """(``encoding_format``, ``dimensions`` to send) for this replica now."""
+    """(``encoding_format``, ``dimensions`` to send) for this replica now; float is
+    sent without the field (``_protocol.encode_request``), and a field set to ``None``
+    in ``extra_body`` is never sent."""
     fmt: str = config.encoding_format
-    if fmt == "auto":
+    extra = config.extra_body or {}
+    if "encoding_format" in extra:  # None there: the field is never sent (float)
+        fmt = "float"
+    elif fmt == "auto":
         fmt = "float" if state.base64_ok is False or not profile.base64 else "base64"
     want = config.dimensions
-    if want is None or state.dimensions_ok is False:
-        return fmt, None
+    if want is None or state.dimensions_ok is False or "dimensions" in extra:
+        return fmt, None  # "dimensions": None in extra_body: never sent (sliced here)
     native = state.native_dim or known_model_dims(model)
     if native is not None and want >= native:
         return fmt, None  # the full size: nothing to ask for
@@ -146,20 +165,32 @@ def adapt(
     state: ReplicaState,
     replica: ReplicaView,
 ) -> bool:
-    """Learn from a 400 that the server refuses base64 or ``dimensions``; ``True``
-    when the request should be resent with other options."""
+    """Learn from a 4xx that the server refuses base64 or ``dimensions``, or a field
+    it does not know (``_UNKNOWN_FIELD``: "extra fields not permitted", "Extra inputs
+    are not permitted", ...; the ``encoding_format`` field goes first, as float is the
+    API's default and is sent without it); ``True`` when the request should be resent
+    with other options. Learned once per replica and logged once: a request in flight
+    meanwhile is resent with what was learned, unlogged."""
     message = exc.message
-    if fmt == "base64" and config.encoding_format == "auto" and _BASE64_REFUSED.search(message):
+    names_dims = _DIMENSIONS_REFUSED.search(message) is not None
+    unknown = _UNKNOWN_FIELD.search(message) is not None
+    names_format = _BASE64_REFUSED.search(message) is not None
+    if (
+        fmt == "base64"
+        and config.encoding_format == "auto"
+        and (names_format or (unknown and not names_dims))
+    ):
         no_base64(state, replica, "refused encoding_format=base64")
         return True
-    if dims is not None and _DIMENSIONS_REFUSED.search(message):
-        state.dimensions_ok = False
-        replica.metrics.fallback("client_side_dimensions")
-        _log.warning(
-            "%s rejected dimensions=%d; slicing and renormalising client-side",
-            replica.label,
-            dims,
-        )
+    if dims is not None and (names_dims or unknown):
+        if state.dimensions_ok is not False:
+            state.dimensions_ok = False
+            replica.metrics.fallback("client_side_dimensions")
+            _log.warning(
+                "%s rejected dimensions=%d; slicing and renormalising client-side",
+                replica.label,
+                dims,
+            )
         return True
     return False
 
@@ -189,9 +220,12 @@ def no_base64(state: ReplicaState, replica: ReplicaView, why: str) -> None:
 def try_bare(error: QwenEmbedError, texts: Sequence[str], state: ReplicaState, bare: bool) -> bool:
     """Whether to resend a one-text request with ``input`` as a bare string: its
     one-item list was refused (a 500 or a 4xx; SGLang 0.4.6 fails ``["text"]`` but
-    embeds ``"text"``) by a server not yet seen to take one-item lists."""
-    if len(texts) != 1 or bare or state.bare_input is not None:
+    embeds ``"text"``) by a server not yet seen to take one-item lists, or one that
+    was learned to need bare strings while this request was in flight."""
+    if len(texts) != 1 or bare or state.bare_input is False:
         return False
+    if state.bare_input is True:
+        return True  # learned meanwhile (this request was in flight): resend as learned
     if isinstance(error, ServerError):
         return error.status in BACKEND_STATUS
     return isinstance(error, HTTPStatusError) and not isinstance(
@@ -236,6 +270,129 @@ def learn_root_path(error: QwenEmbedError, url: str, state: ReplicaState) -> boo
         "404 under /v1 (Infinity without --url-prefix)",
     )
     return True
+
+
+# --------------------------------------------------------------------------- batch caps
+
+
+def learn_stated_limit(
+    batch: BatchState, replica: ReplicaView, exc: BatchTooLargeError, texts: Sequence[str]
+) -> None:
+    """``replica`` refused ``texts`` for their size (``exc``, a wording recognised as a
+    batch or token refusal): learn the limit it stated (in tokens or texts), or half the
+    batch when it stated none; kept for good."""
+    if exc.tokens:
+        learn_cap(batch, replica, "tokens", exc.token_limit, texts)
+    else:
+        learn_cap(batch, replica, "texts", exc.limit, texts)
+
+
+def learn_cap(
+    batch: BatchState,
+    replica: ReplicaView,
+    unit: LimitUnit,
+    stated: int | None,
+    texts: Sequence[str],
+) -> bool:
+    """``replica`` refused ``texts`` for their size, stating ``stated`` (``None``: no
+    number) in ``unit`` (``_server_text.stated_limit``): learn a cap below what was sent
+    (the stated one when it is below, else half of what was sent), kept for good and
+    logged once; ``True`` when the replica's caps now split ``texts``. A byte limit
+    caps the request body (its texts' ``text_bytes``, less a margin for the rest of
+    the body), a character limit the texts' size likewise, a token limit the
+    estimated tokens (``estimate_tokens``, with a margin: estimates are not exact)."""
+    if unit == "texts":
+        sent = len(texts)
+        cap = stated if stated is not None and stated < sent else max(1, sent // 2)
+        if batch.limit is not None and cap >= batch.limit:
+            return len(texts) > batch.limit
+        batch.limit, batch.limit_inferred = cap, False  # stated (or refused): for good
+        replica.metrics.fallback("batch_limit")
+        _log.warning(
+            "%s accepts at most %d texts per request; splitting batches", replica.label, cap
+        )
+        return True
+    if unit == "tokens":
+        sent = sum(estimate_tokens(t) for t in texts)
+        cap = stated if stated and stated < sent else sent // 2
+        cap = max(1, int(cap * 0.9))
+        if batch.token_limit is not None and cap >= batch.token_limit:
+            return sent > batch.token_limit
+        batch.token_limit = cap
+        replica.metrics.fallback("token_limit")
+        _log.warning(
+            "%s accepts at most %s tokens per request; splitting batches at about %d "
+            "estimated tokens",
+            replica.label,
+            stated or "fewer",
+            cap,
+        )
+        return True
+    sent = sum(text_bytes(t) for t in texts)
+    room = stated
+    if stated is not None and unit == "bytes":  # the body's other fields take some room
+        room = stated - min(_BODY_ROOM, stated // 10)
+    cap = room if room is not None and 0 < room < sent else sent // 2
+    cap = max(1, int(cap * 0.9))  # JSON escapes: a margin
+    if batch.size_limit is not None and cap >= batch.size_limit:
+        return sent > batch.size_limit
+    batch.size_limit = cap
+    replica.metrics.fallback("size_limit")
+    _log.warning(
+        "%s accepts at most %s %s per request; splitting batches at about %d bytes of text",
+        replica.label,
+        stated or "fewer",
+        unit,
+        cap,
+    )
+    return True
+
+
+def learn_refused_size(batch: BatchState, replica: ReplicaView, took: int, sent: int) -> None:
+    """A batch of ``sent`` texts that ``replica`` refused (a 4xx, its limit unstated)
+    went through in pieces, the largest of ``took`` texts: it refuses batches of that
+    size; at most ``took`` texts per request from now on, logged once. Retested like an
+    inferred limit (``_batching.BatchState.limit_inferred``): a one-off refusal does not
+    cap the replica for good."""
+    if batch.limit is not None and took >= batch.limit:
+        return
+    batch.limit, batch.limit_inferred, batch.ok_since_limit = took, True, 0
+    replica.metrics.fallback("batch_limit")
+    _log.warning(
+        "%s refused a batch of %d texts but took batches of %d: sending at most %d "
+        "texts per request from now on",
+        replica.label,
+        sent,
+        took,
+        took,
+    )
+
+
+def learn_inferred_limit(
+    batch: BatchState, replica: ReplicaView, took: int, sent: int, error: QwenEmbedError
+) -> None:
+    """A batch of ``sent`` texts that ``replica`` dropped (``error``) went through in
+    pieces, the largest it took of ``took`` texts: the batch failed for its size (a
+    server that drops requests above some size, e.g. out of memory). The second time
+    (once could be chance), ``took`` becomes the replica's inferred limit, retested
+    later (it may have been a spell)."""
+    batch.size_failures.append(took)
+    if len(batch.size_failures) < 2:
+        return  # once could be chance: wait for a second batch to say so
+    if batch.limit is None or took < batch.limit:
+        batch.limit = took
+        batch.limit_inferred = True  # retested later: it may have been a spell
+        batch.ok_since_limit = 0
+        replica.metrics.fallback("batch_limit")
+        _log.warning(
+            "%s failed a batch of %d texts (%s) but took batches of %d: "
+            "sending at most %d texts per request from now on",
+            replica.label,
+            sent,
+            type(error).__name__,
+            took,
+            took,
+        )
 
 
 # --------------------------------------------------------------------------- answers

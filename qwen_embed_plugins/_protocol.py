@@ -3,7 +3,7 @@
 - Qwen3-Embedding query formatting (``Instruct: {task}\\nQuery:{text}``);
 - input validation whose errors name the caller's index;
 - the token estimate a batching plan uses (the plan itself: ``_batching``);
-- request bodies (``encoding_format`` always explicit);
+- request bodies (``encoding_format`` for base64 only: float is the API's default);
 - response decoding (items put in ``index`` order, base64 little-endian float32 via
   numpy, float lists) and checks on every vector;
 - MRL post-processing (slice to ``dimensions`` and L2-renormalise).
@@ -266,19 +266,26 @@ def encode_request(
     dimensions: int | None = None,
     extra: Mapping[str, Any] | None = None,
 ) -> bytes:
-    """The JSON body of one ``POST /embeddings`` (``encoding_format`` always explicit),
-    with the fields of ``extra`` (``EmbeddingConfig.extra_body``) merged in; the
-    client's own fields (``input``, ``model``, ``encoding_format``, ``dimensions``)
-    always win. ``texts`` as a ``str``: ``input`` is that bare string (for servers that
-    refuse a one-item list)."""
+    """The JSON body of one ``POST /embeddings``, with the fields of ``extra``
+    (``EmbeddingConfig.extra_body``) merged in; the client's own fields (``input``,
+    ``model``, ``encoding_format``, ``dimensions``) always win. ``encoding_format`` is
+    sent for base64 only (float is the API's default: a server that refuses the field
+    still takes the request); a client field set to ``None`` in ``extra`` is not sent.
+    ``texts`` as a ``str``: ``input`` is that bare string (for servers that refuse a
+    one-item list)."""
     body: dict[str, Any] = {
         **(extra or {}),
         "input": texts if isinstance(texts, str) else list(texts),
         "model": model,
-        "encoding_format": encoding_format,
     }
+    if encoding_format != "float":
+        body["encoding_format"] = encoding_format
+    else:
+        body.pop("encoding_format", None)
     if dimensions is not None:
         body["dimensions"] = dimensions
+    else:
+        body.pop("dimensions", None)
     return orjson.dumps(body)
 
 

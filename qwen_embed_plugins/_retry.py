@@ -34,9 +34,9 @@ errors and timeouts, read timeouts with no response, 502/503/504. Never 4xx, 429
 off instead), a local ``PoolTimeout``, a refused stream, or a 500 (one input's fault as
 often as the server's; bisection tells which).
 
-Whose fault a failure may be (``maybe_input``, ``input_error``, ``ambiguous``,
-``named_position``, ``replica_suspect``) is decided here too: the engine bisects, resends
-or blames an input on these answers.
+Whose fault a failure may be (``maybe_input``, ``refusal``, ``input_error``,
+``ambiguous``, ``named_position``, ``replica_suspect``) is decided here too: the engine
+bisects, resends or blames an input on these answers.
 
 Clock and random source are parameters, so the maths is tested without waiting.
 """
@@ -84,6 +84,7 @@ __all__ = [
     "maybe_input",
     "named_position",
     "parse_retry_after",
+    "refusal",
     "replica_suspect",
     "retry_reason",
 ]
@@ -373,23 +374,42 @@ def maybe_input(exc: BaseException) -> bool:
     return False
 
 
+NOT_REFUSALS = frozenset({401, 403, 404, 407, 408, 429})
+"""4xx statuses that say nothing about a request's content: the key, the URL or model,
+a proxy's credentials, a timeout, a rate limit."""
+
+
+def refusal(exc: BaseException) -> bool:
+    """The server refused the request for what it holds, whatever its wording: a 4xx
+    (400, 413, 422, ...; not ``NOT_REFUSALS``), or a 2xx answer that does not fit the
+    request and names no input (a count mismatch, no ``data``). For a batch of several
+    texts the engine splits it (once a control request shows the server working); for
+    one text it is that input's error."""
+    if isinstance(exc, HTTPStatusError):
+        return 400 <= exc.status < 500 and exc.status not in NOT_REFUSALS
+    return isinstance(exc, ResponseError) and exc.index is None
+
+
 def input_error(exc: BaseException) -> bool:
     """A failure of a single-text request that belongs to that input."""
     if isinstance(exc, ServerError):
         return exc.status in BACKEND_STATUS
-    if isinstance(exc, BadRequestError):
+    if isinstance(exc, BadRequestError) or (isinstance(exc, HTTPStatusError) and refusal(exc)):
         return True
     if isinstance(exc, ResponseError):
-        return exc.index is not None
+        return True  # an answer naming no input: that text's, once a control request works
     return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
 
 
 def ambiguous(exc: BaseException) -> bool:
     """A single input's failure that the server may have caused whatever the input."""
-    if isinstance(exc, ServerError | NetworkError):
+    if isinstance(exc, ServerError | NetworkError) or (
+        isinstance(exc, ResponseError) and exc.index is None
+    ):
         return True
     return (
-        isinstance(exc, BadRequestError)
+        isinstance(exc, HTTPStatusError)
+        and refusal(exc)
         and not isinstance(exc, ContextLengthError | BatchTooLargeError)
         and SERVER_POSITION.search(exc.message) is None
     )

@@ -11,13 +11,17 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
-from typing import Any, Final
+from dataclasses import dataclass
+from typing import Any, Final, Literal
 from urllib.parse import urlsplit, urlunsplit
 
 import orjson
 
 __all__ = [
+    "LimitUnit",
     "ProxyURL",
+    "StatedLimit",
+    "context_refusal",
     "endpoint_label",
     "has_credentials",
     "parse_batch_limit",
@@ -26,6 +30,7 @@ __all__ = [
     "redact_url",
     "response_request_id",
     "scrub",
+    "stated_limit",
 ]
 
 
@@ -181,9 +186,109 @@ _BATCH_WORDS = re.compile(
 )
 _CONTEXT_WORDS = re.compile(
     r"context length|maximum context|too long|exceeds? the max|max(?:imum)?[_ ]model[_ ]len"
-    r"|input (?:tokens|length)|token limit|must have less than",
+    r"|input (?:tokens|length)|token limit|must have less than"
+    # llama.cpp / llama-box: "prefill 744 tokens exceed n_ctx_per_seq", "decoding
+    # exceeds the available context size", "input is too large to process, please
+    # increase the physical batch size", "input prompt is too big compared to KV size"
+    r"|n_ctx|context (?:size|window)|too (?:large|big) to process|compared to KV",
     re.I,
 )
+
+
+def context_refusal(message: str) -> bool:
+    """Whether ``message`` says an input is longer than the model's context (any
+    server's wording: OpenAI's "maximum context length", llama-box's "exceed
+    n_ctx_per_seq", TEI's "must have less than 512 tokens", ...)."""
+    return _CONTEXT_WORDS.search(message) is not None
+
+
+LimitUnit = Literal["texts", "tokens", "bytes", "characters"]
+
+
+@dataclass(frozen=True, slots=True)
+class StatedLimit:
+    """A limit a server states in a refusal (``stated_limit``).
+
+    Attributes:
+        unit: what it counts: ``"texts"`` (items, instances, inputs per request),
+            ``"tokens"``, ``"bytes"`` (of the request body) or ``"characters"``.
+        value: the most it accepts, in ``unit``.
+        per_input: it is about one input (a context length: "per input", "n_ctx"),
+            not about the request as a whole.
+    """
+
+    unit: LimitUnit
+    value: int
+    per_input: bool = False
+
+
+_NUMBER = r"(\d[\d,]*)"
+# a limit word, up to four filler words, then the number: "at most 1024", "maximum
+# allowed batch size 32", "exceeds the limit: 4194304", "> 8192", "Max is 16384"
+_LIMIT_AFTER = re.compile(
+    r"(?:at most|no more than|not (?:be )?(?:larger|greater|more) than|up to|"
+    r"max(?:imum)?|limit|allowed|exceed(?:s|ed|ing)?|greater than|larger than|over|<=?|>=?)"
+    r"(?:\s*:?\s*(?:[a-z_()]+|is|of|the))?(?:\s+(?:[a-z_()]+)){0,3}\s*:?\s*" + _NUMBER,
+    re.I,
+)
+# the number, then the limit word: "250 instance(s) is allowed", "96 texts maximum"
+_LIMIT_BEFORE = re.compile(
+    _NUMBER + r"\s*(?:[a-z_()]+\s*){0,2}(?:is |are )?(?:the )?(?:allowed|max(?:imum)?\b|limit)",
+    re.I,
+)
+_UNIT_WORDS: tuple[tuple[LimitUnit, re.Pattern[str]], ...] = (
+    ("bytes", re.compile(r"\bbytes?\b|\b[kmg]i?b\b|payload|request body|entity", re.I)),
+    ("characters", re.compile(r"\bchar(?:acter)?s?\b", re.I)),
+    ("tokens", re.compile(r"\btokens?\b", re.I)),
+    (
+        "texts",
+        re.compile(
+            r"\b(?:items?|instances?|instance\(s\)|inputs?|texts?|documents?|sentences?|"
+            r"strings?|elements?|entries|list)\b",
+            re.I,
+        ),
+    ),
+)
+_BATCH_WORD = re.compile(r"\bbatch", re.I)  # texts, when no other unit is named
+_SCALE = re.compile(r"\s*([kmg])(i?)b\b", re.I)  # "5 MB", "4MiB"
+_PER_INPUT = re.compile(
+    r"\b(?:per|each|every|single) (?:input|text|item|sequence|document|string|sentence)\b",
+    re.I,
+)
+
+
+def stated_limit(message: str) -> StatedLimit | None:
+    """The limit a refusal states, in any wording: the number after a limit word ("at
+    most 1024 items", "exceeds the limit: 4194304 bytes", "> 8192") or before one ("250
+    instance(s) is allowed"), and the unit nearest to it (texts, tokens, bytes,
+    characters; ``None`` when the message names none). A context-length wording or
+    "per input" makes it a per-input limit.
+
+    The caller checks the number against what it sent (a limit is below it).
+    """
+    found = _LIMIT_AFTER.search(message) or _LIMIT_BEFORE.search(message)
+    if found is None:
+        return None
+    value = int(found.group(1).replace(",", ""))
+    if value <= 0:
+        return None
+    where = found.start(1)
+    scale = _SCALE.match(message, found.end(1))
+    if scale is not None:  # "5 MB": decimal units, "4 MiB": binary ones
+        power = "kmg".index(scale.group(1).lower()) + 1
+        value *= (1024 if scale.group(2) else 1000) ** power
+    best: tuple[int, LimitUnit] | None = None if scale is None else (-1, "bytes")
+    for unit, words in _UNIT_WORDS:
+        for word in words.finditer(message):
+            distance = min(abs(word.start() - where), abs(word.end() - where))
+            if best is None or distance < best[0]:
+                best = (distance, unit)
+    if best is None and _BATCH_WORD.search(message):
+        best = (0, "texts")
+    if best is None:
+        return None
+    per_input = _PER_INPUT.search(message) is not None or context_refusal(message)
+    return StatedLimit(best[1], value, per_input)
 
 
 def parse_batch_limit(message: str) -> int | None:

@@ -354,9 +354,10 @@ SETTINGS: Final[tuple[Setting, ...]] = (
         None,
         "Extra JSON fields merged into every request body (vLLM truncate_prompt_tokens, "
         "TEI truncate, Ollama options/keep_alive); input, model, encoding_format and "
-        "dimensions are the client's own and refused. Values of credential-like fields "
-        "(api_key, access_token, password, *secret*, ... at any depth) are masked in repr "
-        "and dumps and never pickled.",
+        "dimensions are the client's own and refused, but encoding_format or dimensions "
+        "set to None is never sent (float vectors; dimensions applied client-side). "
+        "Values of credential-like fields (api_key, access_token, password, *secret*, ... "
+        "at any depth) are masked in repr and dumps and never pickled.",
     ),
 )
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import threading
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
@@ -38,10 +39,18 @@ class RecordingServer:
     and value) and the request body, and whose ``x-request-id`` quotes the headers;
     ``"ok"`` answers with the embeddings and quotes the headers in an extra body field
     and in ``x-request-id``; ``"status_line"`` answers with a malformed status line
-    quoting them.
+    quoting them. ``refuse(body)`` returns ``(status, JSON document)`` for a request to
+    refuse (a gateway's refusal in its own words), or ``None`` to answer it.
     """
 
-    def __init__(self, *, dim: int = 1024, echo: str | None = None, status: int = 400) -> None:
+    def __init__(
+        self,
+        *,
+        dim: int = 1024,
+        echo: str | None = None,
+        status: int = 400,
+        refuse: Callable[[dict[str, Any]], tuple[int, object] | None] | None = None,
+    ) -> None:
         self.dim = dim
         self.received: list[Received] = []
         self._lock = threading.Lock()
@@ -72,6 +81,10 @@ class RecordingServer:
                     return
                 if not self.path.endswith("/embeddings"):
                     self._send(404, {"error": {"message": "not found"}})
+                    return
+                refused = refuse(body) if refuse is not None else None
+                if refused is not None:  # a gateway's refusal of this body, as scripted
+                    self._send(refused[0], refused[1])
                     return
                 texts = body["input"]
                 vectors = expected_embeddings(texts, owner.dim)

@@ -209,7 +209,7 @@ def test_config_reaches_the_wire_sync_and_async(
     assert sorted(len(r.body["input"]) for r in seen) == [1, 1, 2, 2, 2, 2]  # batch_size=2
     for one in seen:
         assert one.body["model"] == "m-config"
-        assert one.body["encoding_format"] == "float"
+        assert "encoding_format" not in one.body  # float: the API's default, not sent
         assert one.body["user"] == "u-flat"  # the flat field given overrides the config
         assert one.headers["authorization"] == f"Bearer {SECRET}"
         assert one.headers["x-tenant"] == "acme"

@@ -391,7 +391,7 @@ def test_embed_failed_run_leaves_the_output_as_it_was(
         out.write_bytes(b"the previous good output")
     server.clear_faults()
     server.inject("delay", seconds=0.0)  # the first chunk is embedded (and written)...
-    server.inject_status(400, message="no")  # ...the second fails: not retried
+    server.inject_status(404, message="no")  # ...the second fails: not retried
     result = _embed_small_chunks(server.base_url, src, out)
     assert result.exit_code == 1, result.output
     assert "error:" in result.stderr

@@ -101,7 +101,7 @@ def test_resume_after_a_failure_sends_only_the_missing_batches(
     out = tmp_path / f"out{suffix}"
     out.write_bytes(b"old")
     server.inject("delay", seconds=0.0, count=5)
-    server.inject_status(400, message="no")  # the 6th request fails (not retried)
+    server.inject_status(404, message="no")  # the 6th request fails (not retried)
     code, err = embed(server, src, out, "--resume")
     assert code == 1
     assert "5 of 50 texts embedded and kept" not in err  # batches are 4 texts
@@ -127,7 +127,7 @@ def test_resume_resends_a_batch_whose_rows_were_damaged(
     texts = numbered_texts(src, 20)  # 5 batches
     out = tmp_path / "out.npy"
     server.inject("delay", seconds=0.0, count=3)
-    server.inject_status(400, message="no")
+    server.inject_status(404, message="no")
     assert embed(server, src, out, "--resume")[0] == 1
     part = tmp_path / ".out.npy.part"
     journal = tmp_path / ".out.npy.resume"
@@ -152,7 +152,7 @@ def _interrupted_job(server: EmbeddingServer, tmp_path: Path) -> tuple[Path, Pat
     numbered_texts(src, 20)
     out = tmp_path / "out.npy"
     server.inject("delay", seconds=0.0)
-    server.inject_status(400, message="no")
+    server.inject_status(404, message="no")
     assert embed(server, src, out, "--resume")[0] == 1
     return src, out
 

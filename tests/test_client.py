@@ -178,7 +178,7 @@ def test_pool_slot_released_after_errors(srv: EmbeddingServer) -> None:
     with pytest.raises(q.BadRequestError):
         client.embed_query("rejected")
     srv.clear_rules()
-    srv.inject("malformed")
+    srv.inject("malformed", count=2)  # the query and its control request
     with pytest.raises(q.QwenEmbedError):
         client.embed_query("malformed body")
     for i in range(5):  # a leaked slot: PoolTimeout here (max_attempts=1)

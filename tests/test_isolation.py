@@ -270,13 +270,13 @@ def test_cancelled_and_rejected_requests_are_not_counted_as_ok() -> None:
                 await task
 
         asyncio.run(cancel_one())
-        srv.inject("malformed")
+        srv.inject("malformed", count=2)  # the query and its control request
         with pytest.raises(q.ResponseError):
             asyncio.run(client.embed_query("rejected"))
         snap = q.stats()[client.config.endpoint]
         outcomes = snap["requests_by_outcome"]
         assert outcomes.get("cancelled", 0) - before.get("cancelled", 0) == 1
-        assert outcomes.get("rejected", 0) - before.get("rejected", 0) == 1
+        assert outcomes.get("rejected", 0) - before.get("rejected", 0) == 2
         assert outcomes.get("ok", 0) == before.get("ok", 0)
 
 

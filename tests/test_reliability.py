@@ -127,34 +127,49 @@ def test_client_errors_are_not_retried(
         # not retried as such: the text was sent as a one-item list and once as a bare
         # string (a server may refuse one-item lists); a 400 naming no input could be
         # about the request, so one control request ("hello", answered) showed the
-        # server working, and the text, sent once more, failed again: the input's
-        # (the control was answered as a one-item list: its bare form was never needed)
-        assert srv.received == [["x"], ["x"], ["hello"], ["x"]]
+        # server working: the refusal is the input's, final (never sent a third time)
+        assert srv.received == [["x"], ["x"], ["hello"]]
         assert info.value.index == 0  # type: ignore[attr-defined]
     else:  # 401 / 404: the endpoint's, never an input's
         assert srv.received == [["x"]]
 
 
-@pytest.mark.parametrize(
-    ("kind", "words"),
-    [
-        ("nan", "NaN"),
-        ("zero", "all zeros"),
-        ("wrong_count", "embeddings for"),
-        ("malformed", "not valid JSON"),
-    ],
-)
+@pytest.mark.parametrize(("kind", "words"), [("nan", "NaN"), ("zero", "all zeros")])
 def test_bad_vectors_raise_naming_the_index(srv: EmbeddingServer, kind: str, words: str) -> None:
-    params = {"index": 2} if kind in ("nan", "zero") else {}
-    srv.inject(kind, **params)
+    srv.inject(kind, index=2)
     client = q.EmbeddingClient(base_url=srv.base_url, encoding_format="float")
     with pytest.raises(q.ResponseError) as info:
         client.embed_documents(["t0", "t1", "t2", "t3"])
     assert words in str(info.value)
-    if kind in ("nan", "zero"):
-        assert info.value.index == 2
-        assert "input index 2" in str(info.value)
+    assert info.value.index == 2
+    assert "input index 2" in str(info.value)
     assert srv.requests == 1  # deterministic: not retried
+
+
+FAST = q.RetryConfig(backoff_initial=0.01, backoff_max=0.02)
+
+
+@pytest.mark.parametrize(
+    ("kind", "words"), [("wrong_count", "embeddings for"), ("malformed", "not valid JSON")]
+)
+def test_an_answer_that_does_not_fit_the_batch_is_a_refusal(
+    srv: EmbeddingServer, kind: str, words: str
+) -> None:
+    """A batch answered with the wrong count (or a body that is no answer): refused;
+    a control request shows the server working, the halves go through: every vector.
+    Every time: the server's own error after the batch and the control."""
+    srv.inject(kind)
+    client = q.EmbeddingClient(base_url=srv.base_url, encoding_format="float", retry=FAST)
+    texts = ["t0", "t1", "t2", "t3"]
+    np.testing.assert_allclose(client.embed_documents(texts), expected_embeddings(texts), atol=1e-6)
+    assert srv.received == [texts, ["hello"], texts[:2], texts[2:]]
+    srv.reset_counters()
+    srv.inject(kind, count=2)
+    other = q.EmbeddingClient(base_url=srv.base_url, encoding_format="float", retry=FAST)
+    with pytest.raises(q.ResponseError, match=words) as info:
+        other.embed_documents([f"fresh {t}" for t in texts])
+    assert info.value.index is None
+    assert srv.requests == 2  # the batch and the control: the server's, not an input's
 
 
 def test_overload_is_an_outage_retried_until_the_deadline(srv: EmbeddingServer) -> None:

@@ -1,0 +1,432 @@
+"""Refusals decided by what the server does, not by how it words them (issue 30 items
+1-4 and 7), on the engine driven with scripted replies (no socket): a refused batch is
+split until the refused texts stand alone; a limit stated in any wording caps later
+batches; a field the client adds on its own can go; a single refused text is final after
+at most two sends and one control request; each lesson is logged once per replica."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+import pytest
+from test_engine_script import FAST, Script, batch, engine, ok, rows_of, status
+
+import qwen_embed_plugins as q
+from qwen_embed_plugins._engine import Engine
+from qwen_embed_plugins._run import Part, Send, run_async
+from qwen_embed_plugins._server_text import stated_limit
+from qwen_embed_plugins._transport import Reply, Request
+
+pytestmark = pytest.mark.unit  # scripted replies: no server, no socket
+
+
+def auto_engine(**settings: Any) -> Engine:
+    """``engine()`` with the default ``encoding_format="auto"`` (base64 first)."""
+    eng = engine(**settings)
+    return Engine(eng.config.replace(encoding_format="auto"))
+
+
+def sent(request: Request) -> list[str]:
+    texts = orjson.loads(request.body)["input"]
+    return [texts] if isinstance(texts, str) else texts
+
+
+def refusing(
+    bad: str, code: int, message: str, *, body: object | None = None
+) -> Callable[[Request, int], Reply]:
+    """Refuse (``code``, ``message``) every request holding ``bad``; answer the rest."""
+
+    def answer(request: Request, n: int) -> Reply:
+        if bad in sent(request):
+            if body is not None:
+                return Reply(code, {"content-type": "application/json"}, orjson.dumps(body), True)
+            return status(code, message)
+        return ok(request)
+
+    return answer
+
+
+# --------------------------------------------------------------------------- refused batch
+
+
+@pytest.mark.parametrize(
+    ("code", "message"),
+    [
+        (400, "Bad Request"),
+        (422, "validation failed"),
+        (413, "Request Entity Too Large"),
+        (409, "conflict in request"),
+        (400, "Illegal param: prefill 744 tokens exceed n_ctx_per_seq"),  # llama-box
+    ],
+)
+@pytest.mark.parametrize("where", [0, 9, 15])
+def test_a_refused_batch_is_split_until_the_refused_text_is_alone(
+    code: int, message: str, where: int
+) -> None:
+    """One refused text in a batch of 16, whatever the wording: the other 15 are
+    embedded, the refused one fails alone with its index, within about 2*log2(16)
+    extra requests (one control, a bare-string trial of the lone text)."""
+    texts = [f"chunk {i}" for i in range(16)]
+    texts[where] = "refused chunk"
+    eng = engine()
+    script = Script(refusing("refused chunk", code, message))
+    part = script.run(batch(eng, eng.new_call(query=False, on_error="skip"), texts))
+    assert list(part.failed) == [where]
+    error = part.failed[where]
+    assert isinstance(error, q.HTTPStatusError)
+    assert error.status == code
+    assert error.index == where
+    assert f"input index {where}" in str(error)
+    assert sorted(rows_of(part, 16)) == [i for i in range(16) if i != where]
+    assert len(script.inputs) - 1 <= 2 * math.log2(16) + 2
+    if "n_ctx" in message:
+        assert isinstance(error, q.ContextLengthError)
+
+
+def test_a_count_mismatch_is_a_refused_batch() -> None:
+    """A gateway that drops a text it cannot embed (one embedding fewer than texts): the
+    batch is split like a refused one; the dropped text fails alone with its index."""
+
+    def answer(request: Request, n: int) -> Reply:
+        reply = ok(request)
+        texts = sent(request)
+        if "dropped" not in texts:
+            return reply
+        doc = orjson.loads(reply.body)
+        doc["data"] = [d for d, t in zip(doc["data"], texts, strict=True) if t != "dropped"]
+        return Reply(200, reply.headers, orjson.dumps(doc), True)
+
+    texts = [f"chunk {i}" for i in range(8)]
+    texts[5] = "dropped"
+    eng = engine()
+    script = Script(answer)
+    part = script.run(batch(eng, eng.new_call(query=False, on_error="skip"), texts))
+    assert list(part.failed) == [5]
+    assert isinstance(part.failed[5], q.ResponseError)
+    assert part.failed[5].index == 5
+    assert sorted(rows_of(part, 8)) == [0, 1, 2, 3, 4, 6, 7]
+
+
+@pytest.mark.parametrize("code", [400, 422])
+def test_a_server_refusing_everything_fails_after_two_requests(code: int) -> None:
+    """A wrong model name: the batch and one control request, then the server's own
+    message, with no input index (in both on_error modes)."""
+    message = "The model `qwen3` does not exist on this gateway"
+    eng = engine()
+    script = Script(lambda request, n: status(code, message))
+    with pytest.raises(q.HTTPStatusError) as info:
+        script.run(batch(eng, eng.new_call(query=False, on_error="skip"), ["a", "b", "c"]))
+    assert len(script.inputs) == 2
+    assert script.inputs[1] == ["hello"]
+    assert message in str(info.value)
+    assert info.value.index is None
+
+
+def test_a_refused_batch_whose_pieces_go_through_teaches_a_cap() -> None:
+    """A batch refused with no number (a 413 from a proxy) whose pieces all go through:
+    the largest piece taken is the replica's cap at once; the next call is split before
+    anything is sent."""
+
+    def answer(request: Request, n: int) -> Reply:
+        if len(sent(request)) > 4:
+            return status(413, "Request Entity Too Large")
+        return ok(request)
+
+    eng = engine()
+    texts = [f"passage {i}" for i in range(8)]
+    first = Script(answer)
+    part = first.run(batch(eng, eng.new_call(query=False), texts))
+    assert sorted(rows_of(part, 8)) == list(range(8))
+    assert eng.endpoint.replicas[0].state(eng.model).batch.limit == 4
+    again = Script(answer)
+    again.run(batch(eng, eng.new_call(query=False), texts))
+    assert again.sizes == [4, 4]
+
+
+# --------------------------------------------------------------------------- stated limits
+
+
+@pytest.mark.parametrize(
+    ("code", "template", "cap"),
+    [
+        (422, "Value should have at most {cap} items after validation, not {n}", 8),  # LiteLLM
+        (400, "{cap} instance(s) is allowed per prediction. Actual: {n}", 5),  # Vertex
+        (400, "maximum {cap} texts per request", 6),
+        (400, "batch size {n} exceeds max {cap}", 7),
+        (413, "too many inputs: got {n}, the limit is {cap}", 3),
+    ],
+)
+def test_a_stated_text_limit_caps_later_batches(code: int, template: str, cap: int) -> None:
+    """A refusal stating how many texts a request may hold, in words the client was
+    never taught: learned at once (no control, no bisection), the batch sent again in
+    pieces of at most that many, and the next call split before anything is sent."""
+
+    def answer(request: Request, n: int) -> Reply:
+        size = len(sent(request))
+        if size > cap:
+            return status(code, template.format(cap=cap, n=size))
+        return ok(request)
+
+    eng = engine()
+    texts = [f"passage {i}" for i in range(20)]
+    first = Script(answer)
+    part = first.run(batch(eng, eng.new_call(query=False), texts))
+    assert sorted(rows_of(part, 20)) == list(range(20))
+    assert first.sizes[0] == 20
+    assert max(first.sizes[1:]) <= cap
+    assert len(first.sizes) == 1 + math.ceil(20 / cap)
+    again = Script(answer)
+    again.run(batch(eng, eng.new_call(query=False), texts))
+    assert max(again.sizes) <= cap
+
+
+@pytest.mark.parametrize(
+    ("message", "unit"),
+    [
+        ("Request payload size exceeds the limit: {cap} bytes", "bytes"),  # Gemini
+        ("input too large: {n} characters > {cap}", "characters"),
+        ("Requested {n} tokens, max {cap} tokens per request", "tokens"),
+    ],
+)
+def test_a_stated_size_limit_caps_the_size_not_the_count(message: str, unit: str) -> None:
+    """A byte, character or token limit stated in any wording: later requests are cut by
+    size (a batch of short texts stays whole), not by a text count."""
+    cap = 2000 if unit != "tokens" else 500
+
+    def size_of(request: Request) -> int:
+        if unit == "bytes":
+            return len(request.body)
+        chars = sum(len(t) for t in sent(request))
+        return chars if unit == "characters" else math.ceil(chars / 4)
+
+    refused: list[int] = []
+
+    def answer(request: Request, n: int) -> Reply:
+        if size_of(request) > cap:
+            refused.append(n)
+            return status(400, message.format(cap=cap, n=size_of(request)))
+        return ok(request)
+
+    eng = engine()
+    long_texts = [f"{i} " + "x" * 196 for i in range(30)]
+    first = Script(answer)
+    part = first.run(batch(eng, eng.new_call(query=False), long_texts))
+    assert sorted(rows_of(part, 30)) == list(range(30))
+    assert refused == [1]  # the first request only: the rest are cut by size
+    short = Script(answer)
+    short.run(batch(eng, eng.new_call(query=False), [f"s{i}" for i in range(30)]))
+    assert short.sizes == [30]  # a size cap, not a count cap
+
+
+def test_a_per_input_limit_is_that_inputs_context_error() -> None:
+    """ "max 512 tokens per input": no cap on batches; the long text fails alone as a
+    ContextLengthError with its index."""
+    texts = ["short"] * 3 + ["y" * 4000] + ["short too"]
+    eng = engine()
+    script = Script(refusing("y" * 4000, 400, "max 512 tokens per input"))
+    part = script.run(batch(eng, eng.new_call(query=False, on_error="skip"), texts))
+    assert list(part.failed) == [3]
+    assert isinstance(part.failed[3], q.ContextLengthError)
+    assert eng.endpoint.replicas[0].state(eng.model).batch.limit is None
+
+
+@pytest.mark.parametrize(
+    ("message", "unit", "value", "per_input"),
+    [
+        ("Value should have at most 1024 items after validation, not 1260", "texts", 1024, 0),
+        ("250 instance(s) is allowed per prediction. Actual: 512", "texts", 250, 0),
+        ("Request payload size exceeds the limit: 4194304 bytes", "bytes", 4194304, 0),
+        ("maximum 96 texts per request", "texts", 96, 0),
+        ("batch size 300 exceeds max 256", "texts", 256, 0),
+        ("input too large: 9000 characters > 8192", "characters", 8192, 0),
+        ("max 8192 tokens per input", "tokens", 8192, 1),
+        ("Too many tokens in batch. Max is 16384 got 29000", "tokens", 16384, 0),
+        ("the list has 3000 elements but at most 2048 are allowed", "texts", 2048, 0),
+        ("request body too large: 5 MB limit", "bytes", 5_000_000, 0),
+        ("This model's maximum context length is 8192 tokens", "tokens", 8192, 1),
+    ],
+)
+def test_stated_limits_in_any_wording(message: str, unit: str, value: int, per_input: int) -> None:
+    found = stated_limit(message)
+    assert found is not None
+    assert (found.unit, found.value, found.per_input) == (unit, value, bool(per_input))
+
+
+@pytest.mark.parametrize(
+    "message", ["Bad Request", "The model `x` does not exist.", "invalid input at index 3"]
+)
+def test_no_limit_where_none_is_stated(message: str) -> None:
+    assert stated_limit(message) is None
+
+
+# --------------------------------------------------------------------------- fields
+
+
+def test_float_is_sent_without_the_field() -> None:
+    eng = engine()  # encoding_format="float"
+    bodies: list[dict[str, Any]] = []
+
+    def answer(request: Request, n: int) -> Reply:
+        bodies.append(orjson.loads(request.body))
+        return ok(request)
+
+    Script(answer).run(batch(eng, eng.new_call(query=False), ["a", "b"]))
+    assert "encoding_format" not in bodies[0]
+
+
+@pytest.mark.parametrize(
+    ("code", "body"),
+    [
+        (400, {"error": {"message": "extra fields not permitted: ['encoding_format']"}}),  # Jina
+        (
+            422,
+            {
+                "detail": [
+                    {"loc": ["body", "encoding_format"], "msg": "Extra inputs are not permitted"}
+                ]
+            },
+        ),
+        (400, {"error": {"message": "Unrecognized request argument supplied: encoding_format"}}),
+    ],
+)
+def test_a_refused_encoding_format_falls_back_to_float_without_it(
+    code: int, body: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The default base64-first mode on a server that refuses the field itself: resent
+    at once as float without the field, learned for the replica, logged once."""
+    bodies: list[dict[str, Any]] = []
+
+    def answer(request: Request, n: int) -> Reply:
+        doc = orjson.loads(request.body)
+        bodies.append(doc)
+        if "encoding_format" in doc:
+            return Reply(code, {"content-type": "application/json"}, orjson.dumps(body), True)
+        return ok(request)
+
+    eng = auto_engine()
+    with caplog.at_level(logging.WARNING, logger="qwen_embed_plugins"):
+        for _ in range(2):
+            part = Script(answer).run(batch(eng, eng.new_call(query=False), ["a", "b"]))
+            assert sorted(rows_of(part, 2)) == [0, 1]
+    assert [("encoding_format" in b) for b in bodies] == [True, False, False]
+    assert len([r for r in caplog.records if "float" in r.getMessage()]) == 1
+
+
+def test_extra_body_none_drops_a_field_the_client_adds() -> None:
+    """``extra_body={"encoding_format": None, "dimensions": None}``: neither is ever sent
+    (float vectors; ``dimensions`` applied client-side)."""
+    bodies: list[dict[str, Any]] = []
+
+    def answer(request: Request, n: int) -> Reply:
+        bodies.append(orjson.loads(request.body))
+        return ok(request)
+
+    eng = auto_engine(
+        dimensions=2,
+        extra_body={"encoding_format": None, "dimensions": None, "user": "me"},
+    )
+    part = Script(answer).run(batch(eng, eng.new_call(query=False), ["a", "b"]))
+    assert bodies[0] == {"input": ["a", "b"], "model": "script-model", "user": "me"}
+    assert rows_of(part, 2)[0].shape == (2,)
+    with pytest.raises(q.ConfigError, match="'input'"):
+        engine(extra_body={"input": None})
+
+
+# --------------------------------------------------------------------------- single text
+
+
+def test_a_single_refused_text_is_final_after_its_bare_form() -> None:
+    """``["x"]`` -> 400, ``"x"`` -> 400, control ``["hello"]`` -> 200: the text's error,
+    with its index; never sent a third time."""
+    eng = engine()
+    script = Script(refusing("x", 400, "input rejected by policy"))
+    part = script.run(batch(eng, eng.new_call(query=True, on_error="skip"), ["x"]))
+    assert script.inputs == [["x"], "x", ["hello"]]
+    assert isinstance(part.failed[0], q.BadRequestError)
+    assert part.failed[0].index == 0
+
+
+def test_a_single_refused_text_after_a_success_costs_one_request() -> None:
+    """The server was seen working in this call and takes one-item lists: the refused
+    text is final at its first refusal."""
+    eng = engine()
+    script = Script(refusing("x", 400, "input rejected by policy"))
+    call = eng.new_call(query=False, on_error="skip")
+    script.run(batch(eng, call, ["fine"]))
+    part = script.run(batch(eng, call, ["x"]))
+    assert script.inputs == [["fine"], ["x"]]
+    assert part.failed[0].index == 0
+
+
+def test_llama_box_500_context_wording_is_a_context_length_error() -> None:
+    """llama-box's 500 for an over-long input: bisected (it may be the server's), then
+    that text's ``ContextLengthError`` (status 500) under ``on_error="skip"``."""
+    texts = [f"chunk {i}" for i in range(8)]
+    texts[2] = "too long"
+    message = "input is too large to process. increase the physical batch size"
+    eng = engine()
+    part = Script(refusing("too long", 500, message)).run(
+        batch(eng, eng.new_call(query=False, on_error="skip"), texts)
+    )
+    assert list(part.failed) == [2]
+    error = part.failed[2]
+    assert isinstance(error, q.ContextLengthError)
+    assert (error.status, error.index) == (500, 2)
+
+
+# --------------------------------------------------------------------------- one lesson
+
+
+@pytest.mark.parametrize(
+    ("message", "lesson"),
+    [
+        ("this model does not support the dimensions parameter", "dimensions"),
+        ("Value should have at most 2 items after validation, not 4", "texts per request"),
+        ("list index out of range", "bare string"),  # SGLang 0.4.6: 500 to ["text"]
+    ],
+)
+def test_one_line_and_one_refusal_per_request_in_flight(
+    message: str, lesson: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Three batches in flight when the server refuses each (``dimensions``, a batch
+    cap, a one-item list): one WARNING for the replica, one refused request per batch
+    in flight."""
+    eng = engine(FAST, dimensions=2)
+    refused: list[Any] = []
+    gate = asyncio.Event()
+    arrived = 0
+
+    async def send(op: Send) -> Reply:
+        nonlocal arrived
+        doc = orjson.loads(op.request.body)
+        arrived += 1
+        if arrived == 3:
+            gate.set()
+        await gate.wait()  # every batch is in flight before any answer
+        if lesson == "bare string" and isinstance(doc["input"], list):
+            refused.append(doc)
+            return status(500, message)
+        if ("dimensions" in doc and lesson == "dimensions") or (
+            lesson == "texts per request" and len(doc["input"]) > 2
+        ):
+            refused.append(doc)
+            return status(400, message)
+        return ok(op.request)
+
+    size = 1 if lesson == "bare string" else 4
+
+    async def main() -> list[Part]:
+        call = eng.new_call(query=False)
+        flows = [batch(eng, call, [f"b{k} t{i}" for i in range(size)]) for k in range(3)]
+        return list(await asyncio.gather(*(run_async(f, send) for f in flows)))
+
+    with caplog.at_level(logging.WARNING, logger="qwen_embed_plugins"):
+        parts = asyncio.run(main())
+    assert all(sorted(rows_of(p, size)) == list(range(size)) for p in parts)
+    assert len(refused) == 3
+    assert len([r for r in caplog.records if lesson in r.getMessage()]) == 1
