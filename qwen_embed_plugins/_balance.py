@@ -17,17 +17,22 @@ while every replica has been failing for at least ``open_after`` seconds; calls 
 way keep retrying within their deadline, so a restart shorter than that costs time,
 not the run.
 
-An outage costs the server almost nothing. The replica of a one-replica endpoint that
-fails with a health signal, or whose control request failed too (the server fails
-whatever the input), is *down*: until
-it answers again, one request at a time probes it (``Replica.gate``, a one-slot
+An outage costs the server almost nothing. A replica that fails with a health signal
+(or, alone in its endpoint, whose control request failed too: the server fails whatever
+the input) is *down* until it answers again. While no other replica of its endpoint
+takes requests, one request at a time probes it (``Replica.gate``, a one-slot
 ``ProcessGate`` shared by threads and every event loop), each probe after a backoff that
-doubles up to ``PROBE_CAP`` seconds (``Replica.probe_wait``); every other request waits
-for the probe's verdict, woken by it. Retries to a replica that is not down stay within
-its ``Budget`` (``Replica.retries``): at most ``RETRY_RATIO`` of its recent requests plus
-``RETRY_FLOOR`` per ``RETRY_WINDOW`` seconds, across the process (as Finagle's
-``RetryBudget`` and gRPC's retry throttling); a retry over it is not made (outage retries,
-paced by the probe or by backoff and ejection, are not counted).
+doubles up to ``PROBE_CAP`` seconds (``Replica.probe_wait``), and every other request
+waits for the probe's verdict, woken by it (``Endpoint.wait_probe``); with every replica
+of an endpoint down, each request waits for the probe of the one with the fewest waiting
+(one probe per replica) and goes to the first replica that answers. While another
+replica takes requests, the work goes there, and the one down is ejected and probed by
+one request after its cool-down (``choose``). Every retry (after a backoff, or at once
+on another replica) is made only within the ``Budget`` of the replica it failed on
+(``Replica.retries``, ``Endpoint.retry_allowed``): at most ``RETRY_RATIO`` of its recent
+requests plus ``RETRY_FLOOR`` per ``RETRY_WINDOW`` seconds, across the process (as
+Finagle's ``RetryBudget`` and gRPC's retry throttling); retries after a failure on a
+replica that is down are paced by its probe and not counted.
 """
 
 from __future__ import annotations
@@ -45,7 +50,6 @@ from ._config import EmbeddingConfig, PoolKey, RetryConfig
 from ._learn import ReplicaState
 from ._metrics import EndpointMetrics
 from ._retry import MIN_ATTEMPT_SECONDS, is_health_failure, retry_reason
-from ._run import Hold, Sleep
 from ._state import STATE
 from ._transport import ProcessGate
 from .errors import (
@@ -582,6 +586,14 @@ class Endpoint:
                 best.probing = True
         return best
 
+    def retry_allowed(self, replica: Replica) -> bool:
+        """Whether a retry after a failure on ``replica`` is made, wherever it goes (at
+        once on another replica, or after a backoff): the one rule for every retry.
+        Free while ``replica`` is down (its probe paces the retries to it, and a resend
+        elsewhere moves the work away from it); else within ``replica.retries`` (then
+        counted as spent)."""
+        return replica.down or replica.retries.allow()
+
     def must_wait(self, replica: Replica) -> bool:
         """Whether a request for ``replica`` waits for its probe (``wait_probe``): it is
         down, and no other replica takes requests (with some up, an ejected replica is
@@ -604,21 +616,24 @@ class Endpoint:
         remaining: Callable[[], float | None],
         policy: RetryConfig,
         outlasted: Callable[[Replica], QwenEmbedError],
-    ) -> Generator[Hold | Sleep, Any, tuple[Replica, bool]]:
+        hold: Callable[[ProcessGate, float | None], object],
+        sleep: Callable[[float], object],
+    ) -> Generator[Any, Any, tuple[Replica, bool]]:
         """A flow's wait for a request to ``replica``, down: wait (``Hold``, woken without
         polling) for its ``gate``, held by the one request that probes it. Returns
         ``(replica, True)`` holding the gate (this request is the probe, sent after
         ``Replica.probe_wait``; ``Replica.release_gate`` after its verdict), or
         ``(the replica to send to, False)``: ``replica`` answered meanwhile, or (several
         replicas) another one takes requests (``serving``). ``remaining()``: the call's
-        seconds left (``None``: no deadline). Raises ``outlasted(replica)`` when the
-        deadline comes first."""
+        seconds left (``None``: no deadline); ``hold``, ``sleep``: the flow's operations
+        (``_run.Hold``, ``_run.Sleep``: ``_run`` imports this module). Raises
+        ``outlasted(replica)`` when the deadline comes first."""
         while True:
             left = remaining()
             with replica._lock:
                 replica.claims += 1
             try:
-                got = yield Hold(replica.gate, None if left is None else max(0.0, left))
+                got = yield hold(replica.gate, None if left is None else max(0.0, left))
             except BaseException:
                 got = False
                 raise
@@ -640,7 +655,7 @@ class Endpoint:
                 if left is not None and wait + MIN_ATTEMPT_SECONDS >= left:
                     raise outlasted(replica)
                 if wait > 0:
-                    yield Sleep(wait)
+                    yield sleep(wait)
             except BaseException:
                 replica.release_gate()
                 raise

@@ -67,7 +67,7 @@ from ._retry import (
     named_position,
     replica_suspect,
 )
-from ._run import Call, Flow, Part, Send, Sleep
+from ._run import Call, Flow, Hold, Part, Send, Sleep
 from ._tracing import RequestTrace
 from ._transport import Reply, Request
 from .errors import (
@@ -268,7 +268,12 @@ class Engine:
             try:
                 if self.endpoint.must_wait(replica):  # one request probes it, others wait
                     replica, held = yield from self.endpoint.wait_probe(
-                        replica, call.remaining, self.config.retry, self._outlasted(run, call)
+                        replica,
+                        call.remaining,
+                        self.config.retry,
+                        self._outlasted(run, call),
+                        Hold,
+                        Sleep,
                     )
                 probe = replica.probing
                 now = self._attempt(run, replica, call, texts)
@@ -536,7 +541,7 @@ class Engine:
         usable = now.fresh or run.rs.stale_resent or not isinstance(error, NetworkError)
         if run.multi and replica_suspect(error) and usable:
             run.failed_on.setdefault(replica, error)
-            if self._other_replica_free(run, call):
+            if self._other_replica_free(run, call) and self.endpoint.retry_allowed(replica):
                 return 0.0  # the batch may be fine: resend it on another replica at once
         if (
             bisectable
@@ -555,9 +560,8 @@ class Engine:
         )
         if delay is not None and replica.down:
             delay = 0.0  # down: its probe paces the retries (``Endpoint.wait_probe``)
-        elif delay and classify(error) != "outage" and not replica.retries.allow():
-            # over the replica's retry budget (process-wide): not retried (an outage with
-            # several replicas is paced by its backoff and ejection, until the deadline)
+        elif delay and not self.endpoint.retry_allowed(replica):
+            # over the replica's retry budget (process-wide): not retried
             rs.ended_by = "budget"
             delay = None
         if delay is None:
