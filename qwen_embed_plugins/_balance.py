@@ -17,17 +17,22 @@ while every replica has been failing for at least ``open_after`` seconds; calls 
 way keep retrying within their deadline, so a restart shorter than that costs time,
 not the run.
 
-An outage costs the server almost nothing. The replica of a one-replica endpoint that
-fails with a health signal, or whose control request failed too (the server fails
-whatever the input), is *down*: until
-it answers again, one request at a time probes it (``Replica.gate``, a one-slot
+An outage costs the server almost nothing. A replica that fails with a health signal
+(or, alone in its endpoint, whose control request failed too: the server fails whatever
+the input) is *down* until it answers again. While no other replica of its endpoint
+takes requests, one request at a time probes it (``Replica.gate``, a one-slot
 ``ProcessGate`` shared by threads and every event loop), each probe after a backoff that
-doubles up to ``PROBE_CAP`` seconds (``Replica.probe_wait``); every other request waits
-for the probe's verdict, woken by it. Retries to a replica that is not down stay within
-its ``Budget`` (``Replica.retries``): at most ``RETRY_RATIO`` of its recent requests plus
-``RETRY_FLOOR`` per ``RETRY_WINDOW`` seconds, across the process (as Finagle's
-``RetryBudget`` and gRPC's retry throttling); a retry over it is not made (outage retries,
-paced by the probe or by backoff and ejection, are not counted).
+doubles up to ``PROBE_CAP`` seconds (``Replica.probe_wait``), and every other request
+waits for the probe's verdict, woken by it (``Endpoint.wait_probe``); with every replica
+of an endpoint down, each request waits for the probe of the one with the fewest waiting
+(one probe per replica) and goes to the first replica that answers. While another
+replica takes requests, the work goes there, and the one down is ejected and probed by
+one request after its cool-down (``choose``). Every retry (after a backoff, or at once
+on another replica) is made only within the ``Budget`` of the replica it failed on
+(``Replica.retries``, ``Endpoint.retry_allowed``): at most ``RETRY_RATIO`` of its recent
+requests plus ``RETRY_FLOOR`` per ``RETRY_WINDOW`` seconds, across the process (as
+Finagle's ``RetryBudget`` and gRPC's retry throttling); retries after a failure on a
+replica that is down are paced by its probe and not counted.
 """
 
 from __future__ import annotations
@@ -38,12 +43,13 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
+from typing import Any
 
 from ._config import EmbeddingConfig, PoolKey, RetryConfig
 from ._learn import ReplicaState
 from ._metrics import EndpointMetrics
-from ._retry import is_health_failure, retry_reason
+from ._retry import MIN_ATTEMPT_SECONDS, is_health_failure, retry_reason
 from ._state import STATE
 from ._transport import ProcessGate
 from .errors import (
@@ -143,6 +149,10 @@ class Budget:
                 self._spent.append(now)
             return True
 
+    def after_fork_in_child(self) -> None:
+        """In a forked child: a new lock (another thread may have held it at the fork)."""
+        self._lock = threading.Lock()
+
     def won(self) -> None:
         with self._lock:
             self.wins += 1
@@ -188,6 +198,8 @@ class Replica:
         self.probes = 0  # probes started since it went down
         self.suspects = 0  # requests failed in a row in a way one input may cause
         self.last_probe = 0.0  # monotonic time the latest probe ended
+        self.probe_at: float | None = None  # monotonic time the next probe may go
+        self.claims = 0  # requests holding or waiting for ``gate``
         self.gate = ProcessGate(1)
         self.retries = Budget(RETRY_RATIO, floor=RETRY_FLOOR, window=RETRY_WINDOW)
         """Retries to it, across the process (``Budget``)."""
@@ -208,10 +220,20 @@ class Replica:
             self.probing = self.answered = self.down = False
             self.last_error = self.down_error = None
             self.probes = self.suspects = 0
+            self.probe_at = None
             self.states.clear()
             self.latencies.clear()
             self.single_latencies.clear()
         self.retries.clear()
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: new locks and a free ``gate`` (a thread of the parent may
+        have held them at the fork; its requests are not in the child)."""
+        self._lock = threading.Lock()
+        self.gate = ProcessGate(1)
+        self.claims = 0
+        self.probe_at = None
+        self.retries.after_fork_in_child()
 
     def state(self, model: str) -> ReplicaState:
         """The learned state of this replica for ``model``."""
@@ -235,6 +257,11 @@ class Replica:
         (self.single_latencies if texts == 1 else self.latencies).append(seconds)
         ewma = self.ewma
         self.ewma = seconds if ewma is None else ewma + _EWMA_ALPHA * (seconds - ewma)
+        self.healthy()
+
+    def healthy(self) -> None:
+        """It answered, maybe with an error that shows it alive (its latency is not a
+        success's: not recorded): its failure streak and ejection end."""
         if self.failures or self.probing or self.ejected_until:
             with self._lock:
                 self.failures = 0
@@ -271,12 +298,14 @@ class Replica:
                 self.down, self.probes = True, 0
             self.down_error = exc
             self.last_probe = time.monotonic()
+            self.probe_at = None
 
     def up(self) -> None:
         """It answered (a success, or an answer that shows it alive): not down."""
         if self.down or self.suspects:
             with self._lock:
                 self.down, self.probes, self.suspects = False, 0, 0
+                self.probe_at = None
 
     def suspect(self, exc: QwenEmbedError) -> None:
         """A request (not a piece of a bisection) failed with ``exc``, which one input
@@ -305,22 +334,39 @@ class Replica:
         ``gate``): a backoff that doubles from ``policy.backoff_initial`` per probe up to
         ``min(policy.backoff_max, PROBE_CAP)`` (half of it jittered), at least the
         ``Retry-After`` it last sent (up to ``policy.retry_after_max``), less the time
-        since its last failure."""
+        since its last failure. Drawn once per probe (``probe_at``): asked again before
+        the probe is sent, it gives what is left of the same wait."""
         with self._lock:
+            now = time.monotonic()
+            if self.probe_at is not None:
+                return max(0.0, self.probe_at - now)
             retry, self.probes = self.probes, self.probes + 1
-            since = time.monotonic() - self.last_probe
             said = self.down_error
-        cap = min(policy.backoff_max, PROBE_CAP, policy.backoff_initial * 2.0 ** min(retry, 60))
-        wait = cap / 2.0 + (rng or random).uniform(0.0, cap / 2.0)
-        server_wait = said.retry_after if isinstance(said, HTTPStatusError) else None
-        if server_wait is not None and server_wait > 0.0:
-            wait = max(wait, min(server_wait, policy.retry_after_max))
-        return max(0.0, wait - since)
+            cap = min(policy.backoff_max, PROBE_CAP, policy.backoff_initial * 2.0 ** min(retry, 60))
+            wait = cap / 2.0 + (rng or random).uniform(0.0, cap / 2.0)
+            server_wait = said.retry_after if isinstance(said, HTTPStatusError) else None
+            if server_wait is not None and server_wait > 0.0:
+                wait = max(wait, min(server_wait, policy.retry_after_max))
+            self.probe_at = self.last_probe + wait
+            return max(0.0, self.probe_at - now)
+
+    def next_probe(self) -> tuple[int, float]:
+        """How soon a request for it, down, may go: the requests holding or waiting for
+        its ``gate``, then the monotonic time its next probe may go (drawn or not)."""
+        at = self.probe_at
+        return self.claims, self.last_probe if at is None else at
+
+    def release_gate(self) -> None:
+        """A request that held ``gate`` (or gave up waiting for it) lets it go."""
+        with self._lock:
+            self.claims -= 1
+        self.gate.release()
 
     def probed(self) -> None:
         """A probe ended (its verdict recorded): the next one waits from now."""
         with self._lock:
             self.last_probe = time.monotonic()
+            self.probe_at = None
 
     def retried(self, exc: QwenEmbedError, delay: float, *, bound: str = "") -> None:
         """A request to it failed with ``exc`` and is retried after ``delay`` seconds:
@@ -504,13 +550,16 @@ class Endpoint:
         when no other is available. A replica whose cooldown is over is chosen first, as
         the probe (one request; otherwise its stale latency could keep it from ever being
         tried again). With every replica ejected, the one whose cooldown ends first (a
-        call under way keeps retrying)."""
+        call under way keeps retrying); with every replica down, the one with the fewest
+        requests waiting for its probe (``wait_probe``: one probe per replica)."""
         single = self.single
         if single is not None:
             if not single.available(time.monotonic()):
                 with single._lock:
                     single.probing = True
             return single
+        if all(r.down for r in self.replicas):  # wait for the probe with fewest waiting
+            return min(self.replicas, key=Replica.next_probe)
         now = time.monotonic()
         turn = next(self._turn)
         n = len(self.replicas)
@@ -536,6 +585,97 @@ class Endpoint:
             with best._lock:
                 best.probing = True
         return best
+
+    def retry_allowed(self, replica: Replica) -> bool:
+        """Whether a retry after a failure on ``replica`` is made, wherever it goes (at
+        once on another replica, or after a backoff): the one rule for every retry.
+        Free while ``replica`` is down (its probe paces the retries to it, and a resend
+        elsewhere moves the work away from it); else within ``replica.retries`` (then
+        counted as spent)."""
+        return replica.down or replica.retries.allow()
+
+    def must_wait(self, replica: Replica) -> bool:
+        """Whether a request for ``replica`` waits for its probe (``wait_probe``): it is
+        down, and no other replica takes requests (with some up, an ejected replica is
+        probed by one request after its cool-down, ``choose``)."""
+        return replica.down and (self.single is not None or self.serving(replica) is None)
+
+    def serving(self, besides: Replica | Collection[Replica] = ()) -> Replica | None:
+        """A replica (not ``besides``) that takes requests now: not down, not ejected,
+        not being probed (``None``: none does)."""
+        now = time.monotonic()
+        others: Collection[Replica] = (besides,) if isinstance(besides, Replica) else besides
+        for r in self.replicas:
+            if r not in others and not r.down and r.available(now) and not r.probing:
+                return r
+        return None
+
+    def wait_probe(
+        self,
+        replica: Replica,
+        remaining: Callable[[], float | None],
+        policy: RetryConfig,
+        outlasted: Callable[[Replica], QwenEmbedError],
+        hold: Callable[[ProcessGate, float | None], object],
+        sleep: Callable[[float], object],
+    ) -> Generator[Any, Any, tuple[Replica, bool]]:
+        """A flow's wait for a request to ``replica``, down: wait (``Hold``, woken without
+        polling) for its ``gate``, held by the one request that probes it. Returns
+        ``(replica, True)`` holding the gate (this request is the probe, sent after
+        ``Replica.probe_wait``; ``Replica.release_gate`` after its verdict), or
+        ``(the replica to send to, False)``: ``replica`` answered meanwhile, or (several
+        replicas) another one takes requests (``serving``). ``remaining()``: the call's
+        seconds left (``None``: no deadline); ``hold``, ``sleep``: the flow's operations
+        (``_run.Hold``, ``_run.Sleep``: ``_run`` imports this module). Raises
+        ``outlasted(replica)`` when the deadline comes first."""
+        while True:
+            left = remaining()
+            with replica._lock:
+                replica.claims += 1
+            try:
+                got = yield hold(replica.gate, None if left is None else max(0.0, left))
+            except BaseException:
+                got = False
+                raise
+            finally:
+                if not got:
+                    with replica._lock:
+                        replica.claims -= 1
+            if not got:
+                raise outlasted(replica)
+            if not replica.down:
+                replica.release_gate()  # the probe succeeded: go (the next waiter follows)
+                return replica, False
+            other = self._elsewhere(replica)
+            if other is not None:
+                return other, False
+            try:
+                wait = replica.probe_wait(policy)
+                left = remaining()
+                if left is not None and wait + MIN_ATTEMPT_SECONDS >= left:
+                    raise outlasted(replica)
+                if wait > 0:
+                    yield sleep(wait)
+            except BaseException:
+                replica.release_gate()
+                raise
+            other = self._elsewhere(replica)
+            if other is not None:
+                return other, False  # its probe goes later, with the next request due
+            if not replica.down:  # a request sent before it went down succeeded
+                replica.release_gate()
+                return replica, False
+            return replica, True
+
+    def _elsewhere(self, replica: Replica) -> Replica | None:
+        """With several replicas: the one to take a request instead of ``replica``'s
+        probe (``replica``'s gate then released): a replica taking requests."""
+        if self.single is not None:
+            return None
+        other = self.serving(replica)
+        if other is not None:
+            replica.release_gate()
+        return other
 
     def failed(self, replica: Replica, exc: BaseException, *, health: bool = False) -> None:
         replica.failed(exc, eject_after=self.eject_after, cooldown=self.cooldown, health=health)

@@ -15,7 +15,7 @@ A batch flow decides:
   ``max_attempts`` times, stale keep-alive and refused HTTP/2 streams at once; an
   explicit ``max_retries`` bounds them all; retries to a replica that is up within its
   budget); a replica that is down takes one request at a time, its probe, and every
-  other request waits for the probe's verdict (``_wait_probe``); a
+  other request waits for the probe's verdict (``Endpoint.wait_probe``); a
   connection failure while no replica has ever answered only within
   ``RetryConfig.wait_for_server`` (a wrong URL fails fast, naming it);
 - adaptations learned per replica (each logged once): base64 -> float (on a refusal
@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,7 +62,6 @@ from ._learn import ReplicaState
 from ._protocol import bad_rows, decode_rows, parse_body, size_errors
 from ._requests import Requests
 from ._retry import (
-    MIN_ATTEMPT_SECONDS,
     RetryState,
     classify,
     is_health_failure,
@@ -268,12 +267,20 @@ class Engine:
             run.attempt += 1
             replica = run.pin if run.pin is not None else self._choose(run)
             run.pin = None
-            probe = replica.probing  # chosen as the probe of an ejected replica
+            probe = False  # chosen as the probe of an ejected replica
             now: _Attempt | None = None
             held = False  # this request probes the replica, down (its gate held)
             try:
-                if replica.down and not run.multi:  # several: ejection and its probe
-                    held = yield from self._wait_probe(run, replica, call)
+                if self.endpoint.must_wait(replica):  # one request probes it, others wait
+                    replica, held = yield from self.endpoint.wait_probe(
+                        replica,
+                        call.remaining,
+                        self.config.retry,
+                        self._outlasted(run, call),
+                        Hold,
+                        Sleep,
+                    )
+                probe = replica.probing
                 now = self._attempt(run, replica, call, texts)
                 if retrying is not None:
                     failed_on, why, waited = retrying
@@ -303,17 +310,19 @@ class Engine:
                     replica.probing = False  # sent or not: another request may probe it
                 if held:
                     replica.probed()
-                    replica.gate.release()
+                    replica.release_gate()
             error = now.error
             if error is None:  # cannot happen
                 raise RuntimeError("internal error: error is None")
             self.endpoint.failed(replica, error)
-            if run.multi:
-                pass  # several replicas: ejection and its probe (``Endpoint.choose``)
-            elif classify(error) == "outage" or is_health_failure(error):
+            if classify(error) == "outage" or is_health_failure(error):
                 replica.went_down(error)  # whatever the request: probed, one at a time
             elif (
-                run._rs is None and not bisecting and maybe_input(error) and replica_suspect(error)
+                not run.multi
+                and run._rs is None
+                and not bisecting
+                and maybe_input(error)
+                and replica_suspect(error)
             ):
                 replica.suspect(error)  # a request's first failure; several in a row: down
             error = run.previous = _cause(error, run.previous, call)
@@ -330,30 +339,9 @@ class Engine:
 
     # ------------------------------------------------ request_flow's decisions
 
-    def _wait_probe(self, run: _Retry, replica: Replica, call: Call) -> Flow:
-        """``replica`` is down: wait (``Hold``, woken without polling) for its gate, held
-        by the one request that probes it. Returns ``True`` holding the gate (this request
-        is the probe, sent after ``Replica.probe_wait``) or ``False`` (it answered
-        meanwhile). Raises the outage's error, which ends the call, when the call's
-        deadline comes first."""
-        left = call.remaining()
-        got = yield Hold(replica.gate, None if left is None else max(0.0, left))
-        if not got:
-            raise self._outage_outlasted(run, replica, call)
-        if not replica.down:
-            replica.gate.release()  # the probe succeeded: go (the next waiter follows)
-            return False
-        try:
-            wait = replica.probe_wait(self.config.retry)
-            left = call.remaining()
-            if left is not None and wait + MIN_ATTEMPT_SECONDS >= left:
-                raise self._outage_outlasted(run, replica, call)
-            if wait > 0:
-                yield Sleep(wait)
-        except BaseException:
-            replica.gate.release()
-            raise
-        return True
+    def _outlasted(self, run: _Retry, call: Call) -> Callable[[Replica], QwenEmbedError]:
+        """``Endpoint.wait_probe``'s error for a call whose deadline passed."""
+        return lambda replica: self._outage_outlasted(run, replica, call)
 
     def _outage_outlasted(self, run: _Retry, replica: Replica, call: Call) -> QwenEmbedError:
         """The error that ends a call whose deadline passed while ``replica`` was down:
@@ -492,7 +480,7 @@ class Engine:
             and not is_health_failure(error)
             and not (run.multi and isinstance(error, ServerError))
         ):
-            replica.succeeded(time.perf_counter() - now.started)  # it answered: alive
+            replica.healthy()  # it answered: alive (an error's latency is not recorded)
 
     def _new_options(self, run: _Retry, now: _Attempt, error: QwenEmbedError) -> bool:
         """Whether ``error`` asks for the same texts with other options, resent at once
@@ -559,7 +547,7 @@ class Engine:
         usable = now.fresh or run.rs.stale_resent or not isinstance(error, NetworkError)
         if run.multi and replica_suspect(error) and usable:
             run.failed_on.setdefault(replica, error)
-            if self._other_replica_free(run, call):
+            if self._other_replica_free(run, call) and self.endpoint.retry_allowed(replica):
                 return 0.0  # the batch may be fine: resend it on another replica at once
         if (
             bisectable
@@ -576,11 +564,10 @@ class Engine:
         delay = self.endpoint.first_contact(
             error, call.started, delay, self.config.retry.wait_for_server
         )
-        if delay is not None and replica.down and not run.multi:
-            delay = 0.0  # down: its probe paces the retries (``_wait_probe``)
-        elif delay and classify(error) != "outage" and not replica.retries.allow():
-            # over the replica's retry budget (process-wide): not retried (an outage with
-            # several replicas is paced by its backoff and ejection, until the deadline)
+        if delay is not None and replica.down:
+            delay = 0.0  # down: its probe paces the retries (``Endpoint.wait_probe``)
+        elif delay and not self.endpoint.retry_allowed(replica):
+            # over the replica's retry budget (process-wide): not retried
             rs.ended_by = "budget"
             delay = None
         if delay is None:

@@ -114,6 +114,10 @@ class ProcessState:
             entry.after_fork_in_child()
         for slot in list(self.detached.values()):
             slot.after_fork_in_child()
+        for replica in self.replicas.values():
+            replica.after_fork_in_child()  # its locks, its probe's gate, its retry budget
+        for endpoint in self.endpoints.values():
+            endpoint.hedges.after_fork_in_child()
 
 
 STATE = ProcessState()

@@ -15,6 +15,8 @@ import asyncio
 import heapq
 import itertools
 import logging
+import os
+import signal
 import threading
 import uuid
 from collections import deque
@@ -390,3 +392,266 @@ def test_threads_and_loops_share_one_probe(embedding_server: EmbeddingServer, co
     # retry and a bisection before its control fails; then one probe at a time
     first = 4 * 8 * (1 if code == 503 else 5)
     assert embedding_server.requests <= first + 12, embedding_server.requests
+
+
+# --------------------------------------------------------------------------- several replicas
+
+
+@pytest.fixture
+def virtual(monkeypatch: pytest.MonkeyPatch) -> Callable[[Sim], None]:
+    """``virtual(sim)``: the engine, the balancer and the call read ``sim``'s virtual clock
+    (health, cool-downs, probe waits and deadlines follow it)."""
+    import time as real
+    import types
+
+    from qwen_embed_plugins import _engine, _retry, _run
+
+    def use(sim: Sim) -> None:
+        clock = types.SimpleNamespace(
+            monotonic=lambda: sim.now,
+            perf_counter=lambda: sim.now,
+            time=real.time,
+            sleep=real.sleep,
+        )
+        for module in (balance, _engine, _retry, _run):
+            monkeypatch.setattr(module, "time", clock)
+
+    return use
+
+
+def _replicas_engine(n: int, retry: q.RetryConfig, **settings: Any) -> Engine:
+    run = uuid.uuid4().hex[:12]
+    urls = [f"http://outage-sim-{run}-{i}.test/v1" for i in range(n)]
+    config = q.EmbeddingConfig(
+        base_url=urls, model="sim-model", encoding_format="float", retry=retry, **settings
+    )
+    eng = Engine(config)
+    for replica in eng.endpoint.replicas:
+        replica.answered = True  # the servers were up (an unreached one fails fast)
+    return eng
+
+
+class _PerReplica:
+    """Answers as ``down`` says for each replica (by URL), counting the requests each got
+    and when."""
+
+    def __init__(self, eng: Engine, down: Callable[[int, float], bool], code: int = 503):
+        self.urls = [r.url for r in eng.endpoint.replicas]
+        self.down = down
+        self.code = code
+        self.times: list[list[float]] = [[] for _ in self.urls]
+
+    def __call__(self, request: Request, now: float) -> Reply | q.QwenEmbedError:
+        i = next(k for k, url in enumerate(self.urls) if request.url.startswith(url))
+        self.times[i].append(now)
+        if not self.down(i, now):
+            return _ok(request)
+        if self.code == 0:
+            return q.ConnectError(f"connection refused by {self.urls[i]}", url=self.urls[i])
+        return _status(self.code)
+
+
+def _rows(parts: Sequence[Any]) -> int:
+    assert not [p for p in parts if isinstance(p, Exception)], parts
+    return sum(sum(r.shape[0] for _, r in p.pieces) for p in parts)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("code", [503, 0])
+@pytest.mark.parametrize("n", [2, 3])
+def test_every_replica_down_for_30_s_costs_a_few_dozen_requests_each(
+    virtual: Callable[[Sim], None], n: int, code: int
+) -> None:
+    """Every replica of an endpoint fails everything for 30 s while 32 batches are in
+    flight: each replica gets its batches' first attempts and then one probe at a time,
+    a few dozen requests in all, whatever waits; once they answer every text is embedded,
+    the first answer coming within a probe's wait of the end."""
+    eng = _replicas_engine(n, NO_DEADLINE)
+    answer = _PerReplica(eng, lambda i, now: now < OUTAGE, code)
+    sim = Sim(answer)
+    virtual(sim)
+    assert _rows(sim.run(_flows(eng, 32, 8))) == 32 * 8
+    for times in answer.times:
+        during = [t for t in times if t < OUTAGE]
+        first = sum(t == 0.0 for t in during)  # first attempts and resends at once
+        assert len(during) - first <= 40, (len(during), first)
+        assert len(during) <= 32 + 40
+    probes = sorted(t for times in answer.times for t in times if 0.0 < t < OUTAGE)
+    assert len(probes) >= 6  # kept probing
+    assert min(t for t in sim.sent if t >= OUTAGE) - OUTAGE <= balance.PROBE_CAP
+
+
+@pytest.mark.unit
+def test_the_first_replica_to_answer_takes_the_waiting_work(
+    virtual: Callable[[Sim], None],
+) -> None:
+    """Two replicas down; the second comes back at 10 s, the first stays down: the
+    waiting batches go to the second, the first keeps getting one probe at a time."""
+    eng = _replicas_engine(2, NO_DEADLINE)
+    answer = _PerReplica(eng, lambda i, now: i == 0 or now < 10.0)
+    sim = Sim(answer)
+    virtual(sim)
+    assert _rows(sim.run(_flows(eng, 32, 8))) == 32 * 8
+    back = [t for t in answer.times[1] if t >= 10.0]
+    assert len(back) >= 32  # every batch was answered by it
+    assert max(back) - 10.0 <= 2 * balance.PROBE_CAP  # its probe, then the waiting work
+    later = [t for t in answer.times[0] if t > 0.0]
+    gaps = [b - a for a, b in itertools.pairwise(later)]
+    assert all(g > 0.0 for g in gaps), later  # one probe at a time
+
+
+@pytest.mark.unit
+def test_one_replica_down_work_flows_to_the_other_and_it_is_probed_back(
+    virtual: Callable[[Sim], None],
+) -> None:
+    """One replica of two fails everything for 30 s while calls keep coming (one a
+    second, 8 batches each): the work goes to the other, the one down gets a few
+    requests and then one probe per cool-down (3 s), and takes work again once it
+    answers."""
+    eng = _replicas_engine(2, NO_DEADLINE.replace(circuit_cooldown=3.0))
+    answer = _PerReplica(eng, lambda i, now: i == 0 and now < OUTAGE)
+    sim = Sim(answer)
+    virtual(sim)
+    for second in range(45):
+        sim.now = float(second)
+        assert _rows(sim.run(_flows(eng, 8, 4))) == 8 * 4
+    down = [t for t in answer.times[0] if t < OUTAGE]
+    probes = [t for t in down if t >= 1.0]
+    assert len(down) - len(probes) <= balance.SUSPECT_RUN + 8  # before it was ejected
+    gaps = [b - a for a, b in itertools.pairwise(probes)]
+    assert len(probes) >= 5, probes  # probed throughout
+    assert all(g >= 3.0 for g in gaps), probes  # one per cool-down
+    assert len(answer.times[1]) >= 30 * 8 - len(down)  # the other took the work
+    after = [t for t in answer.times[0] if t >= OUTAGE]
+    assert after
+    assert min(after) - OUTAGE <= 4.0  # probed back within a cool-down
+    assert len(after) >= 20  # then it takes its share
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("n", [1, 2])
+def test_the_deadline_ends_a_call_while_every_replica_is_down(
+    virtual: Callable[[Sim], None], n: int
+) -> None:
+    """Every replica down for good, a 5 s deadline: every batch ends with the server's
+    error naming the deadline, past it in virtual time by no more than a probe's wait."""
+    eng = _replicas_engine(n, q.RetryConfig(deadline=5.0, circuit_failure_threshold=0))
+    answer = _PerReplica(eng, lambda i, now: True)
+    sim = Sim(answer)
+    virtual(sim)
+    parts = sim.run(_flows(eng, 32, 8))
+    assert all(isinstance(p, q.HTTPStatusError) and p.status == 503 for p in parts), parts
+    assert any("deadline" in str(p) for p in parts)
+    assert sim.now <= 5.0 + balance.PROBE_CAP
+    for times in answer.times:
+        assert len([t for t in times if t > 0.0]) <= 20
+
+
+def test_two_loopback_replicas_answering_503_get_one_probe_at_a_time(
+    embedding_server: EmbeddingServer,
+) -> None:
+    """Two real servers answering 503 to everything, 16 batches in flight, a 2 s
+    deadline: the call ends with the 503, naming the deadline; past the first attempts,
+    each server gets a handful of probes (about one per second)."""
+    with EmbeddingServer() as other:
+        servers = [embedding_server, other]
+        settings: dict[str, Any] = {
+            "base_url": [s.base_url for s in servers],
+            "batch_size": 4,
+            "max_concurrency": 16,
+            "deadline": 2.0,
+        }
+        client = q.EmbeddingClient(**settings)
+        for i in range(4):
+            client.embed_documents([f"warm {i}"])  # both have answered
+        for s in servers:
+            s.reset_counters()
+            _down(s, 503)
+        with pytest.raises(q.HTTPStatusError) as info:
+            client.embed_documents(TEXTS[:256])
+        assert info.value.status == 503
+        assert "deadline" in str(info.value)
+        total = sum(s.requests for s in servers)
+        assert total <= 16 + 2 * 12, [s.requests for s in servers]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_uses_a_replica_whose_locks_a_thread_held(
+    embedding_server: EmbeddingServer,
+) -> None:
+    """A thread holds a replica's lock, its probe gate and its retry budget's lock when
+    the process forks: the child's call on that replica (down, so through its gate)
+    neither deadlocks nor waits, and brings it back up."""
+    client = q.EmbeddingClient(
+        base_url=embedding_server.base_url, retry=q.RetryConfig(backoff_initial=0.01)
+    )
+    client.embed_query("parent")
+    endpoint = balance.endpoint_for(client.config)
+    replica = endpoint.replicas[0]
+    replica.went_down(q.ConnectError("test: down", url=embedding_server.base_url))
+    held, done = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with replica._lock, replica.retries._lock, endpoint.hedges._lock:
+            assert replica.gate.acquire(None)
+            held.set()
+            done.wait()
+        replica.gate.release()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    held.wait()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        ok = False
+        try:
+            signal.alarm(120)  # a deadlock ends the child (the parent then sees "0")
+            ok = len(client.embed_query("child")) == embedding_server.dim
+            ok = ok and not replica.down
+        finally:
+            os.write(write, b"1" if ok else b"0")
+            os._exit(0)
+    os.close(write)
+    answer = os.read(read, 1)
+    os.close(read)
+    os.waitpid(pid, 0)
+    done.set()
+    holder.join()
+    assert answer == b"1"
+
+
+@pytest.mark.unit
+def test_a_resend_at_once_on_another_replica_is_charged_to_the_budget() -> None:
+    """A batch failing on a replica with a 507 is resent at once on another only within
+    the first replica's retry budget (the one rule for every retry): spent, it is not
+    resent (a 507 is not retried after a backoff either: the call fails with it)."""
+    eng = _replicas_engine(2, q.RetryConfig(backoff_initial=0.01, deadline=None))
+    first, second = eng.endpoint.replicas
+    second.ewma = 1.0  # the first is chosen first
+    while first.retries.allow():
+        pass  # another part of the process spent it
+    answer = _PerReplica(eng, lambda i, now: i == 0, code=507)
+    (error,) = Sim(answer).run([eng.batch_flow(eng.new_call(query=True), ["q"], [0])])
+    assert isinstance(error, q.HTTPStatusError), error
+    assert [len(t) for t in answer.times] == [1, 0]  # not resent
+    fresh = _replicas_engine(2, q.RetryConfig(backoff_initial=0.01, deadline=None))
+    fresh.endpoint.replicas[1].ewma = 1.0
+    answer = _PerReplica(fresh, lambda i, now: i == 0, code=507)
+    (part,) = Sim(answer).run([fresh.batch_flow(fresh.new_call(query=True), ["q"], [0])])
+    assert not isinstance(part, Exception), part
+    assert [len(t) for t in answer.times] == [1, 1]  # within the budget: resent at once
+    assert fresh.endpoint.replicas[0].retries.hedges == 1
+
+
+@pytest.mark.unit
+def test_an_error_answer_feeds_no_latency() -> None:
+    """An error answer shows the server alive but its latency is no success's: the
+    latencies behind the hedge delay and the EWMA stay empty."""
+    eng = _engine(q.RetryConfig(deadline=None))
+    sim = Sim(lambda request, now: _status(404, "no such route"))
+    (error,) = sim.run([eng.batch_flow(eng.new_call(query=False), ["a", "b"], [0, 1])])
+    assert isinstance(error, q.HTTPStatusError), error
+    replica = eng.endpoint.replicas[0]
+    assert replica.answered
+    assert (len(replica.latencies), len(replica.single_latencies), replica.ewma) == (0, 0, None)
