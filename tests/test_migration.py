@@ -406,7 +406,7 @@ def test_langchain_per_call_arguments_reach_the_wire_sync_and_async() -> None:
             # the recording server ignores `dimensions` (1024 back): the client learns that
             # from the first answer and slices client-side, so later requests may omit it
             assert r.body.get("dimensions", 64) == 64
-            assert r.body["encoding_format"] == "float"
+            assert "encoding_format" not in r.body  # float: the API default, not sent
             assert (r.body["user"], r.body["a"], r.body["b"]) == ("u-7", 1, 2)
             assert (r.headers["x-tenant"], r.headers["x-call"]) == ("acme", "c1")
         # the next call without arguments has the instance's own settings again
