@@ -135,8 +135,11 @@ start_server() {
   state=$("$PY" scripts/realserver.py --server "$1" start --json) || return
   state=$(printf '%s\n' "$state" | tail -n 1)
   url=$(printf '%s' "$state" | "$PY" -c 'import json,sys; print(json.load(sys.stdin)["base_url"])') || return
-  printf '%s' "$state" | "$PY" -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("reused") else 1)' \
-    && echo "(already running at $url: used, and left running)"
+  if printf '%s' "$state" | "$PY" -c 'import json,sys; sys.exit(0 if json.load(sys.stdin).get("reused") else 1)'; then
+    echo "(already running at $url: used, and left running)"
+  else
+    : >"$2.started" # started here: stopped at exit
+  fi
   printf '%s\n' "$url" >"$2"
 }
 
@@ -197,9 +200,8 @@ for name in "${!PIDS[@]}"; do
 done
 [ -s "$LOGS/infinity.url" ] && export QWEN_EMBED_REALSERVER_URL="$(cat "$LOGS/infinity.url")"
 [ -s "$LOGS/vllm.url" ] && export QWEN_EMBED_VLLM_URL="$(cat "$LOGS/vllm.url")"
-for name in "${!STARTED[@]}"; do
-  case "$name" in "start Infinity") STOP+=(infinity) ;; "start vLLM") STOP+=(vllm) ;; esac
-done
+[ -e "$LOGS/infinity.url.started" ] && STOP+=(infinity)
+[ -e "$LOGS/vllm.url.started" ] && STOP+=(vllm)
 
 # ------------------------------------------------------------------- 3-4. pytest
 # selected_or_none PYTEST...: pytest, where "no test selected" (exit 5) passes: a narrow -m

@@ -39,6 +39,7 @@ def _body(*items: object, **extra: Any) -> bytes:
 
 # Bodies of a 200 (application/json) to a request for TEXTS, each one the codec refuses:
 # (id, body, the words its ResponseError holds).
+ONE_FOR_TWO = _body(_item([1.0, 0.0]))
 MALFORMED: list[tuple[str, bytes, str]] = [
     ("not_json", b"<html><body>oops</body></html>", "not valid JSON"),
     ("truncated_json", b'{"data": [{"embedding": [0.1', "not valid JSON"),
@@ -48,7 +49,7 @@ MALFORMED: list[tuple[str, bytes, str]] = [
     ("data_null", b'{"data": null}', "no 'data' list"),
     ("data_object", b'{"data": {"embedding": [1.0]}}', "no 'data' list"),
     ("error_in_200", b'{"error": {"message": "model crashed", "type": "x"}}', "model crashed"),
-    ("one_for_two", _body(_item([1.0, 0.0])), "1 embeddings for 2 inputs"),
+    ("one_for_two", ONE_FOR_TWO, "1 embeddings for 2 inputs"),
     ("three_for_two", _body(_item([1.0]), _item([1.0], 1), _item([1.0], 2)), "3 embeddings"),
     ("item_not_object", _body(_item([1.0]), [1.0, 0.0]), "expected an object"),
     ("index_twice", _body(_item([1.0, 0.0]), _item([0.0, 1.0])), "appears twice"),
@@ -110,13 +111,19 @@ def test_openai_client_refuses_a_malformed_200_as_the_codec_does(
     answers: EmbeddingServer, mode: str, body: bytes, words: str
 ) -> None:
     answers.clear_faults()
-    answers.inject("malformed", body=body)
-    with pytest.raises(q.ResponseError) as codec:  # the codec path refuses it: the reference
+    # the codec path refuses it: the reference (an answer that does not fit a batch is a
+    # refused batch, checked with a control request: the fault repeats for every request)
+    answers.inject("malformed", body=body, count=8)
+    with pytest.raises(q.ResponseError) as codec:
         q.EmbeddingClient(base_url=answers.base_url, retry=ONCE).embed_documents(TEXTS)
+    answers.clear_faults()
     answers.inject("malformed", body=body)
     error = refused(sdk_call(mode, answers.base_url))
     assert words in str(error), str(error)
-    assert words in str(codec.value), str(codec.value)
+    # "one_for_two" (one 2-number vector for two texts): the codec path's control request,
+    # one text, gets a well-formed answer of the wrong size, which it names instead
+    codec_words = "has 2 dimensions" if body == ONE_FOR_TWO else words
+    assert codec_words in str(codec.value), str(codec.value)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -497,7 +497,9 @@ def test_20_clients_5000_texts_threads_stay_within_pool_limit(
     assert all(r.shape == (250, QWEN_DIM) for r in results)
     _check_within_limit(d, sampler.peak, limit)
     assert d["texts"] == 5000
-    assert q.pool_stats()[cfg.endpoint]["sync_clients"] == 1  # one shared pool
+    # one shared pool (`pools`: its entry; `sync_clients` would race the idle reaper, which
+    # may close a transport idle past its keep-alive expiry on a loaded machine)
+    assert q.pool_stats()[cfg.endpoint]["pools"] == 1
 
 
 async def test_20_async_clients_5000_texts_stay_within_small_pool_limit(
