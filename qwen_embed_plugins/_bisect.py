@@ -309,7 +309,7 @@ class Bisector:
             for target in [replica] if replica is not None else self.endpoint.replicas:
                 batch = target.state(self.model).batch
                 split |= learn_cap(batch, target, stated.unit, stated.value, texts)
-            if split:  # the replica's cap now splits the texts (``batching.Split``)
+            if split:  # the replica's cap now splits the texts (``_batching.Split``)
                 return (yield from self.batch_flow(call, texts, indices, bis))
         if call.last_ok == float("-inf"):
             yield from self.control(call, indices[0], exc)
