@@ -26,7 +26,7 @@ from typing import Protocol
 
 from ._balance import Endpoint, Replica
 from ._config import RetryConfig
-from ._learn import learn_cap, learn_inferred_limit, learn_refused_size
+from ._learn import learn_cap, learn_inferred_limit, learn_refused_size, try_bare
 from ._retry import RetryState, ambiguous, input_error, refusal
 from ._run import Call, Flow, Part, Sleep
 from ._server_text import context_refusal, stated_limit
@@ -88,6 +88,7 @@ class RequestFlow(Protocol):
         bisectable: bool,
         bisecting: bool = False,
         control: bool = False,
+        bare: bool = False,
     ) -> Flow: ...
 
 
@@ -212,6 +213,29 @@ class Bisector:
             yield from self.request_flow(call, texts, indices, bisectable=False, bisecting=True)
         )
 
+    def _left(self, exc: QwenEmbedError) -> int | None:
+        """Requests an explicit ``max_retries`` leaves a single text after the ones
+        ``exc`` ended (``None``: no such bound)."""
+        bound = self.retry.max_retries
+        return None if bound is None else max(0, bound + 1 - (exc.attempts or 1))
+
+    def _as_string(
+        self, call: Call, texts: Sequence[str], indices: Sequence[int], bis: Bisection | None
+    ) -> Flow:
+        """A single text refused as a one-item list, the server seen working: sent once
+        as a bare string. ``request_flow``'s result (learned for the replica), or that
+        text's failed ``Part`` (final)."""
+        try:
+            return (
+                yield from self.request_flow(
+                    call, texts, indices, bisectable=False, bisecting=True, bare=True
+                )
+            )
+        except QwenEmbedError as again:
+            if again in call.server_errors or not input_error(again):
+                raise
+            return input_failed(call, Part(), 0, indices[0], again, bis)
+
     def control(self, call: Call, index: int, exc: QwenEmbedError) -> Flow:
         """Before blaming input ``index`` for ``exc`` (an answer that could be the
         server's as well as the input's) with no success since it was sent: send a
@@ -302,23 +326,38 @@ class Bisector:
     ) -> Flow:
         """A batch that cannot be bisected failed with ``exc``: re-raised unless it is a
         single text's error; that text's failed ``Part``, or (an error the server may
-        have caused whatever the input: ``once_more``) ``request_flow``'s
-        result."""
+        have caused whatever the input: ``once_more``; a refused one-item list taken as
+        a bare string) ``request_flow``'s result. An explicit ``max_retries`` bounds the
+        text's requests, control and bare-string form included (``_left``)."""
         if len(texts) != 1 or not input_error(exc):
             raise exc
+        left = self._left(exc)
         if isinstance(exc, HTTPStatusError) and refusal(exc):
             # a 4xx (its bare-string form refused too, when tried): final. A refusal
-            # naming nothing is the input's once the server is seen working (a control
-            # request, when nothing succeeded in this call); never sent again.
-            if ambiguous(exc) and call.last_ok == float("-inf"):
+            # naming nothing with nothing succeeded in this call: a control request first
+            # (refused too: the server's message, no index), then the bare string
+            # (``request_flow`` tried it at once otherwise); never sent again.
+            if ambiguous(exc) and call.last_ok == float("-inf") and left != 0:
                 if bis is not None:
                     bis.input_failed = True
+                replica = self.endpoint.replica_of(exc)
+                state = replica.state(self.model) if replica is not None else None
+                untried = state is not None and state.bare_input is None
                 yield from self.control(call, indices[0], exc)
+                if (
+                    untried
+                    and state is not None
+                    and (left is None or left > 1)
+                    and try_bare(exc, texts, state, False)
+                ):
+                    return (yield from self._as_string(call, texts, indices, bis))
             return input_failed(call, Part(), 0, indices[0], exc, bis)
         if not ambiguous(exc):
             return input_failed(call, Part(), 0, indices[0], exc, bis)
         if bis is not None:
             bis.input_failed = True  # not a batch that failed for its size
+        if left is not None and left < 2:  # no room for a control request and a resend
+            return input_failed(call, Part(), 0, indices[0], exc, bis)
         try:
             return (yield from self.once_more(call, texts, indices, exc, since))
         except QwenEmbedError as again:

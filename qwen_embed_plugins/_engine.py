@@ -63,6 +63,7 @@ from ._protocol import bad_rows, decode_rows, parse_body, size_errors
 from ._requests import Requests
 from ._retry import (
     RetryState,
+    ambiguous,
     classify,
     is_health_failure,
     maybe_input,
@@ -101,6 +102,7 @@ class _Retry:
     multi: bool  # the endpoint has more than one replica
     avoid: Replica | None = None  # the replica an outage just failed on
     failed_on: dict[Replica, QwenEmbedError] = field(default_factory=dict)  # maybe theirs
+    control: bool = False  # a control request: its one-item list teaches nothing
     pin: Replica | None = None  # a float or bare-string trial goes to the same replica
     force_float: bool = False
     tried_float: bool = False
@@ -246,11 +248,13 @@ class Engine:
         bisectable: bool,
         bisecting: bool = False,
         control: bool = False,
+        bare: bool = False,
     ) -> Flow:
         """Send one batch until it is answered, with retries (within a bisection, a
         failure one input may cause is not retried: its batch already showed it twice;
         a ``control`` request that is refused (a 4xx) is not tried in other forms: the
-        server refuses whatever the input); returns
+        server refuses whatever the input; ``bare``: a single text sent as a bare string
+        first, its one-item list refused); returns
         ``(rows n x dim, squared norms, bad rows, replica, state, dimensions sent)``.
 
         Each attempt: the replica and its limits (``_attempt``: raises
@@ -262,6 +266,7 @@ class Engine:
         run = _Retry(
             self.config.retry, call.started, call.deadline, len(self.endpoint.replicas) > 1
         )
+        run.control, run.tried_bare, run.bare_now = control, bare, bare
         retrying: tuple[Replica, QwenEmbedError, float] | None = None  # counted once made
         while True:
             run.attempt += 1
@@ -329,7 +334,7 @@ class Engine:
             self._learn_failure(run, now, error)
             if self._new_options(run, now, error) or (
                 not (control and refusal(error))
-                and self._same_replica_trial(run, now, error, texts)
+                and self._same_replica_trial(run, now, error, texts, call)
             ):
                 continue
             delay = self._next_step(run, now, error, call, bisectable or bisecting, bisecting)
@@ -428,7 +433,8 @@ class Engine:
         replica.recovered()
         if now.span is not None:
             now.span.answered(reply.http_version, payload, rows.shape[1])
-        learn.learn_bare(state, replica, now.bare, len(texts))
+        if now.bare or not run.control:  # a control's list says nothing of the text's
+            learn.learn_bare(state, replica, now.bare, len(texts))
         for other, why in run.failed_on.items():
             if other is not replica:  # it failed where this one did not
                 self.endpoint.failed(other, why, health=True)
@@ -509,12 +515,14 @@ class Engine:
         return False
 
     def _same_replica_trial(
-        self, run: _Retry, now: _Attempt, error: QwenEmbedError, texts: Sequence[str]
+        self, run: _Retry, now: _Attempt, error: QwenEmbedError, texts: Sequence[str], call: Call
     ) -> bool:
         """Whether to try once more on the same replica, at once, with float (a 5xx to
         base64: ``learn.float_may_help``) or a bare string (a refused one-item list:
-        ``learn.try_bare``). An outage status tried with float waits its backoff first
-        (``False``, the replica pinned)."""
+        ``learn.try_bare``; a 4xx naming nothing before anything succeeded in ``call``:
+        after a control request, ``Bisector.single_failed``). An outage status tried
+        with float waits its backoff first (``False``, the replica pinned). An explicit
+        ``max_retries`` counts the bare-string trial as a retry."""
         state, replica = now.state, now.replica
         if run.force_float:
             run.force_float = False  # float failed too: base64 is not the cause
@@ -525,7 +533,15 @@ class Engine:
             run.pin = replica  # on the same replica
             if classify(error) != "outage":
                 return True  # at once; an outage status: after its backoff
-        if not run.tried_bare and learn.try_bare(error, texts, state, now.bare):
+        first = call.last_ok == float("-inf") and refusal(error) and ambiguous(error)
+        bound = self.config.retry.max_retries
+        if (
+            not run.tried_bare
+            and learn.try_bare(error, texts, state, now.bare, control_first=first)
+            and (bound is None or run.rs.failures < bound)
+        ):
+            if bound is not None:
+                run.rs.failures += 1  # counted against max_retries, like any retry
             run.tried_bare = run.bare_now = True  # does the text go through as a string?
             run.pin = replica
             return True

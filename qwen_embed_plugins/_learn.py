@@ -217,24 +217,37 @@ def no_base64(state: ReplicaState, replica: ReplicaView, why: str) -> None:
         _log.warning("%s %s; using float from now on", replica.label, why)
 
 
-def try_bare(error: QwenEmbedError, texts: Sequence[str], state: ReplicaState, bare: bool) -> bool:
+def try_bare(
+    error: QwenEmbedError,
+    texts: Sequence[str],
+    state: ReplicaState,
+    bare: bool,
+    *,
+    control_first: bool = False,
+) -> bool:
     """Whether to resend a one-text request with ``input`` as a bare string: its
     one-item list was refused (a 500 or a 4xx; SGLang 0.4.6 fails ``["text"]`` but
     embeds ``"text"``) by a server not yet seen to take one-item lists, or one that
-    was learned to need bare strings while this request was in flight."""
+    was learned to need bare strings while this request was in flight.
+    ``control_first``: a 4xx waits for a control request to show the server working
+    (``Bisector.single_failed`` then sends the bare string)."""
     if len(texts) != 1 or bare or state.bare_input is False:
         return False
     if state.bare_input is True:
         return True  # learned meanwhile (this request was in flight): resend as learned
     if isinstance(error, ServerError):
         return error.status in BACKEND_STATUS
-    return isinstance(error, HTTPStatusError) and not isinstance(
-        error,
-        AuthenticationError
-        | NotFoundError
-        | RateLimitError
-        | BatchTooLargeError
-        | ContextLengthError,
+    return (
+        not control_first
+        and isinstance(error, HTTPStatusError)
+        and not isinstance(
+            error,
+            AuthenticationError
+            | NotFoundError
+            | RateLimitError
+            | BatchTooLargeError
+            | ContextLengthError,
+        )
     )
 
 

@@ -2,7 +2,9 @@
 1-4 and 7), on the engine driven with scripted replies (no socket): a refused batch is
 split until the refused texts stand alone; a limit stated in any wording caps later
 batches; a field the client adds on its own can go; a single refused text is final after
-at most two sends and one control request; each lesson is logged once per replica."""
+at most two sends and one control request (sent first while nothing succeeded in the
+call; an explicit ``max_retries`` bounds them all); each lesson is logged once per
+replica."""
 
 from __future__ import annotations
 
@@ -341,14 +343,55 @@ def test_extra_body_none_drops_a_field_the_client_adds() -> None:
 
 
 def test_a_single_refused_text_is_final_after_its_bare_form() -> None:
-    """``["x"]`` -> 400, ``"x"`` -> 400, control ``["hello"]`` -> 200: the text's error,
+    """``["x"]`` -> 400, control ``["hello"]`` -> 200, ``"x"`` -> 400: the text's error,
     with its index; never sent a third time."""
     eng = engine()
     script = Script(refusing("x", 400, "input rejected by policy"))
     part = script.run(batch(eng, eng.new_call(query=True, on_error="skip"), ["x"]))
-    assert script.inputs == [["x"], "x", ["hello"]]
+    assert script.inputs == [["x"], ["hello"], "x"]
     assert isinstance(part.failed[0], q.BadRequestError)
     assert part.failed[0].index == 0
+
+
+@pytest.mark.parametrize("on_error", ["skip", "raise"])
+@pytest.mark.parametrize("code", [400, 422])
+def test_a_server_refusing_everything_fails_a_single_text_after_two_requests(
+    code: int, on_error: str
+) -> None:
+    """A wrong model name, one text: the text and one control request (no bare-string
+    trial: the server works for nothing), then the server's own message, no index."""
+    message = "The model `qwen3` does not exist on this gateway"
+    eng = engine()
+    script = Script(lambda request, n: status(code, message))
+    with pytest.raises(q.HTTPStatusError) as info:
+        script.run(batch(eng, eng.new_call(query=False, on_error=on_error), ["x"]))
+    assert script.inputs == [["x"], ["hello"]]
+    assert message in str(info.value)
+    assert info.value.index is None
+
+
+def test_a_one_item_list_refused_but_a_bare_string_taken_is_learned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``["x"]`` -> 400, control ``["hello"]`` -> 200, ``"x"`` -> 200: embedded and
+    learned for the replica (one WARNING); the next single text goes as a string."""
+
+    def answer(request: Request, n: int) -> Reply:
+        doc = orjson.loads(request.body)["input"]
+        return status(400, "input rejected") if doc == ["x"] or doc == ["y"] else ok(request)
+
+    eng = engine()
+    script = Script(answer)
+    call = eng.new_call(query=False, on_error="skip")
+    with caplog.at_level(logging.WARNING, logger="qwen_embed_plugins"):
+        part = script.run(batch(eng, call, ["x"]))
+        again = script.run(batch(eng, call, ["y"]))
+    assert script.inputs == [["x"], ["hello"], "x", "y"]
+    assert rows_of(part, 1).keys() == {0}
+    assert rows_of(again, 1).keys() == {0}
+    assert not part.failed
+    assert not again.failed
+    assert len([r for r in caplog.records if "bare string" in r.getMessage()]) == 1
 
 
 def test_a_single_refused_text_after_a_success_costs_one_request() -> None:
@@ -360,6 +403,46 @@ def test_a_single_refused_text_after_a_success_costs_one_request() -> None:
     script.run(batch(eng, call, ["fine"]))
     part = script.run(batch(eng, call, ["x"]))
     assert script.inputs == [["fine"], ["x"]]
+    assert part.failed[0].index == 0
+
+
+def test_max_retries_bounds_a_single_texts_requests_in_an_outage() -> None:
+    """``max_retries=2``, a server answering 500 to everything: the single text's
+    requests, bare-string trial included, stop at 3 (no control request, no resend);
+    the text's error says the bound."""
+    eng = engine(q.RetryConfig(backoff_initial=0.01, backoff_max=0.02, max_retries=2))
+    script = Script(lambda request, n: status(500, "backend down"))
+    part = script.run(batch(eng, eng.new_call(query=False, on_error="skip"), ["x"]))
+    assert len(script.inputs) <= 3
+    assert "hello" not in str(script.inputs)
+    assert isinstance(part.failed[0], q.ServerError)
+    assert "max_retries=2" in str(part.failed[0])
+
+
+@pytest.mark.parametrize(("bound", "sent"), [(0, [["x"]]), (1, [["x"], ["hello"]])])
+def test_max_retries_bounds_a_single_refused_texts_control_and_bare_form(
+    bound: int, sent: list[Any]
+) -> None:
+    """An explicit ``max_retries`` counts the control request and the bare-string form
+    of a refused single text: at most ``max_retries + 1`` requests; the text's error."""
+    eng = engine(q.RetryConfig(backoff_initial=0.01, backoff_max=0.02, max_retries=bound))
+    script = Script(refusing("x", 400, "input rejected by policy"))
+    part = script.run(batch(eng, eng.new_call(query=False, on_error="skip"), ["x"]))
+    assert script.inputs == sent
+    assert isinstance(part.failed[0], q.BadRequestError)
+    assert part.failed[0].index == 0
+
+
+def test_a_single_refused_text_after_a_batch_costs_two_requests() -> None:
+    """The server was seen working in this call (a batch of two), one-item lists not
+    yet: the refused text and its bare-string form, final; no control request."""
+    eng = engine()
+    script = Script(refusing("x", 400, "input rejected by policy"))
+    call = eng.new_call(query=False, on_error="skip")
+    script.run(batch(eng, call, ["fine", "good"]))
+    part = script.run(batch(eng, call, ["x"]))
+    assert script.inputs == [["fine", "good"], ["x"], "x"]
+    assert isinstance(part.failed[0], q.BadRequestError)
     assert part.failed[0].index == 0
 
 

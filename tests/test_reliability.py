@@ -124,11 +124,11 @@ def test_client_errors_are_not_retried(
     assert info.value.status == status  # type: ignore[attr-defined]
     assert "nope" in str(info.value)
     if cls is q.BadRequestError:
-        # not retried as such: the text was sent as a one-item list and once as a bare
-        # string (a server may refuse one-item lists); a 400 naming no input could be
-        # about the request, so one control request ("hello", answered) showed the
-        # server working: the refusal is the input's, final (never sent a third time)
-        assert srv.received == [["x"], ["x"], ["hello"]]
+        # not retried as such: a 400 naming no input could be about the request, and
+        # nothing succeeded yet, so one control request ("hello", answered) showed the
+        # server working; then the text went once as a bare string (a server may refuse
+        # one-item lists), refused too: the input's, final (never sent a third time)
+        assert srv.received == [["x"], ["hello"], ["x"]]
         assert info.value.index == 0  # type: ignore[attr-defined]
     else:  # 401 / 404: the endpoint's, never an input's
         assert srv.received == [["x"]]
