@@ -483,11 +483,18 @@ def test_llama_index_skip_in_an_ingestion_pipeline(srv: EmbeddingServer) -> None
 
 
 def langchain_app(embeddings_class: type[Any], base_url: str) -> dict[str, Any]:
-    """A LangChain app written for ``OpenAIEmbeddings``: only the class changes."""
+    """A LangChain app written for ``OpenAIEmbeddings``: only the class changes. Its key
+    rotates: a callable, called for each request (as langchain-openai 1.x calls it)."""
+    keys: list[str] = []
+
+    def rotating_key() -> str:
+        keys.append(f"sk-rotating-{len(keys)}")
+        return keys[-1]
+
     embeddings = embeddings_class(
         model=MODEL,
         base_url=base_url,
-        api_key="EMPTY",
+        api_key=rotating_key,
         check_embedding_ctx_length=False,
         chunk_size=2,
         timeout=30,
@@ -515,6 +522,7 @@ def langchain_app(embeddings_class: type[Any], base_url: str) -> dict[str, Any]:
         "adocs": adocs,
         "q": query,
         "aq": aquery,
+        "keys": len(keys),
     }
 
 
@@ -565,6 +573,8 @@ def test_a_langchain_app_for_the_stock_class_runs_unchanged(srv: EmbeddingServer
     for key in ("docs", "adocs"):  # documents: the same vectors
         np.testing.assert_allclose(ours[key], stock[key], atol=1e-6)
     assert len(ours["q"]) == len(ours["aq"]) == len(stock["q"])
+    assert stock["keys"] >= 1
+    assert ours["keys"] == srv.requests  # the rotating key: called once per request
 
 
 def test_a_llama_index_app_for_the_stock_class_runs_unchanged(srv: EmbeddingServer) -> None:
