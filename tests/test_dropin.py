@@ -282,7 +282,12 @@ def test_secret_header_values_echoed_in_an_error_answer_are_scrubbed(
     with RecordingServer(echo="error", status=500) as server:
         # a server failing every request (the control one too) is down: retried until
         # the deadline, then its error is raised
-        call = _call(path, server.base_url, max_retries=1, deadline=3)
+        # (the adapters' max_retries, given, would bound each request whatever the cause:
+        # left unset there, as max_attempts=2 in the core config, the outage is waited out)
+        bounds: dict[str, Any] = {"deadline": 3}
+        if path in ("sync", "async"):
+            bounds["max_retries"] = 1
+        call = _call(path, server.base_url, **bounds)
         with pytest.raises(q.ServerError) as info:
             call()
     error = info.value
