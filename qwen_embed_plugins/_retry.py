@@ -225,6 +225,8 @@ class RetryState:
         ended_by: the bound that ended the retries (``"max_retries"``,
             ``"max_attempts"``, ``"deadline"``), ``None`` while they go on or when the
             failure was not retryable.
+        counted: what the last retried failure counts against: ``"attempts"``
+            (``max_attempts``), ``"deadline"`` (an outage) or ``None`` (none yet).
     """
 
     policy: RetryConfig
@@ -236,6 +238,7 @@ class RetryState:
     stale_resent: bool = False
     failures: int = 0
     ended_by: str | None = None
+    counted: str | None = None
 
     def __post_init__(self) -> None:
         if self.deadline is None:
@@ -302,9 +305,11 @@ class RetryState:
             return 0.0
         if kind == "outage":
             self.outages += 1
+            self.counted = "deadline"
             retry = self.outages - 1
         else:
             self.attempts += 1
+            self.counted = "attempts"
             if self.attempts >= self.policy.max_attempts:
                 self.ended_by = "max_attempts"
                 return None
@@ -324,10 +329,10 @@ class RetryState:
         """Words saying which bound ended the retries (``""``: none did), for an error."""
         policy = self.policy
         if self.ended_by == "max_retries":
-            return f" (gave up after {self.failures} attempts: max_retries={policy.max_retries})"
+            return f" (gave up after {_attempts(self.failures)}: max_retries={policy.max_retries})"
         if self.ended_by == "max_attempts":
             return (
-                f" (gave up after {self.attempts} attempts: "
+                f" (gave up after {_attempts(self.attempts)}: "
                 f"RetryConfig.max_attempts={policy.max_attempts})"
             )
         if self.ended_by == "deadline" and self.deadline is not None:
@@ -336,10 +341,19 @@ class RetryState:
 
     def bound(self) -> str:
         """What will end these retries when a count does, for the log (``""``: the
-        deadline only)."""
+        deadline only, as for an outage)."""
         if self.policy.max_retries is not None:
-            return f"at most {self.policy.max_retries} times (max_retries)"
+            n = self.policy.max_retries
+            return f"at most {n} {'time' if n == 1 else 'times'} (max_retries)"
+        if self.counted == "attempts":
+            n = self.policy.max_attempts
+            return f"within {_attempts(n)} in all (RetryConfig.max_attempts)"
         return ""
+
+
+def _attempts(n: int) -> str:
+    """``"1 attempt"``, ``"3 attempts"``."""
+    return f"{n} attempt" if n == 1 else f"{n} attempts"
 
 
 # --------------------------------------------------------------------------- whose fault

@@ -235,8 +235,10 @@ def test_langchain_per_call_names_are_refused_with_a_hint() -> None:
         emb.embed_documents(["a"], extra_query={"v": "1"})
     with pytest.raises(q.ConfigError, match="did you mean 'chunk_size'"):
         emb.embed_documents(["a"], chunk_sise=2)
-    with pytest.raises(q.ConfigError, match="unknown per-call argument 'zzz'"):
+    with pytest.raises(q.ConfigError, match="unknown per-call argument 'zzz'") as unknown:
         emb.embed_query("a", zzz=1)
+    assert "extra_query" not in str(unknown.value)  # refused: not listed as accepted
+    assert "chunk_size" in str(unknown.value)
     with pytest.raises(q.ConfigError, match="batch_size"):
         emb.embed_documents(["a"], chunk_size=5000)  # out of range, as at construction
 

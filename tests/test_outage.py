@@ -655,3 +655,29 @@ def test_an_error_answer_feeds_no_latency() -> None:
     replica = eng.endpoint.replicas[0]
     assert replica.answered
     assert (len(replica.latencies), len(replica.single_latencies), replica.ewma) == (0, 0, None)
+
+
+@pytest.mark.unit
+def test_the_retry_log_and_error_name_the_bound_that_applies() -> None:
+    """The WARNING's promise matches what ends the retries: ``max_retries`` given, or
+    ``max_attempts`` for a failure it counts (a read timeout), the deadline for an outage;
+    counts in the singular when they are 1."""
+    from qwen_embed_plugins._retry import RetryState
+
+    timeout = q.ReadTimeout("sent nothing for 0.3 s", url="http://127.0.0.1:9/v1")
+    state = RetryState(q.RetryConfig(max_attempts=4), started=0.0)
+    assert state.bound() == ""  # nothing counted yet
+    assert state.next_delay(timeout, now=0.0, fresh_connection=True) is not None
+    assert state.bound() == "within 4 attempts in all (RetryConfig.max_attempts)"
+    while state.next_delay(timeout, now=0.0, fresh_connection=True) is not None:
+        pass
+    assert state.ended() == " (gave up after 4 attempts: RetryConfig.max_attempts=4)"
+    outage = q.OverloadedError("HTTP 503", status=503, url="http://127.0.0.1:9/v1")
+    waiting = RetryState(q.RetryConfig(max_attempts=4, deadline=60.0), started=0.0)
+    assert waiting.next_delay(outage, now=0.0, fresh_connection=True) is not None
+    assert waiting.bound() == ""  # an outage: the deadline ends it
+    once = RetryState(q.RetryConfig(max_retries=1), started=0.0)
+    assert once.bound() == "at most 1 time (max_retries)"
+    assert once.next_delay(outage, now=0.0, fresh_connection=True) is not None
+    assert once.next_delay(outage, now=0.0, fresh_connection=True) is None
+    assert once.ended() == " (gave up after 2 attempts: max_retries=1)"

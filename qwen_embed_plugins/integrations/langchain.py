@@ -362,7 +362,7 @@ class QwenPooledEmbeddings(FlatSettings, Embeddings):
                 hint = REFUSED_HINTS["default_query"]
                 raise ConfigError(f"{type(self).__name__}: extra_query is not supported: {hint}")
             else:
-                accepted = sorted(PER_CALL | {"chunk_size"})
+                accepted = sorted((PER_CALL - {"extra_query"}) | {"chunk_size"})
                 match = closest(name, accepted)
                 also = f"; did you mean {match!r}?" if match else ""
                 raise ConfigError(
