@@ -25,8 +25,17 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from ._balance import Endpoint, Replica
-from ._config import RetryConfig
-from ._learn import learn_cap, learn_inferred_limit, learn_refused_size, try_bare
+from ._config import EmbeddingConfig
+from ._learn import (
+    Stripped,
+    kept_stripped,
+    learn_cap,
+    learn_inferred_limit,
+    learn_refused_size,
+    strip_fields,
+    try_bare,
+    undo_stripped,
+)
 from ._retry import RetryState, ambiguous, input_error, refusal
 from ._run import Call, Flow, Part, Sleep
 from ._server_text import context_refusal, stated_limit
@@ -49,6 +58,10 @@ _CONTROL_WAIT_MAX = 1.0  # seconds: the longest wait between control requests in
 _CONTROL_NOTE = (
     " (a control request with a known-good text failed too ({}): the server fails "
     "whatever the input)"
+)
+_UNPROVEN_NOTE = (
+    " (max_retries={} leaves no request for a control: nothing shows the server working "
+    "since, so no input is blamed)"
 )
 
 
@@ -95,7 +108,7 @@ class RequestFlow(Protocol):
 class Bisector:
     """The flows that isolate the failing input(s) of a batch (see the module
     docstring), for one engine: they send their pieces through ``batch_flow`` and
-    ``request_flow``, on ``endpoint``'s replicas, for ``model``, with ``retry``."""
+    ``request_flow``, on ``endpoint``'s replicas, for ``model``, with ``config``."""
 
     def __init__(
         self,
@@ -103,13 +116,14 @@ class Bisector:
         request_flow: RequestFlow,
         endpoint: Endpoint,
         model: str,
-        retry: RetryConfig,
+        config: EmbeddingConfig,
     ) -> None:
         self.batch_flow = batch_flow
         self.request_flow = request_flow
         self.endpoint = endpoint
         self.model = model
-        self.retry = retry
+        self.config = config
+        self.retry = config.retry
 
     def bisect(
         self,
@@ -213,22 +227,39 @@ class Bisector:
             yield from self.request_flow(call, texts, indices, bisectable=False, bisecting=True)
         )
 
+    def _unproven(self, call: Call, exc: QwenEmbedError) -> QwenEmbedError:
+        """``exc`` of a single text as the call's error, no input blamed: an explicit
+        ``max_retries`` leaves no request for a control, and nothing shows the server
+        working since the text was sent (a server failing everything would otherwise
+        have every input blamed, or skipped)."""
+        error = exc.with_context(note=_UNPROVEN_NOTE.format(self.retry.max_retries), index=None)
+        call.stop = True
+        call.server_errors.add(error)
+        return error
+
     def _left(self, exc: QwenEmbedError) -> int | None:
         """Requests an explicit ``max_retries`` leaves a single text after the ones
         ``exc`` ended (``None``: no such bound)."""
         bound = self.retry.max_retries
         return None if bound is None else max(0, bound + 1 - (exc.attempts or 1))
 
-    def _as_string(
-        self, call: Call, texts: Sequence[str], indices: Sequence[int], bis: Bisection | None
+    def _resend(
+        self,
+        call: Call,
+        texts: Sequence[str],
+        indices: Sequence[int],
+        bis: Bisection | None,
+        *,
+        bare: bool,
     ) -> Flow:
-        """A single text refused as a one-item list, the server seen working: sent once
-        as a bare string. ``request_flow``'s result (learned for the replica), or that
-        text's failed ``Part`` (final)."""
+        """A single refused text, the server seen working, sent once more: as a bare
+        string (``bare``: refused as a one-item list), or with the options a control
+        request just taught. ``request_flow``'s result (a bare string learned for the
+        replica), or that text's failed ``Part`` (final)."""
         try:
             return (
                 yield from self.request_flow(
-                    call, texts, indices, bisectable=False, bisecting=True, bare=True
+                    call, texts, indices, bisectable=False, bisecting=True, bare=bare
                 )
             )
         except QwenEmbedError as again:
@@ -239,16 +270,22 @@ class Bisector:
     def control(self, call: Call, index: int, exc: QwenEmbedError) -> Flow:
         """Before blaming input ``index`` for ``exc`` (an answer that could be the
         server's as well as the input's) with no success since it was sent: send a
-        known-good text with the same options. It succeeds -> returns (the input may be
-        the cause). It fails too -> the server is down whatever the input: an outage,
-        retried with backoff until the call's deadline; then (or at once, for a failure
-        that is not retryable) ``exc`` is raised without an input index, in both
-        ``on_error`` modes. The replica is then down: one request at a time probes it
-        (``Replica.went_down``), so the control's retries wait for the probe's verdict."""
+        known-good text with the same options. It succeeds -> returns ``False`` (the
+        input may be the cause). Refused too (a 4xx, in any words) while the client adds
+        fields of its own (``encoding_format=base64``, ``dimensions``): sent once more
+        without them (``strip_fields``); it succeeds -> learned for the replica, returns
+        ``True`` (the fields were the cause: the caller resends the same texts). It fails
+        -> the server is down whatever the input: an outage, retried with backoff until
+        the call's deadline; then (or at once, for a failure that is not retryable)
+        ``exc`` is raised without an input index, in both ``on_error`` modes. The
+        replica is then down: one request at a time probes it (``Replica.went_down``),
+        so the control's retries wait for the probe's verdict."""
         replica = self.endpoint.replica_of(exc)
         if replica is not None:
             replica.metrics.fallback("control_requests")
         rs = RetryState(policy=self.retry, started=call.started, deadline=call.deadline)
+        stripped: tuple[Replica, Stripped] | None = None
+        tried_without = False
         while True:
             try:
                 yield from self.request_flow(
@@ -258,9 +295,21 @@ class Bisector:
                 failed = control
             else:
                 call.last_ok = time.monotonic()
-                return
+                if stripped is not None:
+                    kept_stripped(stripped[0].state(self.model), stripped[0], stripped[1])
+                return stripped is not None
+            if stripped is not None:  # refused without the fields too: not their fault
+                undo_stripped(stripped[0].state(self.model), stripped[1])
+                stripped = None
+            elif not tried_without and isinstance(failed, HTTPStatusError) and refusal(failed):
+                tried_without = True
+                stripped = self._strip(self.endpoint.replica_of(failed) or replica)
+                if stripped is not None:
+                    continue  # the same control without the client's own fields
             if failed in call.server_errors:
                 break  # fails fast (a server never reached), or failed already
+            if self.retry.max_retries is not None:
+                break  # an explicit bound: the control's own attempts were all it gets
             delay = rs.next_delay(failed, now=time.monotonic(), fresh_connection=True, outage=True)
             if delay is None:
                 break
@@ -284,6 +333,14 @@ class Bisector:
         call.server_errors.add(error)
         raise error
 
+    def _strip(self, replica: Replica | None) -> tuple[Replica, Stripped] | None:
+        """Leave the fields the client adds out of ``replica``'s requests, on trial
+        (``strip_fields``); ``None`` when it sends none."""
+        if replica is None:
+            return None
+        fields = strip_fields(self.config, self.model, replica.state(self.model), replica.url)
+        return None if fields is None else (replica, fields)
+
     def refused(
         self,
         call: Call,
@@ -299,7 +356,14 @@ class Bisector:
         once a control request shows the server working (``control``; a
         control refused too fails the call with the server's message), the batch is
         bisected until the refused texts stand alone (``bisect``)."""
-        said = exc.message if isinstance(exc, HTTPStatusError) else str(exc)
+        # the server's own words only (never this library's message about its answer)
+        said = (
+            exc.message
+            if isinstance(exc, HTTPStatusError)
+            else (exc.server_message or "")
+            if isinstance(exc, ResponseError)
+            else ""
+        )
         stated = stated_limit(said)
         if stated is not None and stated.unit == "texts" and stated.value >= len(texts):
             stated = None  # not this batch's count: the number is about something else
@@ -311,8 +375,9 @@ class Bisector:
                 split |= learn_cap(batch, target, stated.unit, stated.value, texts)
             if split:  # the replica's cap now splits the texts (``_batching.Split``)
                 return (yield from self.batch_flow(call, texts, indices, bis))
-        if call.last_ok == float("-inf"):
-            yield from self.control(call, indices[0], exc)
+        if call.last_ok == float("-inf") and (yield from self.control(call, indices[0], exc)):
+            # refused for the fields the client adds: the same texts, without them
+            return (yield from self.batch_flow(call, texts, indices, bis))
         return (yield from self.bisect(call, texts, indices, exc, bis))
 
     def single_failed(
@@ -337,26 +402,34 @@ class Bisector:
             # naming nothing with nothing succeeded in this call: a control request first
             # (refused too: the server's message, no index), then the bare string
             # (``request_flow`` tried it at once otherwise); never sent again.
+            if ambiguous(exc) and call.last_ok == float("-inf") and left == 0:
+                raise self._unproven(call, exc)
             if ambiguous(exc) and call.last_ok == float("-inf") and left != 0:
                 if bis is not None:
                     bis.input_failed = True
                 replica = self.endpoint.replica_of(exc)
                 state = replica.state(self.model) if replica is not None else None
                 untried = state is not None and state.bare_input is None
-                yield from self.control(call, indices[0], exc)
+                if (yield from self.control(call, indices[0], exc)):
+                    # refused for the fields the client adds: the text, without them
+                    return (yield from self._resend(call, texts, indices, bis, bare=False))
                 if (
                     untried
                     and state is not None
                     and (left is None or left > 1)
                     and try_bare(exc, texts, state, False)
                 ):
-                    return (yield from self._as_string(call, texts, indices, bis))
+                    return (yield from self._resend(call, texts, indices, bis, bare=True))
             return input_failed(call, Part(), 0, indices[0], exc, bis)
         if not ambiguous(exc):
             return input_failed(call, Part(), 0, indices[0], exc, bis)
         if bis is not None:
             bis.input_failed = True  # not a batch that failed for its size
         if left is not None and left < 2:  # no room for a control request and a resend
+            if call.last_ok < since:  # nothing shows the server working since
+                if left == 0:
+                    raise self._unproven(call, exc)
+                yield from self.control(call, indices[0], exc)  # fails: the server's error
             return input_failed(call, Part(), 0, indices[0], exc, bis)
         try:
             return (yield from self.once_more(call, texts, indices, exc, since))

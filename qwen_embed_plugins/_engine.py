@@ -164,7 +164,7 @@ class Engine:
         self.fixed = None if config.server == "auto" else servers.get_profile(str(config.server))
         self._insecure_warned = False
         self.bisector = Bisector(
-            self.batch_flow, self.request_flow, self.endpoint, self.model, config.retry
+            self.batch_flow, self.request_flow, self.endpoint, self.model, config
         )
 
     # ---------------------------------------------------------------- per replica
@@ -360,6 +360,8 @@ class Engine:
             note=f" (gave up: the call's deadline of {call.deadline:g} s is spent while "
             f"{replica.label} is down)",
         )
+        if run.multi:  # what every replica last failed with, as ``_next_step`` says
+            error = self.endpoint.name_failures(error)
         call.stop = True
         call.server_errors.add(error)
         return error

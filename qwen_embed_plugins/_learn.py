@@ -54,6 +54,7 @@ from .errors import (
 
 __all__ = [
     "ReplicaState",
+    "Stripped",
     "adapt",
     "check_usage",
     "eos_answer",
@@ -61,6 +62,7 @@ __all__ = [
     "finish",
     "float_may_help",
     "identify",
+    "kept_stripped",
     "learn_bare",
     "learn_cap",
     "learn_inferred_limit",
@@ -68,8 +70,11 @@ __all__ = [
     "learn_root_path",
     "learn_stated_limit",
     "no_base64",
+    "no_dimensions",
     "profile",
+    "strip_fields",
     "try_bare",
+    "undo_stripped",
     "wire",
 ]
 
@@ -183,16 +188,77 @@ def adapt(
         no_base64(state, replica, "refused encoding_format=base64")
         return True
     if dims is not None and (names_dims or unknown):
-        if state.dimensions_ok is not False:
-            state.dimensions_ok = False
-            replica.metrics.fallback("client_side_dimensions")
-            _log.warning(
-                "%s rejected dimensions=%d; slicing and renormalising client-side",
-                replica.label,
-                dims,
-            )
+        no_dimensions(state, replica, f"rejected dimensions={dims}")
         return True
     return False
+
+
+def no_dimensions(state: ReplicaState, replica: ReplicaView, why: str) -> None:
+    """The replica refuses ``dimensions`` (``why``): sliced and renormalised here from
+    now on (logged once)."""
+    if state.dimensions_ok is not False:
+        state.dimensions_ok = False
+        replica.metrics.fallback("client_side_dimensions")
+        _log.warning("%s %s; slicing and renormalising client-side", replica.label, why)
+
+
+@dataclass(frozen=True, slots=True)
+class Stripped:
+    """The fields the client adds on its own that a control request left out
+    (``strip_fields``), and the replica's options before."""
+
+    base64: bool
+    dims: int | None
+    before: tuple[bool | None, bool | None]
+
+
+def strip_fields(
+    config: EmbeddingConfig, model: str, state: ReplicaState, url: str
+) -> Stripped | None:
+    """Leave out of the replica's requests, on trial, every field the client adds on its
+    own (``encoding_format=base64`` in the ``"auto"`` mode, ``dimensions``): a server
+    that refused a control request with them, in whatever words, may take one without
+    them. ``None`` when no such field is sent. Kept (``kept_stripped``) or undone
+    (``undo_stripped``) by what the next control request shows."""
+    fmt, dims = wire(config, model, state, profile(state, url))
+    base64 = fmt == "base64" and config.encoding_format == "auto"
+    if not base64 and dims is None:
+        return None
+    stripped = Stripped(base64, dims, (state.base64_ok, state.dimensions_ok))
+    if base64:
+        state.base64_ok = False
+    if dims is not None:
+        state.dimensions_ok = False
+    return stripped
+
+
+def undo_stripped(state: ReplicaState, stripped: Stripped) -> None:
+    """The control request failed without the fields too: they were not the cause."""
+    state.base64_ok, state.dimensions_ok = stripped.before
+
+
+def kept_stripped(state: ReplicaState, replica: ReplicaView, stripped: Stripped) -> None:
+    """The control request went through without the fields: learned for the replica
+    (one WARNING; which of two fields was refused is not tried apart)."""
+    state.base64_ok, state.dimensions_ok = stripped.before
+    fields, now = [], []
+    if stripped.base64 and state.base64_ok is not False:
+        state.base64_ok = False
+        replica.metrics.fallback("float_encoding")
+        fields.append("encoding_format=base64")
+        now.append("float, without the field")
+    if stripped.dims is not None and state.dimensions_ok is not False:
+        state.dimensions_ok = False
+        replica.metrics.fallback("client_side_dimensions")
+        fields.append(f"dimensions={stripped.dims}")
+        now.append("dimensions sliced and renormalised client-side")
+    if fields:
+        _log.warning(
+            "%s refused requests with %s, whatever the input, and took one without: %s from now on",
+            replica.label,
+            " and ".join(fields),
+            "; ".join(now),
+        )
 
 
 def float_may_help(

@@ -398,7 +398,8 @@ def decode_rows(payload: object, input_indices: Sequence[int]) -> tuple[FloatArr
 
             message, _ = parse_error_body(orjson.dumps({"error": payload["error"]}))
             raise ResponseError(
-                f"the server answered 200 with an error instead of embeddings: {message[:300]}"
+                f"the server answered 200 with an error instead of embeddings: {message[:300]}",
+                server_message=message,
             )
         raise ResponseError("response has no 'data' list of embeddings")
     if len(data) != count:

@@ -396,12 +396,13 @@ a proxy's credentials, a timeout, a rate limit."""
 def refusal(exc: BaseException) -> bool:
     """The server refused the request for what it holds, whatever its wording: a 4xx
     (400, 413, 422, ...; not ``NOT_REFUSALS``), or a 2xx answer that does not fit the
-    request and names no input (a count mismatch, no ``data``). For a batch of several
+    request and names no input (a count mismatch, no ``data``; never an answer over the
+    size cap: ``ResponseError.max_bytes``). For a batch of several
     texts the engine splits it (once a control request shows the server working); for
     one text it is that input's error."""
     if isinstance(exc, HTTPStatusError):
         return 400 <= exc.status < 500 and exc.status not in NOT_REFUSALS
-    return isinstance(exc, ResponseError) and exc.index is None
+    return isinstance(exc, ResponseError) and exc.index is None and exc.max_bytes is None
 
 
 def input_error(exc: BaseException) -> bool:
@@ -411,7 +412,9 @@ def input_error(exc: BaseException) -> bool:
     if isinstance(exc, BadRequestError) or (isinstance(exc, HTTPStatusError) and refusal(exc)):
         return True
     if isinstance(exc, ResponseError):
-        return True  # an answer naming no input: that text's, once a control request works
+        # an answer naming no input: that text's, once a control request works; never
+        # one over the size cap (the server's fault whatever the input)
+        return exc.max_bytes is None
     return isinstance(exc, NetworkError) and exc.sent and not exc.refused and not exc.received
 
 

@@ -222,13 +222,29 @@ class ResponseError(QwenEmbedError):
 
     Attributes:
         index: the caller's input index the bad item belongs to, when known.
+        url: the endpoint that answered.
+        server_message: the server's own words, when the answer carried them (a 200
+            whose body is an error object); ``None`` otherwise.
+        max_bytes: the response size cap (bytes: ``max_response_bytes``, or the default
+            for the batch) the answer went over, when that is the failure; ``None``
+            otherwise. Such an answer is the server's fault, not the batch's: it is
+            neither split nor retried.
     """
 
     def __init__(
-        self, message: str, *, index: int | None = None, url: str | None = None, **context: Any
+        self,
+        message: str,
+        *,
+        index: int | None = None,
+        url: str | None = None,
+        server_message: str | None = None,
+        max_bytes: int | None = None,
+        **context: Any,
     ) -> None:
         super().__init__(message, index=index, **context)
         self.url = url
+        self.server_message = server_message
+        self.max_bytes = max_bytes
 
 
 class TransportError(QwenEmbedError):

@@ -402,6 +402,105 @@ def test_an_oversized_body_ends_in_a_response_error(
     assert "max_response_bytes" in str(error)
 
 
+# the ways a call leaves its HTTP/2 stream unread while the server goes on sending
+ABANDONED = {
+    "over the cap": ({"deadline": SLACK}, q.ResponseError),
+    "at the deadline": ({"deadline": DEADLINE, "max_response_bytes": 1 << 40}, q.TimeoutException),
+    "cancelled": ({"deadline": SLACK, "max_response_bytes": 1 << 40}, asyncio.CancelledError),
+}
+
+
+def in_one_process_and_loop(
+    path: str, base_url: str, first: dict[str, Any], between: Callable[[], None], **extra: Any
+) -> tuple[Any, Any]:
+    """Two calls on ``path`` (``h2_...``) in one process and, on the async paths, one
+    event loop (so on one transport): the first with ``first``'s settings, cancelled
+    once part of its answer arrived when ``first`` says so; ``between()``; then a plain
+    one. The outcome of each: the vectors, or the exception."""
+    path = path.removeprefix("h2_")
+    opts = dict(first)
+    cancel = opts.pop("cancel", False)
+
+    def client_opts(deadline: float, **more: Any) -> dict[str, Any]:
+        return {**settings(base_url, deadline, **extra, **more), "http2": True}
+
+    first_opts = client_opts(**opts)
+    if path in ("sync", "sdk_sync"):
+        results = []
+        for settings_ in (first_opts, client_opts(SLACK)):
+            try:
+                if path == "sync":
+                    results.append(q.EmbeddingClient(**settings_).embed_documents_array(TEXTS))
+                else:
+                    sdk = q.EmbeddingClient(**settings_).openai_client()
+                    got = sdk.embeddings.create(input=TEXTS, model="m")
+                    results.append(np.asarray([d.embedding for d in got.data], np.float32))
+            except Exception as exc:
+                results.append(exc)
+            between()
+        return results[0], results[1]
+
+    async def one(settings_: dict[str, Any]) -> Any:
+        if path == "async":
+            return await q.AsyncEmbeddingClient(**settings_).embed_documents_array(TEXTS)
+        sdk = q.AsyncEmbeddingClient(**settings_).openai_client()
+        got = await sdk.embeddings.create(input=TEXTS, model="m")
+        return np.asarray([d.embedding for d in got.data], np.float32)
+
+    async def both() -> tuple[Any, Any]:
+        outcomes: list[Any] = []
+        for n, settings_ in enumerate((first_opts, client_opts(SLACK))):
+            task = asyncio.ensure_future(one(settings_))
+            if n == 0 and cancel:
+                await asyncio.to_thread(cancel)  # part of the answer arrived
+                task.cancel()
+            try:
+                outcomes.append(await task)
+            except (Exception, asyncio.CancelledError) as exc:
+                outcomes.append(exc)
+            if n == 0:
+                between()
+        return outcomes[0], outcomes[1]
+
+    return asyncio.run(both())
+
+
+@pytest.mark.parametrize(
+    ("path", "how"),
+    [(p, how) for p in H2 for how in ABANDONED if how != "cancelled" or "async" in p],
+)
+def test_a_stream_left_unread_does_not_stall_the_next_call(
+    hostile: HostileServer, path: str, how: str
+) -> None:
+    """An HTTP/2 answer the call stops reading while the server goes on sending (over
+    the size cap, at the deadline, the task cancelled): httpcore neither resets the
+    stream nor credits the connection's flow-control window with what still arrives
+    for it (httpcore issue #943), so a connection used again would stall the next call
+    behind ~16 MiB of unread data. The next call on the same pool (and event loop)
+    gets its vectors, on a new connection."""
+    first, expected = ABANDONED[how]
+    if how == "cancelled":  # a task: the async paths
+        first = {**first, "cancel": lambda: hostile.wait_for("bytes_sent", 1 << 20, timeout=GUARD)}
+    hostile.set("endless_chunked", on="embeddings")
+    opened: list[int] = []
+
+    def between() -> None:
+        hostile.set("ok")
+        opened.append(hostile.stats()["connections_opened"])
+
+    outcome, after = in_one_process_and_loop(path, hostile.base_url, first, between, **tls(hostile))
+    if expected is asyncio.CancelledError:
+        assert isinstance(outcome, asyncio.CancelledError), (path, repr(outcome))
+    else:
+        error = library_error(path, outcome)
+        assert isinstance(error, expected), (path, repr(error))
+    assert isinstance(after, np.ndarray), (path, how, repr(after))
+    np.testing.assert_allclose(after, expected_embeddings(TEXTS), rtol=1e-5)
+    # how much unread data still fits the window depends on when h2 sent its window
+    # updates; what holds whatever it is: the next call went on a new connection
+    assert hostile.stats()["connections_opened"] > opened[0], (path, how)
+
+
 # --------------------------------------------------------------------------- framing
 
 

@@ -225,6 +225,49 @@ def test_a_stated_size_limit_caps_the_size_not_the_count(message: str, unit: str
     assert short.sizes == [30]  # a size cap, not a count cap
 
 
+def test_a_limit_stated_in_a_200_error_body_caps_later_batches() -> None:
+    """A gateway answering 200 with an error object that states a limit: the server's
+    own words are read as a refusal's are (the batch resent in pieces within it)."""
+
+    def answer(request: Request, n: int) -> Reply:
+        size = len(sent(request))
+        if size > 4:
+            body = {"error": {"message": f"maximum 4 texts per request, got {size}"}}
+            return Reply(200, {"content-type": "application/json"}, orjson.dumps(body), True)
+        return ok(request)
+
+    eng = engine()
+    script = Script(answer)
+    part = script.run(batch(eng, eng.new_call(query=False), [f"t{i}" for i in range(10)]))
+    assert sorted(rows_of(part, 10)) == list(range(10))
+    assert script.sizes == [10, 4, 4, 2]
+
+
+@pytest.mark.parametrize("count", [1, 2, 8])
+@pytest.mark.parametrize("on_error", ["raise", "skip"])
+def test_an_answer_over_the_size_cap_is_not_a_refusal(count: int, on_error: str) -> None:
+    """An answer larger than ``max_response_bytes`` (the transport stops reading it) is
+    the server's fault, not the batch's: never split, no control request, no limit
+    learned from the numbers in the library's own message; the call fails with it, in
+    both ``on_error`` modes (no input is skipped for it)."""
+    too_big = q.ResponseError(
+        "the response of http://127.0.0.1:9/v1 is larger than the cap of 1,048,576 bytes "
+        "(as received); raise max_response_bytes if it is legitimate",
+        url="http://127.0.0.1:9/v1",
+        max_bytes=1 << 20,
+    )
+    eng = engine()
+    script = Script(lambda request, n: too_big)
+    texts = [f"t{i}" for i in range(count)]
+    with pytest.raises(q.ResponseError) as caught:
+        script.run(batch(eng, eng.new_call(query=False, on_error=on_error), texts))
+    assert caught.value.max_bytes == 1 << 20
+    assert "max_response_bytes" in str(caught.value)
+    assert script.sizes == [count]
+    state = eng.endpoint.replicas[0].state(eng.model).batch
+    assert state.limit is None
+
+
 def test_a_per_input_limit_is_that_inputs_context_error() -> None:
     """ "max 512 tokens per input": no cap on batches; the long text fails alone as a
     ContextLengthError with its index."""
@@ -319,6 +362,91 @@ def test_a_refused_encoding_format_falls_back_to_float_without_it(
     assert len([r for r in caplog.records if "float" in r.getMessage()]) == 1
 
 
+GENERIC = [(400, "Bad Request"), (422, "Unprocessable Entity"), (400, "invalid request")]
+
+
+def refusing_field(
+    name: str, code: int, message: str, bodies: list[dict[str, Any]]
+) -> Callable[[Request, int], Reply]:
+    """Refuse (``code``, ``message``: words naming nothing) every request that carries
+    field ``name``; answer the rest. Each body is kept in ``bodies``."""
+
+    def answer(request: Request, n: int) -> Reply:
+        doc = orjson.loads(request.body)
+        bodies.append(doc)
+        return status(code, message) if name in doc else ok(request)
+
+    return answer
+
+
+@pytest.mark.parametrize(("code", "message"), GENERIC)
+@pytest.mark.parametrize("name", ["encoding_format", "dimensions"])
+def test_a_field_refused_in_words_naming_nothing_goes(
+    name: str, code: int, message: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A gateway that refuses ``encoding_format=base64`` (or ``dimensions``) with words
+    naming nothing: the batch and a control request are refused, a control request
+    without the fields the client adds goes through, so the batch is sent again
+    without them (4 requests) and every vector comes back; learned for the replica
+    (one WARNING), the next call sends no such field."""
+    bodies: list[dict[str, Any]] = []
+    eng = auto_engine(dimensions=2) if name == "dimensions" else auto_engine()
+    answer = refusing_field(name, code, message, bodies)
+    with caplog.at_level(logging.WARNING, logger="qwen_embed_plugins"):
+        part = Script(answer).run(batch(eng, eng.new_call(query=False), ["a", "b", "c"]))
+        again = Script(answer).run(batch(eng, eng.new_call(query=False), ["d", "e"]))
+    assert sorted(rows_of(part, 3)) == [0, 1, 2]
+    assert sorted(rows_of(again, 2)) == [0, 1]
+    if name == "dimensions":  # sliced client-side
+        assert rows_of(part, 3)[0].shape == (2,)
+    inputs = [b["input"] for b in bodies]
+    assert inputs == [["a", "b", "c"], ["hello"], ["hello"], ["a", "b", "c"], ["d", "e"]]
+    assert [name in b for b in bodies] == [True, True, False, False, False]
+    lessons = [r for r in caplog.records if "took one without" in r.getMessage()]
+    assert len(lessons) == 1
+    assert "encoding_format=base64" in lessons[0].getMessage()
+
+
+@pytest.mark.parametrize("name", ["encoding_format", "dimensions"])
+def test_a_single_text_refused_for_a_field_is_sent_again_without_it(name: str) -> None:
+    """One text, its field refused with words naming nothing, nothing succeeded yet: the
+    text, the control with and without the fields, then the text without them (never
+    taken for a refused one-item list: no bare-string trial)."""
+    bodies: list[dict[str, Any]] = []
+    eng = auto_engine(dimensions=2) if name == "dimensions" else auto_engine()
+    part = Script(refusing_field(name, 400, "Bad Request", bodies)).run(
+        batch(eng, eng.new_call(query=False, on_error="skip"), ["x"])
+    )
+    assert not part.failed
+    assert sorted(rows_of(part, 1)) == [0]
+    assert [b["input"] for b in bodies] == [["x"], ["hello"], ["hello"], ["x"]]
+    assert eng.endpoint.replicas[0].state(eng.model).bare_input is not True
+
+
+def test_a_server_refusing_everything_keeps_the_fields() -> None:
+    """A wrong model name while the client sends base64 and ``dimensions``: the batch,
+    a control request with and one without those fields, then the server's own
+    message with no index (3 requests); nothing is learned, so the next call sends
+    the fields again."""
+    bodies: list[dict[str, Any]] = []
+
+    def answer(request: Request, n: int) -> Reply:
+        bodies.append(orjson.loads(request.body))
+        return status(400, "The model `qwen3` does not exist on this gateway")
+
+    eng = auto_engine(dimensions=2)
+    for texts in (["a", "b"], ["x"]):
+        bodies.clear()
+        with pytest.raises(q.BadRequestError) as info:
+            Script(answer).run(batch(eng, eng.new_call(query=False), texts))
+        assert info.value.index is None
+        assert "does not exist" in str(info.value)
+        assert [b["input"] for b in bodies] == [texts, ["hello"], ["hello"]]
+        assert [sorted(b) for b in bodies][-1] == ["input", "model"]
+        assert "encoding_format" in bodies[0]
+        assert "dimensions" in bodies[0]
+
+
 def test_extra_body_none_drops_a_field_the_client_adds() -> None:
     """``extra_body={"encoding_format": None, "dimensions": None}``: neither is ever sent
     (float vectors; ``dimensions`` applied client-side)."""
@@ -408,15 +536,46 @@ def test_a_single_refused_text_after_a_success_costs_one_request() -> None:
 
 def test_max_retries_bounds_a_single_texts_requests_in_an_outage() -> None:
     """``max_retries=2``, a server answering 500 to everything: the single text's
-    requests, bare-string trial included, stop at 3 (no control request, no resend);
-    the text's error says the bound."""
+    requests, bare-string trial included, stop at 3 (no resend); nothing shows the
+    server working, so the text is not blamed (not skipped): the call fails with the
+    server's error, no index, saying the bound."""
     eng = engine(q.RetryConfig(backoff_initial=0.01, backoff_max=0.02, max_retries=2))
     script = Script(lambda request, n: status(500, "backend down"))
-    part = script.run(batch(eng, eng.new_call(query=False, on_error="skip"), ["x"]))
+    with pytest.raises(q.ServerError) as info:
+        script.run(batch(eng, eng.new_call(query=False, on_error="skip"), ["x"]))
     assert len(script.inputs) <= 3
-    assert "hello" not in str(script.inputs)
-    assert isinstance(part.failed[0], q.ServerError)
-    assert "max_retries=2" in str(part.failed[0])
+    assert info.value.index is None
+    assert "max_retries=2" in str(info.value)
+
+
+@pytest.mark.parametrize("bound", [0, 1, 2])
+def test_max_retries_never_blames_every_input_of_a_server_failing_everything(bound: int) -> None:
+    """A batch of 8 on a server answering 500 to everything, ``on_error="skip"``: with
+    any explicit bound the call fails with the server's error (no index), never with
+    every input skipped as its own failure; at most 2 requests of each piece, 3 for
+    the last text and its control."""
+    eng = engine(q.RetryConfig(backoff_initial=0.01, backoff_max=0.02, max_retries=bound))
+    script = Script(lambda request, n: status(500, "backend down"))
+    with pytest.raises(q.ServerError) as info:
+        script.run(batch(eng, eng.new_call(query=False, on_error="skip"), list("abcdefgh")))
+    assert info.value.index is None
+    assert len(script.inputs) <= 2 * 4 + 3
+
+
+@pytest.mark.parametrize("bound", [0, 1])
+def test_max_retries_still_isolates_a_text_failing_after_others_succeeded(bound: int) -> None:
+    """The same bound, one text of 8 failing with 500 after other pieces went through
+    (the server seen working): that text alone is skipped, the rest embedded."""
+
+    def answer(request: Request, n: int) -> Reply:
+        return status(500, "boom") if "t5" in sent(request) else ok(request)
+
+    eng = engine(q.RetryConfig(backoff_initial=0.01, backoff_max=0.02, max_retries=bound))
+    script = Script(answer)
+    texts = [f"t{i}" for i in range(8)]
+    part = script.run(batch(eng, eng.new_call(query=False, on_error="skip"), texts))
+    assert list(part.failed) == [5]
+    assert sorted(rows_of(part, 8)) == [0, 1, 2, 3, 4, 6, 7]
 
 
 @pytest.mark.parametrize(("bound", "sent"), [(0, [["x"]]), (1, [["x"], ["hello"]])])
@@ -424,9 +583,17 @@ def test_max_retries_bounds_a_single_refused_texts_control_and_bare_form(
     bound: int, sent: list[Any]
 ) -> None:
     """An explicit ``max_retries`` counts the control request and the bare-string form
-    of a refused single text: at most ``max_retries + 1`` requests; the text's error."""
+    of a refused single text: at most ``max_retries + 1`` requests. With room for the
+    control (which goes through): the text's error; with none (``max_retries=0``),
+    nothing shows the server working: the call fails with its error, no index."""
     eng = engine(q.RetryConfig(backoff_initial=0.01, backoff_max=0.02, max_retries=bound))
     script = Script(refusing("x", 400, "input rejected by policy"))
+    if bound == 0:
+        with pytest.raises(q.BadRequestError) as info:
+            script.run(batch(eng, eng.new_call(query=False, on_error="skip"), ["x"]))
+        assert info.value.index is None
+        assert script.inputs == sent
+        return
     part = script.run(batch(eng, eng.new_call(query=False, on_error="skip"), ["x"]))
     assert script.inputs == sent
     assert isinstance(part.failed[0], q.BadRequestError)

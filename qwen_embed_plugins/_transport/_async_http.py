@@ -116,7 +116,7 @@ from ._contract import (
     quiet_header_loggers,
     ssl_context,
 )
-from ._http import _limits, _timeout_ext, httpx
+from ._http import H2Clients, _limits, _timeout_ext, httpx, refused
 
 __all__ = ["AsyncTransport", "QuietFlag"]
 
@@ -343,7 +343,8 @@ class AsyncTransport:
         self._slots = asyncio.Semaphore(key.limits.max_connections)
         self._ssl = ssl_context(key.verify, http2=key.http2, cleartext=cleartext)
         self._session: Any = None
-        self._client: Any = None
+        self._h2 = H2Clients(self._new_httpx)
+        self._closing: set[asyncio.Task[None]] = set()  # retired clients being closed
         self._closed = False
         self._h2c = cleartext and self.http2
         self._urls: dict[str, Any] = {}
@@ -535,41 +536,47 @@ class AsyncTransport:
 
     # ---------------------------------------------------------------- httpx (HTTP/2)
 
-    def _httpx(self) -> Any:
-        client = self._client
-        if client is None:
-            quiet_header_loggers()
-            self._running_loop()
-            inner = httpx.AsyncHTTPTransport(
-                verify=self._ssl,
-                http1=not self._h2c,
-                http2=True,
-                limits=_limits(self.key),
-                proxy=self.key.proxy,
-            )
-            client = self._client = httpx.AsyncClient(
-                transport=inner,
-                follow_redirects=False,
-                trust_env=False,
-                headers={"User-Agent": _USER_AGENT},
-            )
-        return client
+    def _new_httpx(self) -> Any:
+        """A new HTTP/2 client of this transport (``H2Clients``)."""
+        quiet_header_loggers()
+        self._running_loop()
+        inner = httpx.AsyncHTTPTransport(
+            verify=self._ssl,
+            http1=not self._h2c,
+            http2=True,
+            limits=_limits(self.key),
+            proxy=self.key.proxy,
+        )
+        return httpx.AsyncClient(
+            transport=inner,
+            follow_redirects=False,
+            trust_env=False,
+            headers={"User-Agent": _USER_AGENT},
+        )
 
     async def _httpx_exchange(self, req: Request, deadline: float | None) -> Reply:
+        """One exchange on the HTTP/2 client; an HTTP/2 stream left unread retires the
+        client (``H2Clients``)."""
         progress = Progress(deadline)
         progress.fresh = False
         metrics = self.metrics
         opened = self._opened_stream
+        stream = [False]  # an HTTP/2 stream was opened for this exchange
 
         async def trace(name: str, info: dict[str, Any]) -> None:
             if name.endswith("connect_tcp.complete"):
                 progress.fresh = True
                 metrics.connection_opened()
                 opened(info.get("return_value"))
+            elif name == "http2.send_request_headers.started":
+                stream[0] = True
             elif name.endswith("receive_response_headers.started"):
                 progress.stage = "read"  # sent: a protocol error now is the answer's
 
-        client = self._httpx()
+        clients = self._h2
+        client = clients.take()
+        if client is None:
+            raise Retired
         keep_out_of_logs(*req.ctx.secrets())  # httpx/httpcore may log what echoes them
         url = self._urls.get(req.url)
         if url is None:
@@ -584,8 +591,10 @@ class AsyncTransport:
             extensions={"timeout": _timeout_ext(req.timeouts, _left(deadline)), "trace": trace},
         )
         response: Any = None
+        ended = False  # the stream's body was read to its end
+        block = mapped(req, progress, "httpx")
         try:
-            with mapped(req, progress, "httpx") as block:
+            with block:
                 response = await client.send(request, stream=True)
                 progress.stage = "read"
                 check_status(response.status_code, req, progress)
@@ -594,11 +603,23 @@ class AsyncTransport:
                 async for chunk in response.aiter_raw(_CHUNK):
                     progress.received = True
                     body.feed(chunk)
+                ended = True
                 data = body.result(progress.fresh)
             block.check()  # the backend's failure, raised with no chain
         finally:
-            if response is not None:
-                await response.aclose()
+            try:
+                if response is not None:
+                    await response.aclose()
+            finally:
+                # left unread (a stream the server refused is closed): the client is
+                # retired, closed once idle
+                idle = clients.give_back(
+                    client, stream[0] and not ended and not refused(block.error)
+                )
+                if idle is not None:
+                    task = asyncio.get_running_loop().create_task(idle.aclose())
+                    self._closing.add(task)
+                    task.add_done_callback(self._closing.discard)
         return Reply(
             status=response.status_code,
             headers=response.headers,
@@ -667,7 +688,7 @@ class AsyncTransport:
         """Close the session and client (inside their own loop)."""
         self._closed = True
         session, self._session = self._session, None
-        client, self._client = self._client, None
+        clients = self._h2.clear()
         if session is not None:
             connector = session.connector
             if connector is not None:  # closed for real (its ``closed`` may say so early)
@@ -675,9 +696,11 @@ class AsyncTransport:
                     await connector.close()
             with contextlib.suppress(Exception):
                 await session.close()
-        if client is not None:
+        for client in clients:
             with contextlib.suppress(Exception):
                 await client.aclose()
+        if self._closing:  # retired clients closing: done before the loop may end
+            await asyncio.gather(*self._closing, return_exceptions=True)
         # A connection closed while its request was still being written (a server that
         # stopped reading, a deadline) waits for its write buffer to drain before its
         # socket closes: never, if the server does not read. Shut every socket down
@@ -698,10 +721,11 @@ class AsyncTransport:
         loop_open = loop is not None and not loop.is_closed()
         self.quiet.shutdown_sockets(loop_open=loop_open)  # first: frees the session quietly
         self._session = None
-        client, self._client = self._client, None
-        if loop is not None and loop_open and client is not None:
-            with contextlib.suppress(RuntimeError):
-                loop.call_soon_threadsafe(_close_later, client)
+        clients = self._h2.clear()
+        if loop is not None and loop_open:
+            for client in clients:
+                with contextlib.suppress(RuntimeError):
+                    loop.call_soon_threadsafe(_close_later, client)
 
 
 def _close_later(client: Any) -> None:

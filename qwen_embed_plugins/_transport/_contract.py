@@ -328,6 +328,7 @@ class _Body:
             f"the response of {self._ctx.url} is larger than the cap of {self._cap:,} bytes "
             f"({what}); raise max_response_bytes if it is legitimate",
             url=self._ctx.url,
+            max_bytes=self._cap,
         )
 
     def feed(self, chunk: bytes) -> None:
@@ -404,6 +405,7 @@ def _declared_too_big(headers: Mapping[str, str], cap: int, ctx: ErrorContext) -
             f"the response of {ctx.url} declares {size:,} bytes (Content-Length), above the "
             f"cap of {cap:,} bytes; raise max_response_bytes if it is legitimate",
             url=ctx.url,
+            max_bytes=cap,
         )
 
 

@@ -20,14 +20,18 @@ extension looked up before each read; see its docstring for the bound).
 from __future__ import annotations
 
 import re
+import threading
 import time
+from collections.abc import Callable
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
+
+from ..errors import TransportError
 
 if TYPE_CHECKING:
     from .._config import PoolKey, Timeouts
 
-__all__ = ["HTTP_LIBRARY", "OPENAI_MAJOR", "httpx"]
+__all__ = ["HTTP_LIBRARY", "OPENAI_MAJOR", "H2Clients", "httpx", "refused"]
 
 
 def _openai_major() -> int:
@@ -107,3 +111,76 @@ class TimeLeft(dict[str, float | None]):
         if not super().__contains__(key):
             raise KeyError(key)
         return self.get(key)
+
+
+class H2Clients:
+    """The httpx client of an HTTP/2 transport, replaced by a fresh one whenever an
+    exchange abandons its HTTP/2 stream (stops reading before the stream's end:
+    cancelled, at the deadline, over the size cap).
+
+    Why: httpcore never resets a stream its caller stops reading, and never credits the
+    connection's flow-control window with the bytes that still arrive for it (httpcore
+    issue #943, closed as "wontfix"; PR #1098, open). Once about 16 MiB (the window
+    httpcore grants) arrived for abandoned streams, every stream on that connection
+    stalls until its read timeout. No public API resets one stream or closes one pooled
+    connection, so the whole client is retired: new exchanges go to a fresh client, and
+    the old one is closed once its last exchange ends (its other streams finish first).
+    A stream the server refused (``refused``) is closed already: not abandoned.
+
+    Thread-safe (the sync transport's threads); ``build`` makes a client.
+    """
+
+    __slots__ = ("_active", "_build", "_lock", "_old", "closed", "current")
+
+    def __init__(self, build: Callable[[], Any]) -> None:
+        self._build = build
+        self._lock = threading.Lock()
+        self.current: Any = None
+        self._active: dict[Any, int] = {}  # client -> its exchanges under way
+        self._old: set[Any] = set()  # retired, closed when their exchanges end
+        self.closed = False
+
+    def take(self) -> Any:
+        """The client for a new exchange (built on first use); ``give_back`` it after.
+        ``None`` once ``clear`` was called (the transport is closed)."""
+        with self._lock:
+            if self.closed:
+                return None
+            client = self.current
+            if client is None:
+                client = self.current = self._build()
+            self._active[client] = self._active.get(client, 0) + 1
+            return client
+
+    def give_back(self, client: Any, abandoned: bool) -> Any:
+        """End an exchange on ``client``; ``abandoned``: it left its stream unread, so
+        ``client`` is retired. Returns a retired client no exchange uses any more (the
+        caller closes it), else ``None``."""
+        with self._lock:
+            left = self._active[client] - 1
+            if left:
+                self._active[client] = left
+            else:
+                del self._active[client]
+            if abandoned and client is self.current:
+                self.current = None
+                self._old.add(client)
+            if left == 0 and client in self._old:
+                self._old.discard(client)
+                return client
+            return None
+
+    def clear(self) -> list[Any]:
+        """Every client held, current and retired (for the transport's close); none
+        is held or built afterwards."""
+        with self._lock:
+            self.closed = True
+            clients = [c for c in (self.current, *self._old) if c is not None]
+            self.current = None
+            self._old.clear()
+            return clients
+
+
+def refused(error: object) -> bool:
+    """``error`` is an HTTP/2 stream the server refused (``TransportError.refused``)."""
+    return isinstance(error, TransportError) and error.refused

@@ -49,7 +49,7 @@ from ._contract import (
     quiet_header_loggers,
     ssl_context,
 )
-from ._http import TimeLeft, _limits, _timeout_ext, httpx
+from ._http import H2Clients, TimeLeft, _limits, _timeout_ext, httpx, refused
 from ._http11 import HTTP1Pool
 
 __all__ = ["SyncTransport"]
@@ -83,24 +83,12 @@ class SyncTransport:
         http2 = key.http2 and (not cleartext or h2c)
         self.http2 = http2
         ctx = ssl_context(key.verify, http2=key.http2, cleartext=cleartext)
-        self._client: Any = None
+        self._ctx = ctx
+        self._cleartext = cleartext
+        self._h2 = H2Clients(self._new_client)  # HTTP/2: built on first use
         self._http1: Any = None
         if http2:
             quiet_header_loggers()
-            inner = httpx.HTTPTransport(
-                verify=ctx,
-                http1=not cleartext,
-                http2=True,
-                limits=_limits(key),
-                proxy=key.proxy,
-            )
-            self._client = httpx.Client(
-                transport=inner,
-                timeout=httpx.Timeout(5.0),
-                follow_redirects=False,
-                trust_env=False,
-                headers={"User-Agent": _USER_AGENT},
-            )
         else:
             self._http1 = HTTP1Pool(key, metrics, ctx)
         self._gate = gate
@@ -113,7 +101,24 @@ class SyncTransport:
     def is_closed(self) -> bool:
         if self._http1 is not None:
             return bool(self._http1.closed)
-        return bool(self._client.is_closed)
+        return self._h2.closed
+
+    def _new_client(self) -> Any:
+        """A new HTTP/2 client of this transport (``H2Clients``)."""
+        inner = httpx.HTTPTransport(
+            verify=self._ctx,
+            http1=not self._cleartext,
+            http2=True,
+            limits=_limits(self.key),
+            proxy=self.key.proxy,
+        )
+        return httpx.Client(
+            transport=inner,
+            timeout=httpx.Timeout(5.0),
+            follow_redirects=False,
+            trust_env=False,
+            headers={"User-Agent": _USER_AGENT},
+        )
 
     def idle(self) -> bool:
         """If no request is under way, retire the transport (no new request may start
@@ -164,17 +169,26 @@ class SyncTransport:
 
     def _exchange(self, req: Request, deadline: float | None) -> Reply:
         """One exchange on the HTTP/2 client. Its deadline: every httpx timeout is at
-        most the time left, and the body loop checks it between frames."""
+        most the time left, and the body loop checks it between frames. An HTTP/2
+        stream left unread retires the client (``H2Clients``)."""
         progress = Progress(deadline)
         progress.fresh = False
         metrics = self.metrics
+        opened = [False]  # an HTTP/2 stream was opened for this exchange
 
         def trace(name: str, info: dict[str, Any]) -> None:
             if name.endswith("connect_tcp.complete"):
                 progress.fresh = True
                 metrics.connection_opened()
+            elif name == "http2.send_request_headers.started":
+                opened[0] = True
             elif name.endswith("receive_response_headers.started"):
                 progress.stage = "read"  # sent: a protocol error now is the answer's
+
+        clients = self._h2
+        client = clients.take()
+        if client is None:
+            raise Retired
 
         keep_out_of_logs(*req.ctx.secrets())  # httpx/httpcore may log what echoes them
         headers = dict(req.headers)
@@ -191,9 +205,11 @@ class SyncTransport:
             },
         )
         response: Any = None
+        ended = False  # the stream's body was read to its end
+        block = mapped(req, progress, "httpx")
         try:
-            with mapped(req, progress, "httpx") as block:
-                response = self._client.send(request, stream=True)
+            with block:
+                response = client.send(request, stream=True)
                 progress.stage = "read"
                 check_status(response.status_code, req, progress)
                 resp_headers = response.headers
@@ -206,11 +222,17 @@ class SyncTransport:
                         raise total_timeout_error(
                             req.ctx, req.total, received=True, fresh=progress.fresh
                         )
+                ended = True
                 data = body.result(progress.fresh)
             block.check()  # the backend's failure, raised with no chain
         finally:
             if response is not None:
                 response.close()
+            # left unread (a stream the server refused is closed): the client is
+            # retired, closed once idle
+            idle = clients.give_back(client, opened[0] and not ended and not refused(block.error))
+            if idle is not None:
+                idle.close()
         return Reply(
             status=response.status_code,
             headers=resp_headers,
@@ -226,5 +248,5 @@ class SyncTransport:
             self._retired = True
         if self._http1 is not None:
             self._http1.close()
-        if self._client is not None:
-            self._client.close()
+        for client in self._h2.clear():
+            client.close()
