@@ -32,9 +32,11 @@ from ._learn import (
     learn_cap,
     learn_inferred_limit,
     learn_refused_size,
+    profile,
     strip_fields,
     try_bare,
     undo_stripped,
+    wire,
 )
 from ._retry import RetryState, ambiguous, input_error, refusal
 from ._run import Call, Flow, Part, Sleep
@@ -102,6 +104,7 @@ class RequestFlow(Protocol):
         bisecting: bool = False,
         control: bool = False,
         bare: bool = False,
+        pin: Replica | None = None,
     ) -> Flow: ...
 
 
@@ -270,11 +273,15 @@ class Bisector:
     def control(self, call: Call, index: int, exc: QwenEmbedError) -> Flow:
         """Before blaming input ``index`` for ``exc`` (an answer that could be the
         server's as well as the input's) with no success since it was sent: send a
-        known-good text with the same options. It succeeds -> returns ``False`` (the
-        input may be the cause). Refused too (a 4xx, in any words) while the client adds
-        fields of its own (``encoding_format=base64``, ``dimensions``): sent once more
-        without them (``strip_fields``); it succeeds -> learned for the replica, returns
-        ``True`` (the fields were the cause: the caller resends the same texts). It fails
+        known-good text with the same options, to the replica that refused (a refusal;
+        any replica otherwise). It succeeds -> returns ``False`` (the input may be the
+        cause), or ``True`` when a refusal's replica was taught other options meanwhile
+        (by another request: the caller resends the same texts with them). Refused too
+        (a 4xx, in any words) while the client adds fields of its own
+        (``encoding_format=base64``, ``dimensions``): sent once more without them
+        (``strip_fields``; both out and it succeeds: once more with base64 back,
+        ``_which``); it succeeds -> learned for the replica, returns ``True`` (the
+        fields were the cause: the caller resends the same texts). It fails
         -> the server is down whatever the input: an outage, retried with backoff until
         the call's deadline; then (or at once, for a failure that is not retryable)
         ``exc`` is raised without an input index, in both ``on_error`` modes. The
@@ -286,18 +293,31 @@ class Bisector:
         rs = RetryState(policy=self.retry, started=call.started, deadline=call.deadline)
         stripped: tuple[Replica, Stripped] | None = None
         tried_without = False
+        # a refusal is the refusing replica's to check (another may take what it refuses)
+        pin = replica if refusal(exc) else None
+        options = self._options(replica)  # another flow may teach the replica meanwhile
         while True:
             try:
-                yield from self.request_flow(
-                    call, [_CONTROL_TEXT], [index], bisectable=False, bisecting=True, control=True
+                found = yield from self.request_flow(
+                    call,
+                    [_CONTROL_TEXT],
+                    [index],
+                    bisectable=False,
+                    bisecting=True,
+                    control=True,
+                    pin=stripped[0] if stripped is not None else pin,
                 )
             except QwenEmbedError as control:
                 failed = control
             else:
                 call.last_ok = time.monotonic()
+                call.ok_on.add(found[3].label)  # (rows, norms, bad, replica, ...)
                 if stripped is not None:
-                    kept_stripped(stripped[0].state(self.model), stripped[0], stripped[1])
-                return stripped is not None
+                    kept = yield from self._which(call, index, *stripped)
+                    kept_stripped(stripped[0].state(self.model), stripped[0], kept)
+                    return True
+                # taught other options meanwhile: the failure may be the old options'
+                return refusal(exc) and self._options(replica) != options
             if stripped is not None:  # refused without the fields too: not their fault
                 undo_stripped(stripped[0].state(self.model), stripped[1])
                 stripped = None
@@ -332,6 +352,44 @@ class Bisector:
         call.stop = True
         call.server_errors.add(error)
         raise error
+
+    def _which(self, call: Call, index: int, where: Replica, fields: Stripped) -> Flow:
+        """A control went through on ``where`` without base64 and ``dimensions`` both:
+        one more with base64 back tells whether ``dimensions`` alone was refused. The
+        ``Stripped`` to keep (``dimensions`` alone when that one goes through)."""
+        if not fields.base64 or fields.dims is None:
+            return fields
+        state = where.state(self.model)
+        state.base64_ok = fields.before[0]  # base64 again, still no dimensions
+        try:
+            yield from self.request_flow(
+                call,
+                [_CONTROL_TEXT],
+                [index],
+                bisectable=False,
+                bisecting=True,
+                control=True,
+                pin=where,
+            )
+        except QwenEmbedError:
+            state.base64_ok = False
+            return fields
+        return Stripped(False, fields.dims, fields.before)
+
+    def _unchecked(self, call: Call, exc: QwenEmbedError) -> bool:
+        """Nothing shows the replica that refused (``exc``) working in this call: no
+        request of the call succeeded on it (any replica, when it is not known)."""
+        replica = self.endpoint.replica_of(exc)
+        if replica is None:
+            return call.last_ok == float("-inf")
+        return replica.label not in call.ok_on
+
+    def _options(self, replica: Replica | None) -> tuple[str, int | None] | None:
+        """The ``encoding_format`` and ``dimensions`` ``replica`` is sent now."""
+        if replica is None:
+            return None
+        state = replica.state(self.model)
+        return wire(self.config, self.model, state, profile(state, replica.url))
 
     def _strip(self, replica: Replica | None) -> tuple[Replica, Stripped] | None:
         """Leave the fields the client adds out of ``replica``'s requests, on trial
@@ -375,7 +433,7 @@ class Bisector:
                 split |= learn_cap(batch, target, stated.unit, stated.value, texts)
             if split:  # the replica's cap now splits the texts (``_batching.Split``)
                 return (yield from self.batch_flow(call, texts, indices, bis))
-        if call.last_ok == float("-inf") and (yield from self.control(call, indices[0], exc)):
+        if self._unchecked(call, exc) and (yield from self.control(call, indices[0], exc)):
             # refused for the fields the client adds: the same texts, without them
             return (yield from self.batch_flow(call, texts, indices, bis))
         return (yield from self.bisect(call, texts, indices, exc, bis))
@@ -402,9 +460,9 @@ class Bisector:
             # naming nothing with nothing succeeded in this call: a control request first
             # (refused too: the server's message, no index), then the bare string
             # (``request_flow`` tried it at once otherwise); never sent again.
-            if ambiguous(exc) and call.last_ok == float("-inf") and left == 0:
+            if ambiguous(exc) and self._unchecked(call, exc) and left == 0:
                 raise self._unproven(call, exc)
-            if ambiguous(exc) and call.last_ok == float("-inf") and left != 0:
+            if ambiguous(exc) and self._unchecked(call, exc) and left != 0:
                 if bis is not None:
                     bis.input_failed = True
                 replica = self.endpoint.replica_of(exc)

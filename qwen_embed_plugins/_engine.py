@@ -109,6 +109,7 @@ class _Retry:
     tried_bare: bool = False
     bare_now: bool = False
     moved_prefix: bool = False
+    relearned: bool = False  # resent once with options another request taught meanwhile
     previous: QwenEmbedError | None = None  # the last attempt's error
     attempt: int = 0  # of the current request (options changed: counted from 1 again)
     _rs: RetryState | None = None
@@ -249,12 +250,14 @@ class Engine:
         bisecting: bool = False,
         control: bool = False,
         bare: bool = False,
+        pin: Replica | None = None,
     ) -> Flow:
         """Send one batch until it is answered, with retries (within a bisection, a
         failure one input may cause is not retried: its batch already showed it twice;
         a ``control`` request that is refused (a 4xx) is not tried in other forms: the
         server refuses whatever the input; ``bare``: a single text sent as a bare string
-        first, its one-item list refused); returns
+        first, its one-item list refused; ``pin``: the replica of the first attempt);
+        returns
         ``(rows n x dim, squared norms, bad rows, replica, state, dimensions sent)``.
 
         Each attempt: the replica and its limits (``_attempt``: raises
@@ -267,6 +270,7 @@ class Engine:
             self.config.retry, call.started, call.deadline, len(self.endpoint.replicas) > 1
         )
         run.control, run.tried_bare, run.bare_now = control, bare, bare
+        run.pin = pin
         retrying: tuple[Replica, QwenEmbedError, float] | None = None  # counted once made
         while True:
             run.attempt += 1
@@ -514,6 +518,18 @@ class Engine:
         ):
             run.attempt = 0  # a new request (other options): its first try
             return True
+        if (
+            refusal(error)
+            and not run.relearned
+            and not run.force_float
+            and learn.wire(self.config, self.model, state, now.profile) != (now.fmt, now.dims)
+        ):
+            # refused with options another request has since taught the replica to leave
+            # out (``learn.kept_stripped``, ``learn.adapt``): once more with the new ones
+            run.relearned = True
+            run.attempt = 0
+            run.pin = replica
+            return True
         return False
 
     def _same_replica_trial(
@@ -524,19 +540,23 @@ class Engine:
         ``learn.try_bare``; a 4xx naming nothing before anything succeeded in ``call``:
         after a control request, ``Bisector.single_failed``). An outage status tried
         with float waits its backoff first (``False``, the replica pinned). An explicit
-        ``max_retries`` counts the bare-string trial as a retry."""
+        ``max_retries`` counts the float and bare-string trials as retries."""
         state, replica = now.state, now.replica
+        bound = self.config.retry.max_retries
         if run.force_float:
             run.force_float = False  # float failed too: base64 is not the cause
-        elif not run.tried_float and learn.float_may_help(
-            self.config, error, now.fmt, state, run.multi
+        elif (
+            not run.tried_float
+            and learn.float_may_help(self.config, error, now.fmt, state, run.multi)
+            and (bound is None or run.rs.failures < bound)
         ):
             run.tried_float = run.force_float = True  # does float work where base64 failed?
             run.pin = replica  # on the same replica
             if classify(error) != "outage":
-                return True  # at once; an outage status: after its backoff
-        first = call.last_ok == float("-inf") and refusal(error) and ambiguous(error)
-        bound = self.config.retry.max_retries
+                if bound is not None:
+                    run.rs.failures += 1  # counted against max_retries, like any retry
+                return True  # at once; an outage status: after its backoff (counted there)
+        first = replica.label not in call.ok_on and refusal(error) and ambiguous(error)
         if (
             not run.tried_bare
             and learn.try_bare(error, texts, state, now.bare, control_first=first)
@@ -696,6 +716,7 @@ class Engine:
         (``learn.finish``) into a ``Part``; the llama.cpp EOS check once per replica."""
         part = Part()
         call.last_ok = time.monotonic()
+        call.ok_on.add(replica.label)
         count = len(indices)
         if bis is not None:
             bis.ok += count

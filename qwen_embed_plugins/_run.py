@@ -105,6 +105,9 @@ class Call:
             control request), in seconds; ``-inf`` before any. A single input's
             ambiguous failure (a 500, a dropped connection, a 400 naming no input) is
             blamed on that input only when a request succeeded after it was sent.
+        ok_on: the replicas (labels) that answered a request of the call: a refusal
+            by one that has not is checked with a control request first (another
+            replica's success says nothing of its options).
         dim: the vector size of the call's first answer (``agree_dim``), ``None`` before.
         server_errors: the errors that end the call whatever its inputs (a server never
             reached, a control request that failed too): raised first.
@@ -118,6 +121,7 @@ class Call:
     stop: bool = False
     lowest: int | None = None
     last_ok: float = float("-inf")
+    ok_on: set[str] = field(default_factory=set)
     dim: int | None = None
     server_errors: set[QwenEmbedError] = field(default_factory=set)
     trace: CallTrace | None = None

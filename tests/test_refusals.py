@@ -386,9 +386,11 @@ def test_a_field_refused_in_words_naming_nothing_goes(
 ) -> None:
     """A gateway that refuses ``encoding_format=base64`` (or ``dimensions``) with words
     naming nothing: the batch and a control request are refused, a control request
-    without the fields the client adds goes through, so the batch is sent again
-    without them (4 requests) and every vector comes back; learned for the replica
-    (one WARNING), the next call sends no such field."""
+    without the fields the client adds goes through (with both out: one more with
+    base64 back tells that ``dimensions`` alone was refused), so the batch is sent again
+    without the refused one (4 requests; 5 for ``dimensions``) and every vector comes
+    back; learned for the replica (one WARNING naming that field alone), the next call
+    sends it no more, and keeps base64 when only ``dimensions`` was refused."""
     bodies: list[dict[str, Any]] = []
     eng = auto_engine(dimensions=2) if name == "dimensions" else auto_engine()
     answer = refusing_field(name, code, message, bodies)
@@ -397,14 +399,22 @@ def test_a_field_refused_in_words_naming_nothing_goes(
         again = Script(answer).run(batch(eng, eng.new_call(query=False), ["d", "e"]))
     assert sorted(rows_of(part, 3)) == [0, 1, 2]
     assert sorted(rows_of(again, 2)) == [0, 1]
-    if name == "dimensions":  # sliced client-side
-        assert rows_of(part, 3)[0].shape == (2,)
     inputs = [b["input"] for b in bodies]
+    lessons = [r.getMessage() for r in caplog.records if "took one without" in r.getMessage()]
+    assert len(lessons) == 1
+    if name == "dimensions":  # sliced client-side; base64 kept
+        assert rows_of(part, 3)[0].shape == (2,)
+        hello, first, second = ["hello"], ["a", "b", "c"], ["d", "e"]
+        assert inputs == [first, hello, hello, hello, first, second]
+        assert [name in b for b in bodies] == [True, True, False, False, False, False]
+        formats = [b.get("encoding_format") for b in bodies]
+        assert formats == ["base64", "base64", None, "base64", "base64", "base64"]
+        assert "dimensions=2" in lessons[0]
+        assert "encoding_format" not in lessons[0]
+        return
     assert inputs == [["a", "b", "c"], ["hello"], ["hello"], ["a", "b", "c"], ["d", "e"]]
     assert [name in b for b in bodies] == [True, True, False, False, False]
-    lessons = [r for r in caplog.records if "took one without" in r.getMessage()]
-    assert len(lessons) == 1
-    assert "encoding_format=base64" in lessons[0].getMessage()
+    assert "encoding_format=base64" in lessons[0]
 
 
 @pytest.mark.parametrize("name", ["encoding_format", "dimensions"])
@@ -419,7 +429,8 @@ def test_a_single_text_refused_for_a_field_is_sent_again_without_it(name: str) -
     )
     assert not part.failed
     assert sorted(rows_of(part, 1)) == [0]
-    assert [b["input"] for b in bodies] == [["x"], ["hello"], ["hello"], ["x"]]
+    controls = [["hello"]] * (3 if name == "dimensions" else 2)  # + base64 back, for dims
+    assert [b["input"] for b in bodies] == [["x"], *controls, ["x"]]
     assert eng.endpoint.replicas[0].state(eng.model).bare_input is not True
 
 
@@ -546,6 +557,23 @@ def test_max_retries_bounds_a_single_texts_requests_in_an_outage() -> None:
     assert len(script.inputs) <= 3
     assert info.value.index is None
     assert "max_retries=2" in str(info.value)
+
+
+@pytest.mark.parametrize("bound", [0, 1, 2])
+def test_max_retries_counts_the_float_trial_of_a_base64_request(bound: int) -> None:
+    """The default base64-first mode, one text, a server answering 500 to everything:
+    the float trial counts against ``max_retries`` like the bare-string trial, so the
+    text gets at most ``max_retries + 1`` requests in all."""
+    eng = Engine(
+        engine(
+            q.RetryConfig(backoff_initial=0.01, backoff_max=0.02, max_retries=bound)
+        ).config.replace(encoding_format="auto")
+    )
+    script = Script(lambda request, n: status(500, "backend down"))
+    with pytest.raises(q.ServerError) as info:
+        script.run(batch(eng, eng.new_call(query=False, on_error="skip"), ["x"]))
+    assert len(script.inputs) == bound + 1
+    assert info.value.index is None
 
 
 @pytest.mark.parametrize("bound", [0, 1, 2])

@@ -157,3 +157,52 @@ def test_a_server_refusing_encoding_format_gets_float_without_it(code: int, kind
     with RecordingServer(refuse=jina(code)) as rec:
         embed(kind, rec.base_url, TEXTS[:3], encoding_format="float")
         assert ["encoding_format" in r.body for r in rec.all()] == [False]
+
+
+def generic_base64_refusal(body: dict[str, Any]) -> tuple[int, object] | None:
+    """A gateway answering a bare "Bad Request" to any request asking for base64."""
+    if body.get("encoding_format") != "base64":
+        return None
+    return 400, {"error": {"message": "Bad Request"}}
+
+
+@pytest.mark.parametrize("kind", ["sync", "async", "langchain", "llama_index"])
+def test_batches_in_flight_pick_up_a_field_lesson_on_first_contact(kind: str) -> None:
+    """16 texts in batches of 2, four in flight on first contact, base64 refused in words
+    naming nothing: every batch is refused once, one control request without the
+    field teaches the replica (one lesson), and the batches refused meanwhile are sent
+    again with it, never bisected (no batch cap is learned from them): every vector,
+    and the next call sends float batches of 2 at once."""
+    texts = [f"doc {i}" for i in range(16)]
+    batch = {"chunk_size": 2} if kind == "langchain" else {"batch_size": 2}
+    if kind == "llama_index":
+        batch = {"embed_batch_size": 2}
+    with RecordingServer(refuse=generic_base64_refusal) as rec:
+        got = embed(kind, rec.base_url, texts, **batch)
+        np.testing.assert_allclose(np.asarray(got), expected_embeddings(texts), atol=1e-6)
+        first = len(rec.all())
+        assert first <= 8 + 4 + 8  # each batch refused once, a few controls, each resent
+        more = [f"{t} again" for t in texts]
+        embed(kind, rec.base_url, more, **batch)
+        later = rec.all()[first:]
+        assert all("encoding_format" not in r.body for r in later)
+        assert sorted(len(r.body["input"]) for r in later) == [2] * 8
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_a_field_refused_by_one_replica_is_learned_for_that_one(kind: str) -> None:
+    """Two replicas, only one refusing base64 in words naming nothing: the control
+    request goes to the replica that refused (the other would take it and the texts
+    would be blamed); it learns float, the other keeps base64; every vector."""
+    texts = [f"doc {i}" for i in range(12)]
+    with (
+        RecordingServer(refuse=generic_base64_refusal) as strict,
+        RecordingServer() as plain,
+    ):
+        urls = [strict.base_url, plain.base_url]
+        for _ in range(2):
+            got = embed(kind, urls, texts, batch_size=4)
+            np.testing.assert_allclose(np.asarray(got), expected_embeddings(texts), atol=1e-6)
+        assert all(r.body.get("encoding_format") == "base64" for r in plain.all())
+        refused = [r for r in strict.all() if r.body.get("encoding_format") == "base64"]
+        assert 1 <= len(refused) <= 4  # the batches in flight before the lesson (+ a control)
