@@ -298,14 +298,8 @@ class Bisector:
         options = self._options(replica)  # another flow may teach the replica meanwhile
         while True:
             try:
-                found = yield from self.request_flow(
-                    call,
-                    [_CONTROL_TEXT],
-                    [index],
-                    bisectable=False,
-                    bisecting=True,
-                    control=True,
-                    pin=stripped[0] if stripped is not None else pin,
+                found = yield from self._control_request(
+                    call, index, stripped[0] if stripped is not None else pin
                 )
             except QwenEmbedError as control:
                 failed = control
@@ -353,6 +347,13 @@ class Bisector:
         call.server_errors.add(error)
         raise error
 
+    def _control_request(self, call: Call, index: int, pin: Replica | None) -> Flow:
+        """One control request (the known-good text, for input ``index``), first to
+        ``pin`` when given: ``request_flow``'s result."""
+        return self.request_flow(
+            call, [_CONTROL_TEXT], [index], bisectable=False, bisecting=True, control=True, pin=pin
+        )
+
     def _which(self, call: Call, index: int, where: Replica, fields: Stripped) -> Flow:
         """A control went through on ``where`` without base64 and ``dimensions`` both:
         one more with base64 back tells whether ``dimensions`` alone was refused. The
@@ -362,15 +363,7 @@ class Bisector:
         state = where.state(self.model)
         state.base64_ok = fields.before[0]  # base64 again, still no dimensions
         try:
-            yield from self.request_flow(
-                call,
-                [_CONTROL_TEXT],
-                [index],
-                bisectable=False,
-                bisecting=True,
-                control=True,
-                pin=where,
-            )
+            yield from self._control_request(call, index, where)
         except QwenEmbedError:
             state.base64_ok = False
             return fields
