@@ -501,41 +501,6 @@ def test_a_stream_left_unread_does_not_stall_the_next_call(
     assert hostile.stats()["connections_opened"] > opened[0], (path, how)
 
 
-def test_a_hedge_over_http2_leaves_its_loser_and_the_pool_usable() -> None:
-    """``hedge=True`` over HTTP/2 (async, one multiplexed connection): a query stuck
-    behind a slow answer gets a second copy after the hedge delay, which answers first;
-    the first copy is cancelled (its stream left unread, so its connection is not used
-    again) and the later queries get their vectors, the stuck one's the same as when
-    asked again."""
-    from qwen_embed_plugins import _balance as balance
-    from qwen_embed_tooling.testing import EmbeddingServer
-
-    with EmbeddingServer(tls=True, http2=True, h2_only=True) as srv:
-        client = q.AsyncEmbeddingClient(
-            base_url=srv.base_url, verify=srv.ca_cert_path, http2=True, hedge=True
-        )
-        budget = balance.endpoint_for(client.config).hedges
-
-        async def run() -> tuple[Any, Any, int, list[Any]]:
-            for i in range(40):  # the hedge delay: the p95 of 20 or more queries
-                await client.embed_query(f"warm {i}")
-            opened = q.pool_stats()[client.config.pool_key.label]["connections_opened"]
-            srv.inject("delay", count=1, seconds=GUARD / 3)
-            stuck = await client.embed_query("stuck")
-            after = [await client.embed_query(f"after {i}") for i in range(3)]
-            return stuck, await client.embed_query("stuck"), opened, after
-
-        try:
-            stuck, again, opened, after = asyncio.run(run())
-            label = client.config.pool_key.label
-            assert q.pool_stats()[label]["connections_opened"] > opened
-        finally:
-            q.close_all()
-    assert budget.wins >= 1  # the second copy answered first
-    np.testing.assert_allclose(stuck, again, rtol=1e-6)
-    assert [len(v) for v in after] == [len(again)] * 3
-
-
 # --------------------------------------------------------------------------- framing
 
 
